@@ -1,0 +1,35 @@
+"""jaxprice: a differentiable cost model, in JAX, for one forward pass of an LLM serving engine.
+
+Data flow: load (formats) -> resolve (deployment -> Plan, in NumPy) -> price (jitted laws and
+composition) -> fit / search / sweep. Importing jaxprice enables float64 in JAX: prices are
+compared to the discrete model to the last digit.
+"""
+
+import jax as _jax
+
+_jax.config.update("jax_enable_x64", True)
+
+from jaxprice._src.errors import JaxpriceError
+from jaxprice._src.formats import (Registry, load_coefficient_set, load_model_graph, load_scenario)
+from jaxprice._src.plan import RESOURCES, Batch, Coefficients, Plan
+from jaxprice._src.resolve import Deployment, load_deployment, resolve
+from jaxprice._src.step import StepResult, price, price_many, step_time
+
+__all__ = [
+    "JaxpriceError",
+    "Registry",
+    "load_coefficient_set",
+    "load_model_graph",
+    "load_scenario",
+    "RESOURCES",
+    "Batch",
+    "Coefficients",
+    "Plan",
+    "Deployment",
+    "load_deployment",
+    "resolve",
+    "StepResult",
+    "price",
+    "price_many",
+    "step_time",
+]

@@ -1,0 +1,31 @@
+"""The one exception type jaxprice raises for bad input, before anything is jitted."""
+
+from __future__ import annotations
+
+
+class JaxpriceError(ValueError):
+    """Bad input: names the file, the field and the offending value.
+
+    Raised only from code that runs before jit (loading, resolving, building a batch),
+    so a user never sees a traceback from inside a traced function.
+    """
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None,
+                 value: object = None, has_value: bool = False):
+        self.file = file
+        self.field = field
+        self.value = value
+        where = []
+        if file:
+            where.append(str(file))
+        if field:
+            where.append(f"field '{field}'")
+        if has_value or value is not None:
+            where.append(f"value {value!r}")
+        prefix = ": ".join([", ".join(where)]) if where else ""
+        super().__init__(f"{prefix}: {message}" if prefix else message)
+        self.reason = message
+
+
+def refuse(message: str, *, file=None, field=None, value=None, has_value=False):
+    raise JaxpriceError(message, file=file, field=field, value=value, has_value=has_value)

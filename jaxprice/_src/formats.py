@@ -1,0 +1,670 @@
+"""Load: read model graphs, chips, fabrics, coefficient sets and scenarios from YAML.
+
+Two families of files are read, both into the same plain dataclasses:
+
+* the project's own compact registry formats (``format: jaxprice-*/1``, see registry/README.md);
+* the public BLIS document formats as they are (``kind: ModelGraph``, PascalCase chip files,
+  ``kind: CoefficientSet``, the two-document ``Scenario`` + ``Deployment`` stream), so a user can
+  point jaxprice at their own catalog or registry checkout.
+
+Reading is strict: an unknown key, a wrong type or a malformed document is a JaxpriceError that
+names the file, the field and the value. Nothing here touches JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import JaxpriceError, refuse
+
+# ----------------------------------------------------------------------------- YAML
+
+
+def read_yaml_documents(path) -> list:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        refuse("file not found", file=str(path))
+    except OSError as err:
+        refuse(f"cannot read file ({err.strerror})", file=str(path))
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        refuse(f"malformed YAML{where}: {problem}", file=str(path))
+    if not docs:
+        refuse("the file holds no YAML document", file=str(path))
+    for i, d in enumerate(docs):
+        if not isinstance(d, dict):
+            refuse(f"document {i + 1} is a {type(d).__name__}, expected a mapping", file=str(path))
+    return docs
+
+
+def read_yaml(path) -> dict:
+    docs = read_yaml_documents(path)
+    if len(docs) != 1:
+        refuse(f"expected one YAML document, found {len(docs)}", file=str(path))
+    return docs[0]
+
+
+def check_keys(mapping: dict, allowed, *, file, where: str, required=(), ignore_comments=False):
+    """Refuse unknown keys (strict reading) and missing required ones."""
+    for key in mapping:
+        if ignore_comments and isinstance(key, str) and key.startswith("_comment"):
+            continue
+        if key not in allowed:
+            refuse(f"unknown key (allowed: {', '.join(sorted(allowed))})", file=file,
+                   field=f"{where}{key}")
+    for key in required:
+        if key not in mapping:
+            refuse("required key is missing", file=file, field=f"{where}{key}")
+
+
+def _number(value, *, file, field, integer=False, minimum=None, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        refuse("expected a number", file=file, field=field, value=value, has_value=True)
+    if isinstance(value, float) and not math.isfinite(value):
+        refuse("expected a finite number", file=file, field=field, value=value)
+    if integer and (value != int(value)):
+        refuse("expected an integer", file=file, field=field, value=value)
+    if minimum is not None and value < minimum:
+        refuse(f"must be >= {minimum}", file=file, field=field, value=value, has_value=True)
+    return int(value) if integer else value
+
+
+# ----------------------------------------------------------------------------- model graph
+
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp8": 1.0,
+               "nvfp4": 0.5, "mxfp4": 0.5, "int4": 0.5}
+
+_COMMON = {"op", "role", "emit", "phase", "replicated"}
+NODE_KEYS = {
+    "GEMM": _COMMON | {"n", "k", "weight_dtype"},
+    "GroupedGEMM": _COMMON | {"n", "k", "experts", "top_k", "shared_experts",
+                              "shared_intermediate_size", "latent_size", "weight_dtype"},
+    "Attention": _COMMON | {"kind", "n_q", "n_kv", "d_h", "kv_lora_rank", "qk_rope_head_dim",
+                            "window", "index_topk", "compress_ratio"},
+    "RecurrentUpdate": _COMMON | {"recurrent_kind", "n_heads", "d_h", "state_size", "n_groups",
+                                  "conv_kernel", "intermediate_size", "state_dtype"},
+    "Elementwise": _COMMON | {"bytes_per_token"},
+    # jaxprice extension: a DeepSeek-V4.1 mHC hyper-connection kernel (one half, pre or post).
+    "HyperConnection": _COMMON | {"half", "streams", "bytes_per_token", "mix_n", "mix_k"},
+    "AllReduce": _COMMON,
+    "AllGather": _COMMON,
+    "ReduceScatter": _COMMON,
+    "All2All": _COMMON,
+}
+NODE_REQUIRED = {
+    "GEMM": ("n", "k"),
+    "GroupedGEMM": ("n", "k", "experts", "top_k"),
+    "Attention": ("kind", "n_q", "n_kv", "d_h"),
+    "RecurrentUpdate": ("recurrent_kind", "n_heads", "state_size"),
+    "HyperConnection": ("half", "bytes_per_token"),
+}
+COLLECTIVE_OPS = ("AllReduce", "AllGather", "ReduceScatter", "All2All")
+ATTENTION_KINDS = ("gqa", "mla", "sparse_mla", "swa")
+RECURRENT_KINDS = ("mamba2", "kda", "gdn")
+EMIT_CONDITIONS = ("", "tensor_parallel", "expert_parallel", "tensor_parallel_unless_sp_moe")
+_INT_FIELDS = {"n", "k", "experts", "top_k", "shared_experts", "shared_intermediate_size",
+               "latent_size", "n_q", "n_kv", "d_h", "kv_lora_rank", "qk_rope_head_dim", "window",
+               "index_topk", "n_heads", "state_size", "n_groups", "conv_kernel",
+               "intermediate_size", "streams", "mix_n", "mix_k"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelGraph:
+    """A model as distinct layer kinds (lists of node dicts), a stack and a head."""
+    name: str
+    hidden_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    weight_dtype: str
+    modality: str
+    layer_kinds: dict          # id -> tuple of node dicts, in declaration order
+    stack: dict                # {prologue, pattern, repeat, epilogue}
+    head: tuple
+    speculator: dict | None
+    capture_breaks: dict       # kind id -> captured regions its own code leaves (extension)
+    source: str
+    path: str
+
+    def expanded_stack(self) -> list:
+        s = self.stack
+        return list(s["prologue"]) + list(s["pattern"]) * int(s["repeat"]) + list(s["epilogue"])
+
+
+def _parse_node(node, *, file, where):
+    if not isinstance(node, dict):
+        refuse("a node must be a mapping", file=file, field=where, value=node)
+    op = node.get("op")
+    if op not in NODE_KEYS:
+        refuse(f"unknown op (known: {', '.join(NODE_KEYS)})", file=file, field=f"{where}.op",
+               value=op, has_value=True)
+    check_keys(node, NODE_KEYS[op], file=file, where=f"{where}.",
+               required=NODE_REQUIRED.get(op, ()))
+    out = dict(node)
+    for key, val in node.items():
+        if key in _INT_FIELDS:
+            out[key] = _number(val, file=file, field=f"{where}.{key}", integer=True, minimum=0)
+        elif key == "bytes_per_token":
+            out[key] = _number(val, file=file, field=f"{where}.{key}", minimum=0)
+    emit = node.get("emit", "") or ""
+    if op in COLLECTIVE_OPS and "emit" not in node:
+        refuse("a collective must carry an emit condition", file=file, field=f"{where}.emit")
+    if emit not in EMIT_CONDITIONS:
+        refuse(f"unrecognised emit condition (known: {', '.join(repr(e) for e in EMIT_CONDITIONS)})",
+               file=file, field=f"{where}.emit", value=emit)
+    out["emit"] = emit
+    if "weight_dtype" in node and node["weight_dtype"] not in DTYPE_BYTES:
+        refuse("unknown dtype", file=file, field=f"{where}.weight_dtype", value=node["weight_dtype"])
+    if op == "Attention":
+        if node["kind"] not in ATTENTION_KINDS:
+            refuse(f"unknown attention kind (known: {', '.join(ATTENTION_KINDS)})", file=file,
+                   field=f"{where}.kind", value=node["kind"])
+        if node["kind"] == "swa" and not node.get("window"):
+            refuse("a swa attention must state its window", file=file, field=f"{where}.window")
+    if op == "RecurrentUpdate" and node["recurrent_kind"] not in RECURRENT_KINDS:
+        refuse(f"unknown recurrent kind (known: {', '.join(RECURRENT_KINDS)})", file=file,
+               field=f"{where}.recurrent_kind", value=node["recurrent_kind"])
+    if op == "GroupedGEMM" and out["top_k"] > out["experts"]:
+        refuse("top_k exceeds experts", file=file, field=f"{where}.top_k", value=out["top_k"])
+    if op == "HyperConnection" and node["half"] not in ("pre", "post"):
+        refuse("half must be 'pre' or 'post'", file=file, field=f"{where}.half", value=node["half"])
+    if "phase" in node and node["phase"] not in ("prefill",):
+        refuse("phase must be 'prefill' (the only phase marker)", file=file, field=f"{where}.phase",
+               value=node["phase"])
+    if "replicated" in node and not isinstance(node["replicated"], bool):
+        refuse("replicated must be true or false", file=file, field=f"{where}.replicated",
+               value=node["replicated"])
+    return out
+
+
+def _parse_nodes(nodes, *, file, where):
+    if not isinstance(nodes, list):
+        refuse("expected a list of nodes", file=file, field=where, value=type(nodes).__name__)
+    return tuple(_parse_node(n, file=file, where=f"{where}[{i}]") for i, n in enumerate(nodes))
+
+
+def _parse_stack(stack, kinds, *, file, where="stack"):
+    if not isinstance(stack, dict):
+        refuse("expected a mapping", file=file, field=where)
+    check_keys(stack, {"prologue", "pattern", "repeat", "epilogue"}, file=file, where=f"{where}.")
+    out = {"prologue": list(stack.get("prologue") or []), "pattern": list(stack.get("pattern") or []),
+           "repeat": _number(stack.get("repeat", 0) or 0, file=file, field=f"{where}.repeat",
+                             integer=True, minimum=0),
+           "epilogue": list(stack.get("epilogue") or [])}
+    for part in ("prologue", "pattern", "epilogue"):
+        for kid in out[part]:
+            if kid not in kinds:
+                refuse("the stack names an undeclared layer kind", file=file,
+                       field=f"{where}.{part}", value=kid)
+    return out
+
+
+_OWN_MODEL_KEYS = {"format", "name", "source", "hf_repo", "hf_revision", "config_sha256",
+                   "hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality",
+                   "layer_kinds", "stack", "head", "speculator", "capture_breaks"}
+_PUBLIC_MODEL_KEYS = {"kind", "name", "derived_from", "global", "layer_kinds", "stack", "head",
+                      "speculator", "modality"}
+
+
+def load_model_graph(path) -> ModelGraph:
+    """Read a model graph: the project format (``format: jaxprice-model/1``) or a public
+    ``kind: ModelGraph`` file."""
+    file = str(path)
+    doc = read_yaml(path)
+    if doc.get("format") == "jaxprice-model/1":
+        check_keys(doc, _OWN_MODEL_KEYS, file=file, where="",
+                   required=("name", "hidden_size", "vocab_size", "weight_dtype", "layer_kinds",
+                             "stack"))
+        glob = doc
+        if not isinstance(doc["layer_kinds"], dict):
+            refuse("expected a mapping of kind id to nodes", file=file, field="layer_kinds")
+        raw_kinds = list(doc["layer_kinds"].items())
+        source = doc.get("source", file)
+    elif doc.get("kind") == "ModelGraph":
+        check_keys(doc, _PUBLIC_MODEL_KEYS, file=file, where="",
+                   required=("name", "global", "layer_kinds", "stack"))
+        glob = doc["global"]
+        if not isinstance(glob, dict):
+            refuse("expected a mapping", file=file, field="global")
+        check_keys(glob, {"hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype"},
+                   file=file, where="global.", required=("hidden_size", "vocab_size", "weight_dtype"))
+        raw_kinds = []
+        for i, kind in enumerate(doc["layer_kinds"] or []):
+            if not isinstance(kind, dict):
+                refuse("a layer kind must be a mapping", file=file, field=f"layer_kinds[{i}]")
+            check_keys(kind, {"id", "nodes", "edges"}, file=file, where=f"layer_kinds[{i}].",
+                       required=("id", "nodes"))
+            raw_kinds.append((kind["id"], kind["nodes"]))
+        source = file
+    else:
+        refuse("not a model graph: expected 'format: jaxprice-model/1' or 'kind: ModelGraph'",
+               file=file, field="format" if "format" in doc else "kind",
+               value=doc.get("format", doc.get("kind")))
+    kinds = {}
+    for kid, nodes in raw_kinds:
+        if kid in kinds:
+            refuse("duplicate layer kind id", file=file, field="layer_kinds", value=kid)
+        kinds[kid] = _parse_nodes(nodes, file=file, where=f"layer_kinds.{kid}.nodes")
+    stack = _parse_stack(doc["stack"], kinds, file=file)
+    head = _parse_nodes(doc.get("head") or [], file=file, where="head")
+    spec = doc.get("speculator")
+    if spec is not None:
+        check_keys(spec, {"method", "num_spec_tokens", "stack", "passes"}, file=file,
+                   where="speculator.", required=("method",))
+        spec = dict(spec)
+        spec["num_spec_tokens"] = _number(spec.get("num_spec_tokens", 1), file=file,
+                                          field="speculator.num_spec_tokens", integer=True, minimum=1)
+        spec["stack"] = _parse_stack(spec.get("stack") or {}, kinds, file=file,
+                                     where="speculator.stack")
+    breaks = doc.get("capture_breaks") or {}
+    if not isinstance(breaks, dict):
+        refuse("expected a mapping of layer kind id to regions", file=file, field="capture_breaks")
+    for kid, n in breaks.items():
+        if kid not in kinds:
+            refuse("names an undeclared layer kind", file=file, field="capture_breaks", value=kid)
+        _number(n, file=file, field=f"capture_breaks.{kid}", integer=True, minimum=1)
+    wd = glob["weight_dtype"]
+    if wd not in DTYPE_BYTES:
+        refuse("unknown dtype", file=file, field="weight_dtype", value=wd)
+    return ModelGraph(
+        name=str(doc["name"]),
+        hidden_size=_number(glob["hidden_size"], file=file, field="hidden_size", integer=True, minimum=1),
+        vocab_size=_number(glob["vocab_size"], file=file, field="vocab_size", integer=True, minimum=1),
+        tie_word_embeddings=bool(glob.get("tie_word_embeddings", False)),
+        weight_dtype=wd, modality=str(doc.get("modality", "text_only")),
+        layer_kinds=kinds, stack=stack, head=head, speculator=spec,
+        capture_breaks={k: int(v) for k, v in breaks.items()}, source=source, path=file)
+
+
+# ----------------------------------------------------------------------------- chips, fabrics
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """A GPU part. Rates in catalog units (TFLOP/s, TB/s, GB/s); None = not stated."""
+    name: str
+    bf16_tflops: float
+    fp8_tflops: float | None
+    nvfp4_tflops: float | None
+    tf32_tflops: float | None
+    hbm_tbs: float
+    memory_gib: float
+    nvlink_gbps: float
+    sm_count: int | None
+    gpus_per_node: int | None
+    gpus_per_rack: int | None
+    rack_gbps: float | None
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    name: str
+    internode_gbps: float
+    source: str
+
+
+_OWN_CHIP_KEYS = {"bf16_tflops", "fp8_tflops", "nvfp4_tflops", "tf32_tflops", "hbm_tbs",
+                  "memory_gib", "nvlink_gbps", "sm_count", "gpus_per_node", "gpus_per_rack",
+                  "rack_gbps", "provenance", "source"}
+_PUBLIC_CHIP_KEYS = {"Provenance", "TFlopsPeak", "TFlopsFP8", "TFlopsNVFP4", "BwPeakTBs",
+                     "MemoryGiB", "IntraNodeBwGBps", "SMCount", "GPUsPerNode", "GPUsPerRack",
+                     "IntraRackBwGBps", "TFlopsTF32"}
+
+
+def _chip_from_fields(name, f, *, file, where):
+    def num(key, required=False, integer=False):
+        val = f.get(key)
+        if val is None:
+            if required:
+                refuse("required chip figure is missing", file=file, field=f"{where}{key}")
+            return None
+        return _number(val, file=file, field=f"{where}{key}", integer=integer, minimum=0)
+    bf16 = num("bf16_tflops", True)
+    return Chip(name=name, bf16_tflops=bf16, fp8_tflops=num("fp8_tflops"),
+                nvfp4_tflops=num("nvfp4_tflops"), tf32_tflops=num("tf32_tflops"),
+                hbm_tbs=num("hbm_tbs", True), memory_gib=num("memory_gib", True),
+                nvlink_gbps=num("nvlink_gbps", True), sm_count=num("sm_count", integer=True),
+                gpus_per_node=num("gpus_per_node", integer=True),
+                gpus_per_rack=num("gpus_per_rack", integer=True), rack_gbps=num("rack_gbps"),
+                source=str(f.get("source", file)))
+
+
+def load_chips(path) -> tuple[dict, dict]:
+    """Read the project's chips.yaml: (chips by name, networks by name)."""
+    file = str(path)
+    doc = read_yaml(path)
+    if doc.get("format") != "jaxprice-chips/1":
+        refuse("not a jaxprice chips file", file=file, field="format", value=doc.get("format"))
+    check_keys(doc, {"format", "chips", "networks", "derived"}, file=file, where="", required=("chips",))
+    chips = {}
+    for name, fields in (doc.get("chips") or {}).items():
+        if not isinstance(fields, dict):
+            refuse("expected a mapping", file=file, field=f"chips.{name}")
+        check_keys(fields, _OWN_CHIP_KEYS, file=file, where=f"chips.{name}.")
+        chips[name] = _chip_from_fields(name, fields, file=file, where=f"chips.{name}.")
+    nets = {}
+    for name, fields in (doc.get("networks") or {}).items():
+        check_keys(fields, {"internode_gbps", "rdma", "source"}, file=file, where=f"networks.{name}.",
+                   required=("internode_gbps",))
+        nets[name] = Network(name, _number(fields["internode_gbps"], file=file,
+                                           field=f"networks.{name}.internode_gbps", minimum=0),
+                             str(fields.get("source", file)))
+    return chips, nets
+
+
+def load_public_chip(path) -> Chip:
+    """Read a public catalog ``hardware/<chip>.yaml`` (PascalCase keys, ``_comment*`` ignored)."""
+    file = str(path)
+    doc = read_yaml(path)
+    check_keys(doc, _PUBLIC_CHIP_KEYS, file=file, where="", ignore_comments=True,
+               required=("TFlopsPeak", "BwPeakTBs", "MemoryGiB", "IntraNodeBwGBps"))
+    m = {"TFlopsPeak": "bf16_tflops", "TFlopsFP8": "fp8_tflops", "TFlopsNVFP4": "nvfp4_tflops",
+         "TFlopsTF32": "tf32_tflops", "BwPeakTBs": "hbm_tbs", "MemoryGiB": "memory_gib",
+         "IntraNodeBwGBps": "nvlink_gbps", "SMCount": "sm_count", "GPUsPerNode": "gpus_per_node",
+         "GPUsPerRack": "gpus_per_rack", "IntraRackBwGBps": "rack_gbps"}
+    fields = {m[k]: v for k, v in doc.items() if k in m}
+    fields["source"] = file
+    return _chip_from_fields(Path(path).stem, fields, file=file, where="")
+
+
+def load_public_network(path) -> Network:
+    file = str(path)
+    doc = read_yaml(path)
+    check_keys(doc, {"Provenance", "InterNodeBwGBps", "RDMA", "PDTransferBaseLatencyMs"}, file=file,
+               where="", ignore_comments=True, required=("InterNodeBwGBps",))
+    return Network(Path(path).stem, _number(doc["InterNodeBwGBps"], file=file,
+                                            field="InterNodeBwGBps", minimum=0), file)
+
+
+# ----------------------------------------------------------------------------- coefficients
+
+SCOPE_KEYS = ("hardware", "model", "tp", "ep", "nodes_spanned")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    name: str
+    value: float
+    units: str
+    scope: dict                 # dimension -> tuple of admitted values
+    cite: str
+    method: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CoefficientSet:
+    name: str
+    entries: tuple
+    source: str
+    path: str
+
+
+def _parse_entry(name, body, *, file, where, cite_default):
+    if not isinstance(body, dict):
+        refuse("expected a mapping", file=file, field=where)
+    value = _number(body.get("value"), file=file, field=f"{where}.value")
+    scope = body.get("scope") or {}
+    if not isinstance(scope, dict) or not scope:
+        refuse("an entry needs a scope over at least one of " + ", ".join(SCOPE_KEYS), file=file,
+               field=f"{where}.scope", value=scope)
+    for key, vals in scope.items():
+        if key not in SCOPE_KEYS:
+            refuse(f"unknown scope dimension (known: {', '.join(SCOPE_KEYS)})", file=file,
+                   field=f"{where}.scope.{key}")
+        if not isinstance(vals, list):
+            refuse("a scope dimension must be a list", file=file, field=f"{where}.scope.{key}",
+                   value=vals)
+    scope = {k: tuple(v) for k, v in scope.items()}
+    units = body.get("units")
+    if not isinstance(units, str):
+        refuse("every coefficient states its units", file=file, field=f"{where}.units", value=units)
+    return Entry(name=str(name), value=float(value), units=units, scope=scope,
+                 cite=str(body.get("cite", cite_default)), method=str(body.get("method", "")))
+
+
+_OWN_ENTRY_KEYS = {"name", "value", "units", "scope", "cite", "method", "fitted", "ci95",
+                   "measured_on", "fit"}
+_PUBLIC_ENTRY_KEYS = {"value", "units", "method", "fitted", "scope", "ci95", "sources",
+                      "rationale", "copied_from", "supersedes", "validated", "unsupported"}
+
+
+def load_coefficient_set(path) -> CoefficientSet:
+    """Read a coefficient set: project format or a public ``kind: CoefficientSet`` file."""
+    file = str(path)
+    doc = read_yaml(path)
+    entries = []
+    if doc.get("format") == "jaxprice-coefficients/1":
+        check_keys(doc, {"format", "name", "source", "entries", "fit"}, file=file, where="",
+                   required=("name", "entries"))
+        for i, e in enumerate(doc["entries"] or []):
+            if not isinstance(e, dict):
+                refuse("expected a mapping", file=file, field=f"entries[{i}]")
+            check_keys(e, _OWN_ENTRY_KEYS, file=file, where=f"entries[{i}].",
+                       required=("name", "value", "units", "scope"))
+            entries.append(_parse_entry(e["name"], e, file=file, where=f"entries[{i}]",
+                                        cite_default=doc.get("source", file)))
+        source = str(doc.get("source", file))
+    elif doc.get("kind") == "CoefficientSet":
+        check_keys(doc, {"kind", "name", "coefficients"}, file=file, where="",
+                   required=("name", "coefficients"))
+        for i, item in enumerate(doc["coefficients"] or []):
+            if not isinstance(item, dict) or len(item) != 1:
+                refuse("each coefficient is a single-key mapping", file=file,
+                       field=f"coefficients[{i}]")
+            (name, body), = item.items()
+            check_keys(body, _PUBLIC_ENTRY_KEYS, file=file, where=f"coefficients[{i}].{name}.")
+            entries.append(_parse_entry(name, body, file=file, where=f"coefficients[{i}].{name}",
+                                        cite_default=file))
+        source = file
+    else:
+        refuse("not a coefficient set: expected 'format: jaxprice-coefficients/1' or "
+               "'kind: CoefficientSet'", file=file, field="format")
+    return CoefficientSet(name=str(doc["name"]), entries=tuple(entries), source=source, path=file)
+
+
+# ----------------------------------------------------------------------------- scenario
+
+ENGINE_KEYS = {
+    "quantization", "cache_dtype", "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_cache_mode",
+    "enable_prefix_caching", "block_size", "max_num_seqs", "max_num_batched_tokens",
+    "max_model_len", "cudagraph_mode", "gpu_memory_utilization", "speculative", "all2all_backend",
+    "allreduce_backend", "disable_custom_all_reduce", "eplb", "dcp_comm_backend",
+    "dcp_q_replicate", "cp_kv_cache_interleave_size", "dbo", "scheduling_policy",
+    "async_scheduling", "disable_cascade_attn", "enforce_eager", "max_cudagraph_capture_size"}
+PARALLEL_KEYS = {"tp", "pp", "dp", "dp_local", "enable_expert_parallel", "pcp", "dcp"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """A Scenario document and the Deployment pool it prices."""
+    name: str
+    model: str
+    hardware: str
+    fabric: str | None
+    nodes: int
+    gpus_per_node: int
+    gpus_per_rack: int
+    coefficient_sets: tuple
+    engine_version: str
+    pool_nodes: int
+    parallel: dict
+    engine: dict
+    path: str
+
+
+def load_scenario(path, pool_index: int = 0) -> Scenario:
+    """Read a two-document Scenario + Deployment YAML (the public blis-schemas form)."""
+    file = str(path)
+    docs = read_yaml_documents(path)
+    if len(docs) != 2:
+        refuse(f"expected two documents (Scenario, then Deployment), found {len(docs)}", file=file)
+    scen, dep = docs
+    if scen.get("kind") != "Scenario":
+        refuse("the first document must be kind: Scenario", file=file, field="kind",
+               value=scen.get("kind"))
+    if dep.get("kind") != "Deployment":
+        refuse("the second document must be kind: Deployment", file=file, field="kind",
+               value=dep.get("kind"))
+    check_keys(scen, {"kind", "name", "engine_version", "model", "coefficients", "cluster",
+                      "workload"}, file=file, where="Scenario.",
+               required=("name", "model", "coefficients", "cluster"))
+    cluster = scen["cluster"]
+    if not isinstance(cluster, dict):
+        refuse("expected a mapping", file=file, field="Scenario.cluster")
+    check_keys(cluster, {"hardware", "fabric", "nodes", "gpus_per_node", "gpus_per_rack", "storage"},
+               file=file, where="Scenario.cluster.", required=("hardware",))
+    sets = scen["coefficients"]
+    if not isinstance(sets, list) or not sets or not all(isinstance(s, str) for s in sets):
+        refuse("expected a non-empty list of coefficient set names", file=file,
+               field="Scenario.coefficients", value=sets)
+    check_keys(dep, {"kind", "name", "pools", "offload", "pd_transfer"}, file=file,
+               where="Deployment.", required=("pools",))
+    pools = dep["pools"]
+    if not isinstance(pools, list) or not pools:
+        refuse("expected a non-empty list of pools", file=file, field="Deployment.pools")
+    if not 0 <= pool_index < len(pools):
+        refuse(f"pool index out of range (the deployment has {len(pools)})", file=file,
+               field="Deployment.pools", value=pool_index)
+    pool = pools[pool_index]
+    where = f"Deployment.pools[{pool_index}]."
+    check_keys(pool, {"role", "nodes", "parallel", "engine"}, file=file, where=where,
+               required=("parallel",))
+    parallel = dict(pool["parallel"] or {})
+    check_keys(parallel, PARALLEL_KEYS, file=file, where=where + "parallel.")
+    for key in ("tp", "pp", "dp", "dp_local", "pcp", "dcp"):
+        if key in parallel:
+            parallel[key] = _number(parallel[key], file=file, field=f"{where}parallel.{key}",
+                                    integer=True, minimum=1)
+    engine = dict(pool.get("engine") or {})
+    check_keys(engine, ENGINE_KEYS, file=file, where=where + "engine.")
+    for key in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                "max_cudagraph_capture_size"):
+        if key in engine:
+            engine[key] = _number(engine[key], file=file, field=f"{where}engine.{key}",
+                                  integer=True, minimum=1)
+    spec = engine.get("speculative")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            refuse("expected a mapping", file=file, field=f"{where}engine.speculative")
+        check_keys(spec, {"method", "num_spec_tokens"}, file=file,
+                   where=f"{where}engine.speculative.", required=("num_spec_tokens",))
+        _number(spec["num_spec_tokens"], file=file, field=f"{where}engine.speculative.num_spec_tokens",
+                integer=True, minimum=1)
+    def count(key, default):
+        val = cluster.get(key, default)
+        return _number(val, file=file, field=f"Scenario.cluster.{key}", integer=True, minimum=0)
+    return Scenario(
+        name=str(scen["name"]), model=str(scen["model"]), hardware=str(cluster["hardware"]),
+        fabric=cluster.get("fabric"), nodes=count("nodes", 1), gpus_per_node=count("gpus_per_node", 0),
+        gpus_per_rack=count("gpus_per_rack", 0), coefficient_sets=tuple(sets),
+        engine_version=str(scen.get("engine_version", "")),
+        pool_nodes=_number(pool.get("nodes", 1), file=file, field=where + "nodes", integer=True,
+                           minimum=1),
+        parallel=parallel, engine=engine, path=file)
+
+
+# ----------------------------------------------------------------------------- registry lookup
+
+
+def default_registry_root() -> Path:
+    env = os.environ.get("JAXPRICE_REGISTRY")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2] / "registry"
+
+
+class Registry:
+    """Finds models, chips, fabrics and coefficient sets under one or more roots.
+
+    A root may be the project's registry (``chips.yaml``, ``models/<name>.yaml``,
+    ``coefficients/<set>.yaml``) or a checkout of the public catalog and registry
+    (``hardware/<chip>.yaml``, ``networks/<fabric>.yaml``, ``models/<name>/graph.yaml``,
+    ``coefficients/<set>.yaml``, optionally under ``catalog/`` and ``registry/``). Earlier
+    roots win.
+    """
+
+    def __init__(self, roots=None):
+        roots = [default_registry_root()] if roots is None else roots
+        self.roots = [Path(r) for r in (roots if isinstance(roots, (list, tuple)) else [roots])]
+        self._chips = None
+
+    def _candidates(self, *rel):
+        for root in self.roots:
+            for prefix in ("", "catalog", "registry"):
+                yield root / prefix / Path(*rel)
+
+    def _own_chips(self):
+        if self._chips is None:
+            chips, nets = {}, {}
+            for root in reversed(self.roots):
+                f = root / "chips.yaml"
+                if f.exists():
+                    c, n = load_chips(f)
+                    chips.update(c)
+                    nets.update(n)
+            self._chips = (chips, nets)
+        return self._chips
+
+    def _where(self):
+        return ", ".join(str(r) for r in self.roots)
+
+    def model(self, name, *, file=None, field=None) -> ModelGraph:
+        for cand in list(self._candidates("models", f"{name}.yaml")) + list(
+                self._candidates("models", name, "graph.yaml")):
+            if cand.exists():
+                return load_model_graph(cand)
+        refuse(f"unknown model (no graph under {self._where()})", file=file, field=field, value=name)
+
+    def chip(self, name, *, file=None, field=None) -> Chip:
+        for root in self.roots:
+            own = root / "chips.yaml"
+            if own.exists():
+                chips, _ = load_chips(own)
+                if name in chips:
+                    return chips[name]
+            for prefix in ("", "catalog"):
+                f = root / prefix / "hardware" / f"{name}.yaml"
+                if f.exists():
+                    return load_public_chip(f)
+        refuse(f"unknown chip (no entry under {self._where()})", file=file, field=field, value=name)
+
+    def network(self, name, *, file=None, field=None) -> Network:
+        for root in self.roots:
+            own = root / "chips.yaml"
+            if own.exists():
+                _, nets = load_chips(own)
+                if name in nets:
+                    return nets[name]
+            for prefix in ("", "catalog"):
+                f = root / prefix / "networks" / f"{name}.yaml"
+                if f.exists():
+                    return load_public_network(f)
+        refuse(f"unknown fabric (no entry under {self._where()})", file=file, field=field, value=name)
+
+    def coefficient_set(self, name, *, file=None, field=None) -> CoefficientSet:
+        for cand in self._candidates("coefficients", f"{name}.yaml"):
+            if cand.exists():
+                return load_coefficient_set(cand)
+        p = Path(name)
+        if p.suffix in (".yaml", ".yml") and p.exists():
+            return load_coefficient_set(p)
+        refuse(f"unknown coefficient set (no file under {self._where()})", file=file, field=field,
+               value=name)
+
+
+def as_path(value: Any) -> Path:
+    return value if isinstance(value, Path) else Path(str(value))

@@ -1,0 +1,204 @@
+"""The three things the step kernel takes: a Plan, Coefficients and a Batch.
+
+* ``Plan``: everything batch-independent about a deployment, resolved once in NumPy. It is
+  static under jit (hashable by content), so the kernel compiles once per plan and batch
+  padding, and XLA sees its arrays as constants.
+* ``Coefficients``: the measured coefficients in SI units, as ONE flat vector with static
+  names: ``jax.grad`` over all of them is one call, and the jit boundary has one leaf.
+* ``Batch``: padded per-request token counts (float, so gradients flow to batch shape), a
+  row mask and the decode threshold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import refuse
+
+RESOURCES = ("sm", "hbm", "nvlink", "nic", "host")
+
+
+# ----------------------------------------------------------------------------- coefficients
+
+
+@jax.tree_util.register_pytree_node_class
+class Coefficients:
+    """Named coefficients in SI units (s, B/s, tokens/s, dimensionless) as one vector.
+
+    ``coefs["hbm_derate"]`` reads one; ``coefs.replace(name=value)`` changes some;
+    ``coefs.to_dict()`` gives plain floats. ``units`` and ``cites`` record, per name, the
+    registry units the value came in and where it came from.
+    """
+
+    def __init__(self, values, names, units=None, cites=None):
+        self.values = values
+        self.names = tuple(names)
+        self.units = tuple(units) if units is not None else ("",) * len(self.names)
+        self.cites = tuple(cites) if cites is not None else ("",) * len(self.names)
+        self._index = {n: i for i, n in enumerate(self.names)}
+
+    def tree_flatten(self):
+        return (self.values,), (self.names, self.units, self.cites)
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(children[0], *aux)
+
+    def index(self, name: str) -> int:
+        try:
+            return self._index[name]
+        except KeyError:
+            refuse("the plan needs a coefficient these Coefficients do not carry", field=name)
+
+    def __getitem__(self, name: str):
+        return self.values[..., self.index(name)]
+
+    def __contains__(self, name):
+        return name in self._index
+
+    def get(self, name, default=0.0):
+        return self[name] if name in self._index else default
+
+    def replace(self, **updates):
+        values = jnp.asarray(self.values)
+        for name, val in updates.items():
+            values = values.at[..., self.index(name)].set(val)
+        return Coefficients(values, self.names, self.units, self.cites)
+
+    def to_dict(self) -> dict:
+        vals = np.asarray(self.values)
+        return {n: float(vals[..., i]) if vals.ndim == 1 else vals[..., i] for i, n in enumerate(self.names)}
+
+    def __repr__(self):
+        return f"Coefficients({len(self.names)} names)"
+
+
+# ----------------------------------------------------------------------------- batch
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One step's requests, padded to a fixed number of rows.
+
+    scheduled, computed, prompt_len: float [rows] token counts (float so that gradients can
+    flow to batch shape); mask: bool [rows], False on padding rows; decode_threshold: a
+    request scheduling more tokens than this is a prefill.
+    """
+    scheduled: Any
+    computed: Any
+    prompt_len: Any
+    mask: Any
+    decode_threshold: Any
+
+    def tree_flatten(self):
+        return (self.scheduled, self.computed, self.prompt_len, self.mask, self.decode_threshold), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    @property
+    def rows(self) -> int:
+        return int(np.shape(self.scheduled)[-1])
+
+    @staticmethod
+    def from_requests(scheduled, computed, prompt_len=None, *, pad_to=None, decode_threshold=1,
+                      source="batch"):
+        """Build a padded batch from per-request token counts, refusing bad values clearly."""
+        sched = np.asarray(scheduled, dtype=float).reshape(-1)
+        comp = np.asarray(computed, dtype=float).reshape(-1) if np.ndim(computed) else np.full(sched.shape, float(computed))
+        if prompt_len is None:
+            prompt = comp + sched
+        else:
+            prompt = np.asarray(prompt_len, dtype=float).reshape(-1) if np.ndim(prompt_len) else np.full(sched.shape, float(prompt_len))
+        for name, arr in (("scheduled", sched), ("computed", comp), ("prompt_len", prompt)):
+            if arr.shape != sched.shape:
+                refuse(f"has {arr.size} values for {sched.size} requests", file=source, field=name)
+            bad = ~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                refuse("token counts must be non-negative integers", file=source,
+                       field=f"{name}[{i}]", value=arr[i].item(), has_value=True)
+        thr = float(decode_threshold)
+        if not np.isfinite(thr) or thr < 0 or thr != round(thr):
+            refuse("must be a non-negative integer", file=source, field="decode_threshold",
+                   value=decode_threshold, has_value=True)
+        n = sched.size
+        rows = n if pad_to is None else int(pad_to)
+        if rows < n:
+            refuse(f"{n} requests do not fit in {rows} rows", file=source, field="pad_to", value=pad_to)
+        pad = rows - n
+
+        def padded(a):
+            return jnp.asarray(np.concatenate([a, np.zeros(pad)]))
+        return Batch(padded(sched), padded(comp), padded(prompt),
+                     jnp.asarray(np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])),
+                     jnp.asarray(thr))
+
+    @staticmethod
+    def decode(requests: int, context: int, *, pad_to=None, decode_threshold=1, tokens=1):
+        """`requests` decode rows, each scheduling `tokens` with `context` tokens in cache
+        after this step (computed = context - tokens)."""
+        if requests < 0 or context < tokens:
+            refuse("need requests >= 0 and context >= tokens", field="decode",
+                   value=(requests, context), has_value=True)
+        return Batch.from_requests([tokens] * requests, [context - tokens] * requests,
+                                   pad_to=pad_to, decode_threshold=decode_threshold)
+
+    @staticmethod
+    def stack(batches):
+        """Stack batches of one padding into a leading batch axis (for vmap)."""
+        return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *batches)
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """A resolved deployment: static under jit.
+
+    ``arrays`` holds NumPy arrays (per layer kind, per GEMM, per attention, per collective
+    class ...); ``scalars`` plain numbers and flags; ``coef`` maps each coefficient role the
+    kernel reads to a coefficient name (or None: the term is absent); ``memory`` and
+    ``provenance`` are reported, not priced. The hash is a digest of the content, so two
+    resolutions of one deployment share a compiled kernel.
+    """
+    name: str
+    arrays: dict
+    scalars: dict
+    coef: dict
+    memory: dict
+    provenance: tuple
+    layer_kind_names: tuple
+
+    def __post_init__(self):
+        h = hashlib.sha256()
+        for key in sorted(self.arrays):
+            a = np.ascontiguousarray(self.arrays[key])
+            h.update(key.encode())
+            h.update(str(a.dtype).encode() + str(a.shape).encode())
+            h.update(a.tobytes())
+        h.update(repr(sorted(self.scalars.items())).encode())
+        h.update(repr(sorted((k, repr(v)) for k, v in self.coef.items())).encode())
+        object.__setattr__(self, "_digest", h.hexdigest())
+
+    def __hash__(self):
+        return hash(self._digest)
+
+    def __eq__(self, other):
+        return isinstance(other, Plan) and other._digest == self._digest
+
+    @property
+    def digest(self) -> str:
+        return self._digest
+
+    def __repr__(self):
+        return f"Plan({self.name!r}, {len(self.layer_kind_names)} layer kinds, digest {self._digest[:10]})"
