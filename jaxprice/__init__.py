@@ -12,7 +12,7 @@ _jax.config.update("jax_enable_x64", True)
 from jaxprice._src.errors import JaxpriceError
 from jaxprice._src.formats import (Registry, load_coefficient_set, load_model_graph, load_scenario)
 from jaxprice._src.plan import RESOURCES, Batch, Coefficients, Plan
-from jaxprice._src.resolve import Deployment, load_deployment, resolve
+from jaxprice._src.resolve import Deployment, load_deployment, resolve, scenario_path
 from jaxprice._src.step import StepResult, price, price_many, step_time
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "Deployment",
     "load_deployment",
     "resolve",
+    "scenario_path",
     "StepResult",
     "price",
     "price_many",

@@ -784,6 +784,22 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
                       resolution=resolution)
 
 
+def testdata_root() -> Path:
+    return Path(__file__).resolve().parents[2] / "testdata"
+
+
+def scenario_path(name_or_path) -> Path:
+    """A scenario file: a path as given, or a bundled scenario's name (testdata/aisimulate/<name>.yaml)."""
+    p = Path(str(name_or_path))
+    if p.exists():
+        return p
+    for cand in (testdata_root() / "aisimulate" / f"{p.name}", testdata_root() / "aisimulate" / f"{p.name}.yaml"):
+        if cand.exists():
+            return cand
+    refuse("no such scenario file, and no bundled scenario of that name (see testdata/aisimulate/)",
+           file=str(name_or_path))
+
+
 def load_deployment(path, registry=None, *, pool_index: int = 0, registry_roots=None,
                     extra_coefficient_files=()) -> Deployment:
     """Read a scenario file and resolve it (the usual entry point).
@@ -795,6 +811,6 @@ def load_deployment(path, registry=None, *, pool_index: int = 0, registry_roots=
     from .formats import load_coefficient_set
     if registry is None:
         registry = Registry(registry_roots) if registry_roots else Registry()
-    scenario = load_scenario(path, pool_index)
+    scenario = load_scenario(scenario_path(path), pool_index)
     extra = [load_coefficient_set(f) for f in extra_coefficient_files]
     return resolve(scenario, registry, extra_sets=extra)

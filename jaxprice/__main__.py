@@ -1,0 +1,5 @@
+import sys
+
+from jaxprice.cli import main
+
+sys.exit(main())
