@@ -14,6 +14,7 @@ names the file, the field and the value. Nothing here touches JAX.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 from pathlib import Path
@@ -23,7 +24,30 @@ import yaml
 
 from .errors import JaxpriceError, refuse
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 # ----------------------------------------------------------------------------- YAML
+
+
+_CACHE: dict = {}
+
+
+def _cached(loader):
+    """Memoise a loader on (path, mtime, size): registries are read once per process, and a
+    changed file is read again."""
+    def wrapper(path, *args):
+        p = Path(path)
+        try:
+            st = p.stat()
+            key = (loader.__name__, str(p.resolve()), st.st_mtime_ns, st.st_size, args)
+        except OSError:
+            return loader(path, *args)
+        if key not in _CACHE:
+            _CACHE[key] = loader(path, *args)
+        return _CACHE[key]
+    wrapper.__name__ = loader.__name__
+    wrapper.__doc__ = loader.__doc__
+    return wrapper
 
 
 def read_yaml_documents(path) -> list:
@@ -35,7 +59,9 @@ def read_yaml_documents(path) -> list:
     except OSError as err:
         refuse(f"cannot read file ({err.strerror})", file=str(path))
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        # libyaml's safe loader when present: the public collectives set is ~0.7 MB and the
+        # pure-Python loader takes over a second on it.
+        docs = [d for d in yaml.load_all(text, Loader=_SAFE_LOADER) if d is not None]
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -63,7 +89,7 @@ def check_keys(mapping: dict, allowed, *, file, where: str, required=(), ignore_
             continue
         if key not in allowed:
             refuse(f"unknown key (allowed: {', '.join(sorted(allowed))})", file=file,
-                   field=f"{where}{key}")
+                   field=f"{where}{key}", value=mapping[key], has_value=True)
     for key in required:
         if key not in mapping:
             refuse("required key is missing", file=file, field=f"{where}{key}")
@@ -219,6 +245,7 @@ _PUBLIC_MODEL_KEYS = {"kind", "name", "derived_from", "global", "layer_kinds", "
                       "speculator", "modality"}
 
 
+@_cached
 def load_model_graph(path) -> ModelGraph:
     """Read a model graph: the project format (``format: jaxprice-model/1``) or a public
     ``kind: ModelGraph`` file."""
@@ -343,6 +370,7 @@ def _chip_from_fields(name, f, *, file, where):
                 source=str(f.get("source", file)))
 
 
+@_cached
 def load_chips(path) -> tuple[dict, dict]:
     """Read the project's chips.yaml: (chips by name, networks by name)."""
     file = str(path)
@@ -366,6 +394,7 @@ def load_chips(path) -> tuple[dict, dict]:
     return chips, nets
 
 
+@_cached
 def load_public_chip(path) -> Chip:
     """Read a public catalog ``hardware/<chip>.yaml`` (PascalCase keys, ``_comment*`` ignored)."""
     file = str(path)
@@ -377,10 +406,14 @@ def load_public_chip(path) -> Chip:
          "IntraNodeBwGBps": "nvlink_gbps", "SMCount": "sm_count", "GPUsPerNode": "gpus_per_node",
          "GPUsPerRack": "gpus_per_rack", "IntraRackBwGBps": "rack_gbps"}
     fields = {m[k]: v for k, v in doc.items() if k in m}
+    if fields.get("tf32_tflops") is None and isinstance(fields.get("bf16_tflops"), (int, float)):
+        # as registry/chips.yaml: the dense TF32 tensor rate is half the dense BF16 rate
+        fields["tf32_tflops"] = fields["bf16_tflops"] / 2
     fields["source"] = file
     return _chip_from_fields(Path(path).stem, fields, file=file, where="")
 
 
+@_cached
 def load_public_network(path) -> Network:
     file = str(path)
     doc = read_yaml(path)
@@ -424,7 +457,7 @@ def _parse_entry(name, body, *, file, where, cite_default):
     for key, vals in scope.items():
         if key not in SCOPE_KEYS:
             refuse(f"unknown scope dimension (known: {', '.join(SCOPE_KEYS)})", file=file,
-                   field=f"{where}.scope.{key}")
+                   field=f"{where}.scope.{key}", value=vals, has_value=True)
         if not isinstance(vals, list):
             refuse("a scope dimension must be a list", file=file, field=f"{where}.scope.{key}",
                    value=vals)
@@ -442,8 +475,29 @@ _PUBLIC_ENTRY_KEYS = {"value", "units", "method", "fitted", "scope", "ci95", "so
                       "rationale", "copied_from", "supersedes", "validated", "unsupported"}
 
 
+_SET_CACHE: dict = {}
+
+
 def load_coefficient_set(path) -> CoefficientSet:
-    """Read a coefficient set: project format or a public ``kind: CoefficientSet`` file."""
+    """Read a coefficient set: project format or a public ``kind: CoefficientSet`` file.
+
+    Parsed sets are cached by path and content digest (sets are immutable once read), so
+    resolving many deployments parses the large collectives set once."""
+    try:
+        key = (str(path), hashlib.sha1(Path(path).read_bytes()).hexdigest())
+    except OSError:
+        key = None
+    if key is not None and key in _SET_CACHE:
+        return _SET_CACHE[key]
+    cset = _read_coefficient_set(path)
+    if key is not None:
+        if len(_SET_CACHE) >= 64:
+            _SET_CACHE.clear()
+        _SET_CACHE[key] = cset
+    return cset
+
+
+def _read_coefficient_set(path) -> CoefficientSet:
     file = str(path)
     doc = read_yaml(path)
     entries = []
@@ -623,10 +677,12 @@ class Registry:
         return ", ".join(str(r) for r in self.roots)
 
     def model(self, name, *, file=None, field=None) -> ModelGraph:
-        for cand in list(self._candidates("models", f"{name}.yaml")) + list(
-                self._candidates("models", name, "graph.yaml")):
-            if cand.exists():
-                return load_model_graph(cand)
+        for root in self.roots:          # root-major, so an earlier root wins in either layout
+            for prefix in ("", "catalog", "registry"):
+                for cand in (root / prefix / "models" / f"{name}.yaml",
+                             root / prefix / "models" / name / "graph.yaml"):
+                    if cand.exists():
+                        return load_model_graph(cand)
         refuse(f"unknown model (no graph under {self._where()})", file=file, field=field, value=name)
 
     def chip(self, name, *, file=None, field=None) -> Chip:

@@ -114,6 +114,8 @@ class Batch:
         """Build a padded batch from per-request token counts, refusing bad values clearly."""
         sched = np.asarray(scheduled, dtype=float).reshape(-1)
         comp = np.asarray(computed, dtype=float).reshape(-1) if np.ndim(computed) else np.full(sched.shape, float(computed))
+        if comp.shape != sched.shape:
+            refuse(f"has {comp.size} values for {sched.size} requests", file=source, field="computed")
         if prompt_len is None:
             prompt = comp + sched
         else:
@@ -154,8 +156,15 @@ class Batch:
 
     @staticmethod
     def stack(batches):
-        """Stack batches of one padding into a leading batch axis (for vmap)."""
-        return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *batches)
+        """Stack batches of one padding into a leading batch axis (for vmap).
+
+        Concrete batches are stacked in NumPy (jnp.stack of thousands of arrays compiles a
+        concatenate with one operand each and takes minutes); traced ones with jnp.stack.
+        """
+        batches = list(batches)
+        if any(isinstance(x, jax.core.Tracer) for b in batches for x in jax.tree_util.tree_leaves(b)):
+            return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *batches)
+        return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack([np.asarray(x) for x in xs])), *batches)
 
 
 # ----------------------------------------------------------------------------- plan

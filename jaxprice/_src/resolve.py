@@ -102,7 +102,7 @@ class _Scope:
         if not admitted_any:
             refuse("no entry in any coefficient set applies to this deployment's scope "
                    f"({', '.join(f'{k}={v}' for k, v in values.items())})", file=file,
-                   field="Scenario.coefficients")
+                   field="Scenario.coefficients", value=[s.name for s in sets])
         self.used = {}
 
     @staticmethod
@@ -259,6 +259,10 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
         refuse("context parallelism (pcp/dcp > 1) is not priced by jaxprice", file=file,
                field="Deployment.pools[0].parallel." + ("pcp" if pcp > 1 else "dcp"),
                value=max(pcp, dcp))
+    dcp_backend = eng.get("dcp_comm_backend")
+    if dcp_backend not in (None, "", "ag_rs", "a2a"):
+        refuse("unknown dcp_comm_backend (known: ag_rs, a2a)", file=file,
+               field="Deployment.pools[0].engine.dcp_comm_backend", value=dcp_backend)
     graph = reg.model(scenario.model, file=file, field="Scenario.model")
     chip = reg.chip(scenario.hardware, file=file, field="Scenario.cluster.hardware")
     network = None
