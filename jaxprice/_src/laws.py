@@ -12,7 +12,7 @@ import math
 
 import jax.numpy as jnp
 
-from .numerics import max2, min2, safe_div
+from .numerics import max2, min2, relu, safe_div
 
 # ----------------------------------------------------------------------------- arithmetic
 
@@ -62,20 +62,21 @@ def floor_plus_rate(active, floor, amount, rate):
 # ----------------------------------------------------------------------------- attention
 
 
-def causal_prefix_integral(x, window):
+def causal_prefix_integral(x, window, tau=None):
     """G_w(x) = x^2/2 - relu(x - w)^2/2: the continuum count of query-key pairs of the first
-    x positions when each attends to at most w keys (w <= 0: no window, x^2/2)  [pairs]."""
+    x positions when each attends to at most w keys (w <= 0: no window, x^2/2)  [pairs].
+    In smooth mode the relu's corner is rounded over a width tau * w (numerics.relu)."""
     x = jnp.asarray(x, dtype=float)
-    over = jnp.maximum(x - window, 0.0)
+    over = relu(x - window, jnp.maximum(window, 0.0), tau)
     return 0.5 * x * x - jnp.where(window > 0, 0.5 * over * over, 0.0)
 
 
-def windowed_pairs(scheduled, computed, window):
+def windowed_pairs(scheduled, computed, window, tau=None):
     """Query-key pairs of a chunk of s new tokens after p computed ones, each query seeing at
     most w keys: G_w(p + s) - G_w(p)  [pairs]; without a window, s*p + s^2/2 (the continuum
     causal convention). Times 4 (2 FLOP per MAC, 2 matmuls) gives the attention FLOPs per
     head-dimension. Equals the reference's discrete chunk law exactly."""
-    return causal_prefix_integral(computed + scheduled, window) - causal_prefix_integral(computed, window)
+    return causal_prefix_integral(computed + scheduled, window, tau) - causal_prefix_integral(computed, window, tau)
 
 
 def decode_read_tokens(context, window, topk, compress_ratio, sparse, tau=None):
@@ -96,13 +97,13 @@ def decode_read_tokens(context, window, topk, compress_ratio, sparse, tau=None):
     return jnp.where(sparse, sparse_read, windowed / cr)
 
 
-def prefill_pairs(scheduled, computed, window, topk, compress_ratio, sparse):
+def prefill_pairs(scheduled, computed, window, topk, compress_ratio, sparse, tau=None):
     """Query-key pairs of one prefill chunk under the same read law as decode_read_tokens,
     summed over its queries  [pairs]. The top-k bound on the compressed stream is a window
     of topk * compress_ratio positions, scaled down by the compress ratio."""
     cr = jnp.where(compress_ratio > 1, compress_ratio, 1.0)
-    dense = windowed_pairs(scheduled, computed, window)
-    selected = windowed_pairs(scheduled, computed, jnp.where(topk > 0, topk * cr, 0.0)) / cr
+    dense = windowed_pairs(scheduled, computed, window, tau)
+    selected = windowed_pairs(scheduled, computed, jnp.where(topk > 0, topk * cr, 0.0), tau) / cr
     sparse_pairs = jnp.where(window > 0, dense, 0.0) + selected
     return jnp.where(sparse, sparse_pairs, dense / cr)
 

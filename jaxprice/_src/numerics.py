@@ -18,7 +18,30 @@ power mean is scale-free, so one dimensionless temperature serves all of them:
 Bounds (documented and tested): for n terms,
     max(x) <= smax(x) <= n^tau * max(x),   n^-tau * min(x) <= smin(x) <= min(x),
 i.e. the error in log space is at most tau * log(n), the log-sum-exp bound. For tau <= 1,
-smax(x) <= sum(x), so the smooth Overlap never exceeds NoOverlap.
+smax(x) <= sum(x).
+
+The other surrogates, each exact at tau == 0 and converging as tau -> 0:
+
+* ``relu(y, scale, tau)``: max(y, 0) becomes scale*tau*softplus(y / (scale*tau)), with
+  0 <= relu_tau(y) - max(y, 0) <= tau * scale * log(2) (largest at y = 0).
+* ``step(x, threshold, tau)``: the indicator x > threshold becomes a logistic, off from the
+  indicator, on integer x, by at most exp(-|x - threshold - 1/2| / (tau * max(threshold, 1))).
+* ``softmax_weights``: the one-hot of the argmax becomes x^p / sum x^p; the weight off the
+  largest entry is at most (n - 1) * (second / largest)^(1/tau).
+* ``blend(a, b, w)``: a choice between a (w = 0) and b (w = 1) that is exact at the end points
+  and a linear blend for a smooth weight in between.
+
+Composition bound (pricing a step, tested on every bundled scenario): the price is built
+from these by sums and products of non-negative terms, and each surrogate is within a
+factor n^tau of the exact value of its inputs, so the factors multiply along the longest
+chain of nested surrogates: collective max (2 terms) -> per-layer stage max (4) -> the
+Overlap <= NoOverlap clamp (2). Away from the switches that ``step`` smooths (the
+capture ceiling) and from the prefill window clamp, |log(smooth / exact)| <= tau * log(16)
+for Overlap and <= tau * log(2) for NoOverlap.
+
+``sum_rows`` is not a surrogate: it sums many per-row quantities in one pass over the rows
+(one variadic XLA reduction instead of one reduction, and one read of the batch, per
+quantity), with an ordinary sum as its derivative.
 """
 
 from __future__ import annotations
@@ -131,3 +154,49 @@ def softmax_weights(x, tau=None, axis=-1):
     soft = jax.nn.softmax(logs, axis=axis)
     soft = jnp.where(jnp.all(~pos, axis=axis, keepdims=True), onehot, soft)
     return jnp.where(on, soft, onehot)
+
+
+def relu(y, scale, tau=None):
+    """max(y, 0); in smooth mode scale*tau*softplus(y / (scale*tau)) (see module docstring).
+
+    ``scale`` (> 0) sets the width of the smoothed corner in y's own units: the window for a
+    window clamp, so one dimensionless temperature serves every law.
+    """
+    y = jnp.asarray(y)
+    exact = jnp.maximum(y, 0.0)
+    if tau is None:
+        return exact
+    width = jnp.asarray(tau, dtype=exact.dtype) * scale
+    on = width > 0
+    safe_width = jnp.where(on, width, 1.0)
+    smooth = safe_width * jax.nn.softplus(y / safe_width)
+    return jnp.where(on, smooth, exact)
+
+
+def blend(a, b, w):
+    """a where w == 0, b where w == 1 (bit for bit), a + w * (b - a) in between.
+
+    Pairs with ``step``: a switch that is exact in exact mode and smooth in smooth mode.
+    """
+    a, b, w = jnp.asarray(a), jnp.asarray(b), jnp.asarray(w)
+    return jnp.where(w >= 1, b, jnp.where(w <= 0, a, a + w * (b - a)))
+
+
+@jax.custom_jvp
+def sum_rows(rows):
+    """Sums of several per-row arrays over their last axis, in one variadic reduction.
+
+    rows: a tuple of arrays of one shape [..., R]. Returns a tuple of [...] sums. XLA fuses
+    the producers of every array into one loop over the rows, so the batch is read once
+    whatever the number of quantities; the derivative is the ordinary sum.
+    """
+    rows = tuple(jnp.asarray(r) for r in rows)
+    init = tuple(jnp.zeros((), r.dtype) for r in rows)
+    return tuple(jax.lax.reduce(rows, init, lambda a, b: tuple(x + y for x, y in zip(a, b)),
+                                (rows[0].ndim - 1,)))
+
+
+@sum_rows.defjvp
+def _sum_rows_jvp(primals, tangents):
+    (rows,), (dots,) = primals, tangents
+    return sum_rows(rows), tuple(jnp.sum(jnp.asarray(t), axis=-1) for t in dots)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import laws
-from .numerics import max2, safe_div, smax, softmax_weights, step
+from .numerics import blend, max2, min2, safe_div, smax, softmax_weights, step, sum_rows
 from .plan import RESOURCES, Batch, Coefficients, Plan
 
 
@@ -51,7 +51,91 @@ def _segment(values, segment_ids, n):
     return values @ jnp.asarray(onehot)
 
 
+def _attention_laws(A):
+    """The distinct read laws (window, top-k, compress ratio, sparse) among the attention
+    entries, and each entry's index into them. The plan is static, so this is NumPy: the
+    per-row work is done once per distinct law, with the law's parameters as constants."""
+    laws_ = np.stack([A["attn_window"], A["attn_topk"], A["attn_compress"],
+                      np.asarray(A["attn_sparse"], dtype=float)], axis=1).reshape(-1, 4)
+    distinct, inverse = np.unique(laws_, axis=0, return_inverse=True)
+    return distinct, np.asarray(inverse).reshape(-1)
+
+
+def _walk_rows(A, S, batch: Batch, tau):
+    """Everything the step needs from the rows, in one pass (numerics.sum_rows).
+
+    Returns sums over the rows: tokens, prefill tokens (and decode tokens, where a recurrent
+    mixer needs them), the decode, prefill and request row counts and the requests off the
+    uniform decode width (for the graph choice), and per attention entry the KV positions
+    decode rows read and 4x the query-key pairs of the prefill rows. Masked rows contribute
+    exactly zero, with a zero gradient. The cost of a wide batch is the number of per-row
+    quantities, so the four row counts travel as one exactly representable float (a field
+    of ceil(log2(rows + 1)) bits each) wherever the padding allows.
+    """
+    mask = batch.mask
+    sched = jnp.where(mask, batch.scheduled, 0.0)
+    comp = jnp.where(mask, batch.computed, 0.0)
+    active = mask & (sched > 0)
+    prefill = active & (sched > batch.decode_threshold)
+    decode = active & ~prefill
+    ctx = comp + sched
+    names = ["tokens", "prefill_tokens"]
+    rows = [sched, jnp.where(prefill, sched, 0.0)]
+    if len(A["rec_kind"]):
+        names.append("decode_tokens")
+        rows.append(jnp.where(decode, sched, 0.0))
+    count_names = ("n_decode", "n_prefill", "n_requests", "n_off_width")
+    counts = (decode, prefill, mask, mask & (sched != S["uniform_width"]))
+    base = 2.0 ** int(np.ceil(np.log2(mask.shape[-1] + 1)))
+    packed = base ** len(counts) <= 2.0 ** 53
+    if packed:
+        names.append("packed_counts")
+        rows.append(sum(jnp.where(c, base ** i, 0.0) for i, c in enumerate(counts)))
+    else:
+        names.extend(count_names)
+        rows.extend(c.astype(float) for c in counts)
+    distinct, inverse = _attention_laws(A) if len(A["attn_kind"]) else (np.zeros((0, 4)), None)
+    for w, tk, cr, sp in distinct:
+        rows.append(jnp.where(decode, laws.decode_read_tokens(ctx, w, tk, cr, sp > 0, tau), 0.0))
+        rows.append(jnp.where(prefill, 4.0 * laws.prefill_pairs(sched, comp, w, tk, cr, sp > 0, tau), 0.0))
+    sums = sum_rows(tuple(rows))
+    out = dict(zip(names, sums))
+    if packed:
+        code = out.pop("packed_counts")
+        for i, name in enumerate(count_names):
+            out[name] = jnp.floor(code / base ** i) % base
+    if inverse is not None:
+        per_law = jnp.stack(sums[len(names):]).reshape(-1, 2)
+        out["reads"], out["pairs"] = per_law[inverse, 0], per_law[inverse, 1]
+    return out
+
+
 def step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau=None, breakdown: bool = False) -> StepResult:
+    """Price one padded batch: exact mode for ``tau=None``, smooth mode for a float tau >= 0.
+
+    Temperature 0 is exact mode, bit for bit: see ``exact_at_zero``. Use ``jax.vmap`` for
+    many batches (or ``price_many``, which branches outside its vmap and traces faster).
+    """
+    return exact_at_zero(lambda t: _step_time(plan, coefs, batch, t, breakdown), tau)
+
+
+def exact_at_zero(kernel, tau):
+    """``kernel(None)`` (exact mode) for tau None, else ``kernel(tau)`` if tau > 0 and
+    ``kernel(None)`` at tau == 0, as a ``lax.cond``.
+
+    Branching to the exact kernel's own computation is what makes temperature 0 reproduce
+    exact mode bit for bit: selecting the exact values inside one fused smooth graph does
+    not, since XLA's algebraic rewrites and FMA contraction depend on the surrounding graph.
+    A cond under vmap over an unbatched tau stays a branch but retraces both branches, so
+    wrap the vmapped computation where possible. Over a batched tau it becomes a select.
+    """
+    if tau is None:
+        return kernel(None)
+    tau = jnp.asarray(tau, dtype=float)
+    return jax.lax.cond(tau > 0, lambda: kernel(tau), lambda: kernel(None))
+
+
+def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bool) -> StepResult:
     A, S, CF = plan.arrays, plan.scalars, plan.coef
     K = len(plan.layer_kind_names)
 
@@ -61,21 +145,11 @@ def step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau=None, breakdown
     def vec(names):
         return jnp.stack([C(n) for n in names]) if len(names) else jnp.zeros((0,))
 
-    # ---- batch walk: masked rows are exactly zero
-    mask = batch.mask
-    sched = jnp.where(mask, batch.scheduled, 0.0)
-    comp = jnp.where(mask, batch.computed, 0.0)
-    thr = batch.decode_threshold
-    active = mask & (sched > 0)
-    prefill = active & (sched > thr)
-    decode = active & ~prefill
-    ctx = comp + sched
-    tokens = jnp.sum(sched)
+    # ---- batch walk: one pass over the rows; masked rows are exactly zero
+    walk = _walk_rows(A, S, batch, tau)
+    tokens, n_decode, n_prefill = walk["tokens"], walk["n_decode"], walk["n_prefill"]
+    prefill_tokens, decode_tokens = walk["prefill_tokens"], walk.get("decode_tokens")
     nonempty = tokens > 0
-    n_decode = jnp.sum(decode.astype(float))
-    n_prefill = jnp.sum(prefill.astype(float))
-    prefill_tokens = jnp.sum(jnp.where(prefill, sched, 0.0))
-    decode_tokens = jnp.sum(jnp.where(decode, sched, 0.0))
     has_decode, has_prefill = n_decode > 0, n_prefill > 0
     phase_on = jnp.stack([jnp.ones(()), has_prefill.astype(float)])   # [always, prefill-only]
 
@@ -104,11 +178,7 @@ def step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau=None, breakdown
 
     # ---- attention
     if len(A["attn_kind"]):
-        w, tk, cr, sp = A["attn_window"], A["attn_topk"], A["attn_compress"], A["attn_sparse"]
-        reads_rows = laws.decode_read_tokens(ctx[:, None], w, tk, cr, sp, tau)
-        reads = jnp.sum(jnp.where(decode[:, None], reads_rows, 0.0), axis=0)
-        pairs_rows = 4.0 * laws.prefill_pairs(sched[:, None], comp[:, None], w, tk, cr, sp)
-        pairs = jnp.sum(jnp.where(prefill[:, None], pairs_rows, 0.0), axis=0)
+        reads, pairs = walk["reads"], walk["pairs"]
         dec_floor = vec([f for f, _ in CF["attn_dec"]])
         dec_rate_given = np.array([r is not None for _, r in CF["attn_dec"]])
         dec_rate = jnp.where(dec_rate_given, vec([r for _, r in CF["attn_dec"]]), bandwidth)
@@ -197,12 +267,14 @@ def step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau=None, breakdown
     head_hbm = gate * laws.read_time(S["head_weight_bytes"], bandwidth)
     head = max2(head_sm, head_hbm, tau)
 
-    host = _host_time(S, CF, C, batch, sched, mask, tokens, nonempty, has_prefill, tau)
+    host = _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau)
 
     totals = jnp.stack([count @ (sm + expert_sm) + head_sm, count @ (hbm + expert_hbm) + head_hbm,
                         count @ nvlink, count @ nic, host])
-    no_overlap = jnp.sum(totals)
-    overlap = jnp.minimum(count @ stage + head + host, no_overlap)
+    # left to right, not a reduce: XLA may split a reduce differently from program to program,
+    # and exact mode must equal smooth mode at temperature 0 bit for bit
+    no_overlap = totals[0] + totals[1] + totals[2] + totals[3] + totals[4]
+    overlap = min2(count @ stage + head + host, no_overlap, tau)
     layers = None
     if breakdown:
         layers = {"sm": count * sm, "hbm": count * hbm, "nvlink": count * nvlink, "nic": count * nic,
@@ -211,18 +283,18 @@ def step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau=None, breakdown
     return StepResult(totals, overlap, no_overlap, jnp.argmax(totals), softmax_weights(totals, tau), layers)
 
 
-def _host_time(S, CF, C, batch, sched, mask, tokens, nonempty, has_prefill, tau):
+def _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau):
     """CPU time of the step: graph replays or eager launches, plus per-kernel dispatch."""
     replay, eager_layer, per_kernel = C(CF["replay"]), C(CF["eager_layer"]), C(CF["per_kernel"])
-    n_requests = jnp.sum(mask.astype(float))
-    uniform = (n_requests > 0) & jnp.all(jnp.where(mask, sched == S["uniform_width"], True))
+    n_requests = walk["n_requests"]
+    uniform = (n_requests > 0) & (walk["n_off_width"] == 0)
     use_decode_mode = (n_requests == 0) | uniform
     mode = jnp.where(use_decode_mode, S["decode_mode"], S["other_mode"])        # 0 full, 1 piecewise, 2 eager
     eager = eager_layer * S["total_layers"]
     captured = jnp.where(mode == 0, replay, replay * S["segments"])
     past_ceiling = step(tokens, S["capture_tokens"], tau)
     # past the largest captured size the step runs eager, but never cheaper than captured
-    graph_host = jnp.where(mode == 2, eager, captured + past_ceiling * (max2(eager, captured, tau) - captured))
+    graph_host = jnp.where(mode == 2, eager, blend(captured, max2(eager, captured, tau), past_ceiling))
     dispatch = per_kernel * (S["kernels"] + has_prefill * S["kernels_prefill"]) * nonempty
     host = graph_host + dispatch
     if S["drafter"]:
@@ -235,7 +307,7 @@ def _host_time(S, CF, C, batch, sched, mask, tokens, nonempty, has_prefill, tau)
             d_host = jnp.where(captured_d, replay, d_eager) + has_prefill * d_eager
         else:
             d_captured = jnp.where(mode == 0, replay, replay * S["drafter_segments"])
-            d_host = S["drafter_passes"] * jnp.where((mode == 2) | (past_ceiling > 0.5), d_eager, d_captured)
+            d_host = S["drafter_passes"] * jnp.where(mode == 2, d_eager, blend(d_captured, d_eager, past_ceiling))
         d_dispatch = per_kernel * S["drafter_passes"] * (S["drafter_kernels"] + has_prefill * S["drafter_kernels_prefill"])
         host = host + (d_host + d_dispatch) * nonempty
     return host
@@ -243,7 +315,7 @@ def _host_time(S, CF, C, batch, sched, mask, tokens, nonempty, has_prefill, tau)
 
 @functools.partial(jax.jit, static_argnames=("plan", "smooth", "breakdown"))
 def _price_jit(plan, coefs, batch, tau, smooth, breakdown):
-    return step_time(plan, coefs, batch, tau if smooth else None, breakdown)
+    return exact_at_zero(lambda t: _step_time(plan, coefs, batch, t, breakdown), tau if smooth else None)
 
 
 def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, breakdown=False) -> StepResult:
@@ -258,7 +330,8 @@ def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, br
 
 @functools.partial(jax.jit, static_argnames=("plan", "smooth"))
 def _price_many_jit(plan, coefs, batches, tau, smooth):
-    return jax.vmap(lambda b: step_time(plan, coefs, b, tau if smooth else None))(batches)
+    return exact_at_zero(lambda t: jax.vmap(lambda b: _step_time(plan, coefs, b, t, False))(batches),
+                         tau if smooth else None)
 
 
 def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=None) -> StepResult:
