@@ -14,6 +14,8 @@ from jaxprice._src.formats import (Registry, load_coefficient_set, load_model_gr
 from jaxprice._src.plan import RESOURCES, Batch, Coefficients, Plan
 from jaxprice._src.resolve import Deployment, load_deployment, resolve, scenario_path
 from jaxprice._src.step import StepResult, price, price_many, step_time
+from jaxprice._src.sweep import (batch_mesh, price_coefficient_sets, price_sharded, random_batches,
+                                stack_coefficients)
 
 __all__ = [
     "JaxpriceError",
@@ -33,4 +35,9 @@ __all__ = [
     "price",
     "price_many",
     "step_time",
+    "batch_mesh",
+    "price_coefficient_sets",
+    "price_sharded",
+    "random_batches",
+    "stack_coefficients",
 ]

@@ -463,8 +463,10 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
             provenance.append((f"attention decode ({kind})", "no measured rate: KV read at HBM bandwidth"))
         return floor, rate
 
-    def measured_form(prefix):
-        names = [f"{prefix}_{t}" for t in ("floor", "per_request", "per_token", "rate")]
+    def measured_form(prefix, suffix=""):
+        """A model's measured prefill form (registry/EXTENSIONS.md): <prefix>_<term><suffix>
+        for the four terms, or None unless every one is admitted."""
+        names = [f"{prefix}_{t}{suffix}" for t in ("floor", "per_request", "per_token", "rate")]
         if all(n in scope.entries for n in names):
             return tuple(scope.use(n) for n in names)
         return None
@@ -534,7 +536,8 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
                     per_token = node["n_kv"] * node["d_h"] * cache_b   # an indexer caches keys only
                 else:
                     tensors = 1 if latent else 2
-                    per_token = tensors * max(1, node["n_kv"] // tp) * node["d_h"] * cache_b
+                    # a replicated attention keeps every KV head on every rank
+                    per_token = tensors * max(1, node["n_kv"] // div) * node["d_h"] * cache_b
                     if latent and layout in DS_MLA_CELL:
                         per_token = DS_MLA_CELL[layout]
                     if not is_drafter:
@@ -548,7 +551,8 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
                        "bytes_per_token": per_token,
                        "flops_per_pair": node["n_q"] * node["d_h"] / div * (0.5 if secondary else 1.0),
                        "dec_floor": floor, "dec_rate": rate,
-                       "pre_form": measured_form("indexer_prefill" if secondary else f"attention_prefill_{akind}")}
+                       "pre_form": measured_form("indexer_prefill") if secondary
+                       else measured_form("attention_prefill", f"_{akind}")}
                 if not secondary:
                     primary_seen = True
                 attn_rows.append(row)

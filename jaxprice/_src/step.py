@@ -2,13 +2,15 @@
 
 ``step_time(plan, coefs, batch, tau)`` is a pure JAX function (no Python branch on a traced
 value): jit it, vmap it over batches or coefficient sets, differentiate it. ``tau=None`` is
-exact mode (every max is the discrete max); a float is smooth mode (see numerics).
+exact mode (every max is the discrete max); a float is smooth mode (see numerics), and
+temperature 0 is exact mode bit for bit (``exact_at_zero``).
 
 Composition (pricing-a-step.md, 'Composing the step'): per layer kind l,
     stage_l = max(SM_l, HBM_l, NVLink_l, NIC_l) + E_l        (E_l: experts, added)
     Overlap   = sum_l c_l * stage_l + max(SM_head, HBM_head) + host
     NoOverlap = T_sm + T_hbm + T_nvlink + T_nic + T_host
-Padded rows contribute exactly zero, with zero gradient.
+Padded rows contribute exactly zero, with zero gradient. Everything the step needs from
+the rows is summed in one pass over them (``_walk_rows``); the rest is per layer kind.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import laws
-from .numerics import blend, max2, min2, safe_div, smax, softmax_weights, step, sum_rows
+from .errors import refuse
+from .numerics import Positive, below, blend, max2, min2, safe_div, smax, softmax_weights, step, sum_rows
 from .plan import RESOURCES, Batch, Coefficients, Plan
 
 
@@ -128,11 +131,17 @@ def exact_at_zero(kernel, tau):
     not, since XLA's algebraic rewrites and FMA contraction depend on the surrounding graph.
     A cond under vmap over an unbatched tau stays a branch but retraces both branches, so
     wrap the vmapped computation where possible. Over a batched tau it becomes a select.
+    A concrete tau (a Python or NumPy number) takes its branch while tracing.
     """
     if tau is None:
         return kernel(None)
+    if not isinstance(tau, jax.core.Tracer) and np.ndim(tau) == 0:
+        value = float(tau)           # known now: take the branch while tracing
+        if not value >= 0:
+            refuse("must be None (exact mode) or a number >= 0", field="temperature", value=value)
+        return kernel(None) if value == 0 else kernel(Positive(jnp.asarray(value)))
     tau = jnp.asarray(tau, dtype=float)
-    return jax.lax.cond(tau > 0, lambda: kernel(tau), lambda: kernel(None))
+    return jax.lax.cond(tau > 0, lambda: kernel(Positive(tau)), lambda: kernel(None))
 
 
 def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bool) -> StepResult:
@@ -200,9 +209,9 @@ def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bo
         attn_sm = jnp.where(has_prefill, arith, 0.0)
         # FlashAttention serves a mixed batch of a non-latent layer in one launch: drop one floor
         mixed = A["attn_one_launch"] & has_decode & has_prefill
-        drop_decode = dec_floor < pre_floor
-        attn_hbm = attn_hbm - jnp.where(mixed & drop_decode, dec_floor, 0.0)
-        attn_sm = attn_sm - jnp.where(mixed & ~drop_decode, pre_floor, 0.0)
+        drop_decode = below(dec_floor, pre_floor, tau)      # the smaller one (1 or 0 in exact mode)
+        attn_hbm = attn_hbm - jnp.where(mixed, drop_decode * dec_floor, 0.0)
+        attn_sm = attn_sm - jnp.where(mixed, (1.0 - drop_decode) * pre_floor, 0.0)
         on = phase_on[A["attn_phase"]]
         hbm = hbm + _segment(attn_hbm * on, A["attn_kind"], K)
         sm = sm + _segment(attn_sm * on, A["attn_kind"], K)
@@ -318,14 +327,28 @@ def _price_jit(plan, coefs, batch, tau, smooth, breakdown):
     return exact_at_zero(lambda t: _step_time(plan, coefs, batch, t, breakdown), tau if smooth else None)
 
 
+def temperature_arg(temperature):
+    """(smooth, tau) for the jitted entry points, tau a Python float or a traced array: it is
+    traced either way, so a new temperature never recompiles. Refuses a concrete
+    temperature that is not a number >= 0."""
+    if temperature is None:
+        return False, 0.0          # a Python float: creating a device array costs ~40 us a call
+    if not isinstance(temperature, jax.core.Tracer) and np.ndim(temperature) == 0:
+        t = float(temperature)
+        if not (np.isfinite(t) and t >= 0):
+            refuse("must be None (exact mode) or a finite number >= 0", field="temperature",
+                   value=temperature, has_value=True)
+        return True, t
+    return True, jnp.asarray(temperature, dtype=float)
+
+
 def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, breakdown=False) -> StepResult:
     """Price one padded batch (jit-compiled once per plan, padding and mode).
 
     temperature: None for exact mode; a float >= 0 for smooth mode (0 reproduces exact).
     """
-    smooth = temperature is not None
-    return _price_jit(plan, coefs, batch, jnp.asarray(temperature if smooth else 0.0, dtype=float),
-                      smooth, breakdown)
+    smooth, tau = temperature_arg(temperature)
+    return _price_jit(plan, coefs, batch, tau, smooth, breakdown)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "smooth"))
@@ -336,5 +359,5 @@ def _price_many_jit(plan, coefs, batches, tau, smooth):
 
 def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=None) -> StepResult:
     """Price a stack of batches of one padding (leading axis) in one vmapped call."""
-    smooth = temperature is not None
-    return _price_many_jit(plan, coefs, batches, jnp.asarray(temperature if smooth else 0.0, dtype=float), smooth)
+    smooth, tau = temperature_arg(temperature)
+    return _price_many_jit(plan, coefs, batches, tau, smooth)
