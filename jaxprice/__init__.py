@@ -9,7 +9,9 @@ import jax as _jax
 
 _jax.config.update("jax_enable_x64", True)
 
+from jaxprice._src.batchfile import DEFAULT_DECODE_THRESHOLD, load_batch
 from jaxprice._src.errors import JaxpriceError
+from jaxprice._src.figures import plot_step_curve, plot_sweep_heatmaps
 from jaxprice._src.formats import (Registry, load_coefficient_set, load_model_graph, load_scenario)
 from jaxprice._src.plan import RESOURCES, Batch, Coefficients, Plan
 from jaxprice._src.resolve import Deployment, load_deployment, resolve, scenario_path
@@ -40,4 +42,8 @@ __all__ = [
     "price_sharded",
     "random_batches",
     "stack_coefficients",
+    "DEFAULT_DECODE_THRESHOLD",
+    "load_batch",
+    "plot_step_curve",
+    "plot_sweep_heatmaps",
 ]

@@ -1,0 +1,417 @@
+"""`jaxprice price SCENARIO`: price steps and print the per-resource table.
+
+    jaxprice price deepseek-v3-h200-fp8-sglang-tp8 --decode 1,2,4,...,256 --context 4096
+    jaxprice price SCENARIO --decode 8,32 --prefill 512,2048     # one mixed batch per decode count
+    jaxprice price SCENARIO --batch step.yaml --batch other.csv  # batch files (see jaxprice.load_batch)
+
+Every batch is priced in ONE vmapped call (``price_many``, a common padding). Lists take
+commas and an ellipsis that continues the progression before it: ``1,2,4,...,256`` (powers
+of two), ``16,32,...,256`` (steps of 16). This module also holds what the other commands
+share: the list parser, the scenario lookup with near matches, the deployment line and the
+engine limits check.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .batchfile import DEFAULT_DECODE_THRESHOLD, read_batch_file
+from .errors import refuse
+from .plan import RESOURCES, Batch
+
+DEFAULT_CONTEXT = 4096
+MAX_LIST = 100_000
+UNITS = {"ms": 1e3, "us": 1e6}
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+def parse_int(text, *, flag, minimum=None):
+    """One integer from a command-line string, refused naming the flag."""
+    t = str(text).strip()
+    try:
+        v = int(t)
+    except ValueError:
+        try:
+            f = float(t)
+        except ValueError:
+            f = math.nan
+        if not (math.isfinite(f) and f == round(f)):
+            refuse("expected an integer", field=flag, value=str(text))
+        v = int(f)
+    if minimum is not None and v < minimum:
+        refuse(f"must be at least {minimum}", field=flag, value=v)
+    return v
+
+
+def parse_float(text, *, flag, minimum=None):
+    try:
+        v = float(str(text).strip())
+    except ValueError:
+        refuse("expected a number", field=flag, value=str(text))
+    if not math.isfinite(v) or (minimum is not None and v < minimum):
+        refuse(f"must be a finite number >= {minimum}" if minimum is not None else "must be finite",
+               field=flag, value=v)
+    return v
+
+
+def _continue(terms, end, *, flag, text):
+    """The terms after ``terms`` up to ``end``: geometric when the last three are (1,2,4),
+    else arithmetic from the last two (1,2 -> steps of 1)."""
+    if len(terms) < 2:
+        refuse("'...' needs two terms before it to set the step (e.g. 1,2,4,...,256)", field=flag, value=text)
+    a, b = terms[-2], terms[-1]
+    geometric = len(terms) >= 3 and terms[-3] > 0 and b * terms[-3] == a * a and b - a != a - terms[-3]
+    if geometric:
+        if b % a:
+            refuse("a geometric '...' needs an integer ratio", field=flag, value=text)
+        nxt, grow = (lambda v: v * (b // a)), b // a > 1
+    else:
+        if len(terms) >= 3 and b - a != a - terms[-3]:
+            refuse("the terms before '...' are neither arithmetic nor geometric", field=flag, value=text)
+        nxt, grow = (lambda v: v + (b - a)), b > a
+    if not grow or end <= b:
+        refuse("'...' must continue an increasing progression to a larger end", field=flag, value=text)
+    out, v = [], b
+    while v < end:
+        v = nxt(v)
+        out.append(v)
+        if len(out) > MAX_LIST:
+            refuse(f"expands to more than {MAX_LIST} values", field=flag, value=text)
+    if out[-1] != end:
+        refuse(f"the end {end} is not on the progression {', '.join(map(str, terms[-3:]))}, ...",
+               field=flag, value=text)
+    return out
+
+
+def parse_int_list(text, *, flag, minimum=None, why=""):
+    """'1,2,4,...,256' -> [1, 2, 4, ..., 256]; refused naming the flag and the value."""
+    items = [t.strip() for t in str(text).split(",")]
+    if not any(items):
+        refuse("expected a comma-separated list of integers", field=flag, value=str(text))
+    out = []
+    i = 0
+    while i < len(items):
+        t = items[i]
+        if t in ("...", "\u2026"):
+            if i + 1 >= len(items):
+                refuse("'...' needs an end after it (e.g. 1,2,4,...,256)", field=flag, value=str(text))
+            end = parse_int(items[i + 1], flag=flag)
+            out.extend(_continue(out, end, flag=flag, text=str(text)))
+            i += 2
+            continue
+        if t == "":
+            refuse("has an empty entry", field=flag, value=str(text))
+        out.append(parse_int(t, flag=flag))
+        i += 1
+    if minimum is not None:
+        for v in out:
+            if v < minimum:
+                refuse(f"every value must be at least {minimum}{why}", field=flag, value=v)
+    return out
+
+
+def bundled_scenarios():
+    from .resolve import testdata_root
+    return sorted(p.stem for p in (testdata_root() / "aisimulate").glob("*.yaml"))
+
+
+def find_scenario(name) -> Path:
+    """A scenario file: a path, or a bundled name; an unknown name is refused with near matches."""
+    from .resolve import scenario_path
+    p = Path(str(name))
+    if p.exists():
+        return p
+    names = bundled_scenarios()
+    stem = p.name[:-5] if p.name.endswith(".yaml") else p.name
+    if stem in names:
+        return scenario_path(stem)
+    near = [n for n in names if stem and stem.lower() in n.lower()][:5]
+    near += [n for n in difflib.get_close_matches(stem, names, n=5, cutoff=0.6) if n not in near]
+    hint = f"; near matches: {', '.join(near[:5])}" if near else \
+        f"; {len(names)} bundled scenarios in testdata/aisimulate/, e.g. {', '.join(names[:3])}"
+    refuse(f"no such scenario file, and no bundled scenario of that name{hint}", file=str(name))
+
+
+def load_scenario_deployment(name):
+    from .resolve import load_deployment
+    return load_deployment(find_scenario(name))
+
+
+def describe_deployment(dep) -> str:
+    s, r = dep.scenario, dep.resolution
+    used = r["tp"] * r["dp"] * int((s.parallel or {}).get("pp", 1) or 1)
+    return (f"{s.model} on {used} x {s.hardware} (of {s.nodes} node{'s' if s.nodes != 1 else ''} x "
+            f"{s.gpus_per_node}), tp{r['tp']} dp{r['dp']} ep{r['ep']}, {r['served_dtype']} weights, "
+            f"{r['cache_dtype']} cache, {r['cudagraph_mode']} graphs")
+
+
+def engine_limits(dep) -> dict:
+    """The deployment's engine limits a step cannot exceed (those the scenario states)."""
+    e = dep.scenario.engine or {}
+    out = {}
+    for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        v = e.get(key)
+        if isinstance(v, (int, float)) and v > 0:
+            out[key] = int(v)
+    return out
+
+
+def check_limits(dep, *, requests, tokens, context, flag_requests, flag_tokens, flag_context, where=None):
+    """Refuse a step the engine could not run: more requests than max_num_seqs, more tokens
+    than max_num_batched_tokens, a context past max_model_len."""
+    lim = engine_limits(dep)
+    tail = " (--ignore-limits prices it anyway)"
+    file = where
+    if "max_num_seqs" in lim and requests > lim["max_num_seqs"]:
+        refuse(f"{requests} requests in one step exceed the deployment's max_num_seqs "
+               f"{lim['max_num_seqs']}{tail}", file=file, field=flag_requests, value=requests)
+    if "max_num_batched_tokens" in lim and tokens > lim["max_num_batched_tokens"]:
+        refuse(f"{tokens} tokens in one step exceed the deployment's max_num_batched_tokens "
+               f"{lim['max_num_batched_tokens']}{tail}", file=file, field=flag_tokens, value=tokens)
+    if "max_model_len" in lim and context > lim["max_model_len"]:
+        refuse(f"a context of {context} tokens exceeds the deployment's max_model_len "
+               f"{lim['max_model_len']}{tail}", file=file, field=flag_context, value=context)
+
+
+def common_pad(rows) -> int:
+    """A padding for every batch: the next power of two at or above the largest."""
+    n = max(1, int(max(rows)))
+    return 1 << (n - 1).bit_length()
+
+
+def add_common_arguments(p, *, batch_files=False):
+    p.add_argument("scenario", metavar="SCENARIO",
+                   help="a bundled scenario name (testdata/aisimulate/<name>.yaml) or a scenario file")
+    p.add_argument("--decode-threshold", metavar="N", default=None,
+                   help=f"a request scheduling more tokens than N is a prefill (default {DEFAULT_DECODE_THRESHOLD}, "
+                        "the reference kernel's" + ("; a batch file's own value wins over the default)" if batch_files
+                                                    else ")"))
+    p.add_argument("--temperature", metavar="T", default=None,
+                   help="smooth mode at this temperature (default: exact mode)")
+    p.add_argument("--units", default="ms", metavar="ms|us", help="units of printed times (default ms)")
+    p.add_argument("--ignore-limits", action="store_true",
+                   help="price steps past the deployment's max_num_seqs, max_num_batched_tokens, max_model_len")
+
+
+def common_options(args):
+    thr = None if args.decode_threshold is None else parse_int(args.decode_threshold, flag="--decode-threshold",
+                                                               minimum=0)
+    temp = None if args.temperature is None else parse_float(args.temperature, flag="--temperature", minimum=0)
+    if args.units not in UNITS:
+        refuse("unknown time unit; expected ms or us", field="--units", value=args.units)
+    return thr, temp
+
+
+def mode_text(temperature) -> str:
+    return "exact mode" if temperature is None else f"smooth mode (temperature {temperature:g})"
+
+
+# ----------------------------------------------------------------------------- price
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "price", help="price steps: the per-resource table, both estimates and the bottleneck",
+        description="Price one step per batch and print the time on each resource (SM, HBM, NVLink, NIC, "
+                    "host), Overlap, NoOverlap and the bottleneck. Lists take commas and '...' continuing "
+                    "a progression: 1,2,4,...,256 or 16,32,...,256.")
+    add_common_arguments(p, batch_files=True)
+    p.add_argument("--decode", metavar="LIST", default=None,
+                   help="decode request counts, one batch each (default: 1,2,4,... up to the deployment's "
+                        "max_num_seqs, unless --prefill or --batch is given)")
+    p.add_argument("--context", metavar="N", default=None,
+                   help=f"each decode request's context after the step, in tokens (default {DEFAULT_CONTEXT})")
+    p.add_argument("--prefill", metavar="LIST", default=None,
+                   help="prefill requests of these lengths (computed 0), added to every batch; alone: one batch")
+    p.add_argument("--batch", metavar="FILE", action="append", default=None,
+                   help="a YAML or CSV batch file (requests: scheduled, computed[, prompt_len][, count]); "
+                        "repeat for several batches")
+    p.add_argument("--breakdown", action="store_true", help="also print each batch per layer kind")
+    p.add_argument("--json", action="store_true", help="print JSON (times in seconds) instead of the table")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="draw the step figure: resources (left) and both estimates (right) against the batch")
+    p.set_defaults(command="price")
+    return p
+
+
+def build_batches(args, dep, threshold):
+    """[(label, info dict, scheduled, computed, prompt_len, decode_threshold)] from the arguments."""
+    if args.batch and (args.decode is not None or args.prefill is not None or args.context is not None):
+        refuse("--batch cannot be combined with --decode, --prefill or --context: a batch file holds "
+               "the whole batch", field="--batch", value=args.batch[0])
+    specs = []
+    if args.batch:
+        for path in args.batch:
+            bf = read_batch_file(path)
+            thr = threshold if threshold is not None else \
+                bf.decode_threshold if bf.decode_threshold is not None else DEFAULT_DECODE_THRESHOLD
+            info = {"file": str(path)}
+            specs.append((Path(path).stem, info, bf.scheduled, bf.computed, bf.prompt_len, thr))
+            if not args.ignore_limits:
+                check_limits(dep, requests=bf.requests, tokens=int(bf.scheduled.sum()),
+                             context=int((bf.computed + bf.scheduled).max()), flag_requests="requests",
+                             flag_tokens="scheduled", flag_context="computed + scheduled", where=str(path))
+        return specs
+    thr = threshold if threshold is not None else DEFAULT_DECODE_THRESHOLD
+    context = DEFAULT_CONTEXT if args.context is None else parse_int(args.context, flag="--context", minimum=1)
+    prefill = [] if args.prefill is None else parse_int_list(args.prefill, flag="--prefill", minimum=1)
+    if args.decode is None:
+        if prefill:
+            decode = [0]
+        else:
+            top = engine_limits(dep).get("max_num_seqs", 256)
+            decode = [1 << k for k in range(int(math.log2(top)) + 1)]
+    else:
+        decode = parse_int_list(args.decode, flag="--decode", minimum=0 if prefill else 1,
+                                why=" (a step needs a request; 0 is allowed with --prefill)")
+    for d in decode:
+        sched = np.array([1.0] * d + [float(p) for p in prefill])
+        comp = np.array([float(context - 1)] * d + [0.0] * len(prefill))
+        if not args.ignore_limits:
+            check_limits(dep, requests=len(sched), tokens=int(sched.sum()),
+                         context=max([context] * bool(d) + prefill), flag_requests="--decode",
+                         flag_tokens="--decode" if not prefill else "--prefill",
+                         flag_context="--context" if d and context >= max(prefill, default=0) else "--prefill")
+        info = {"decode": d, "context": context, "prefill": prefill}
+        specs.append((str(d), info, sched, comp, sched + comp, thr))
+    return specs
+
+
+def price_specs(dep, specs, temperature):
+    """Price every spec in one vmapped call. Returns (stacked StepResult, pad)."""
+    from .step import price_many
+    pad = common_pad([s[2].size for s in specs])
+    batches = [Batch.from_requests(s[2], s[3], s[4], pad_to=pad, decode_threshold=s[5], source=s[0])
+               for s in specs]
+    return price_many(dep.plan, dep.coefficients, Batch.stack(batches), temperature=temperature), batches
+
+
+def step_records(specs, result, smooth=False):
+    res = np.asarray(result.resources)
+    weights = np.asarray(result.bottleneck_weights)
+    out = []
+    for i, (label, info, sched, _comp, _prompt, thr) in enumerate(specs):
+        rec = dict(info)
+        rec.update(requests=int(sched.size), tokens=int(sched.sum()), decode_threshold=int(thr))
+        rec.update({r: float(res[i, k]) for k, r in enumerate(RESOURCES)})
+        rec.update(overlap=float(np.asarray(result.overlap)[i]), no_overlap=float(np.asarray(result.no_overlap)[i]),
+                   bottleneck=RESOURCES[int(np.asarray(result.bottleneck)[i])])
+        if smooth:
+            rec["bottleneck_weights"] = {r: float(weights[i, k]) for k, r in enumerate(RESOURCES)}
+        out.append(rec)
+    return out
+
+
+def format_table(records, *, label_name, labels, units) -> str:
+    k = UNITS[units]
+    dec = 3 if units == "ms" else 1
+    cols = [label_name, "requests", "tokens", "sm", "hbm", "nvlink", "nic", "host", "Overlap", "NoOverlap",
+            "per token", "bottleneck"]
+    rows = []
+    for lab, r in zip(labels, records):
+        vals = [r[x] * k for x in RESOURCES] + [r["overlap"] * k, r["no_overlap"] * k,
+                                                r["no_overlap"] * k / max(r["tokens"], 1)]
+        rows.append([lab, str(r["requests"]), str(r["tokens"])] + [f"{v:.{dec}f}" for v in vals] + [r["bottleneck"]])
+    widths = [max(len(c), *(len(row[j]) for row in rows)) for j, c in enumerate(cols)]
+
+    def line(cells):
+        first = cells[0].ljust(widths[0]) if label_name == "batch" else cells[0].rjust(widths[0])
+        return "  ".join([first] + [c.rjust(w) for c, w in zip(cells[1:-1], widths[1:-1])] + [cells[-1]])
+    return "\n".join([line(cols)] + [line(r) for r in rows])
+
+
+def format_breakdown(dep, label, rec, layers, units) -> str:
+    k = UNITS[units]
+    dec = 3 if units == "ms" else 1
+    L = {n: np.asarray(v) for n, v in layers.items()}
+    counts = np.asarray(dep.plan.arrays["count"]) * np.asarray(dep.plan.arrays["drafter_count_scale"])
+    cols = ["layer kind", "count", "sm", "hbm", "nvlink", "nic", "experts", "stage"]
+    rows = []
+    for i, name in enumerate(dep.plan.layer_kind_names):
+        vals = [L["sm"][i], L["hbm"][i], L["nvlink"][i], L["nic"][i], L["expert_sm"][i] + L["expert_hbm"][i],
+                L["stage"][i]]
+        rows.append([name, f"{counts[i]:g}"] + [f"{v * k:.{dec}f}" for v in vals])
+    head = max(float(L["head_sm"]), float(L["head_hbm"]))
+    rows.append(["head", "1", f"{float(L['head_sm']) * k:.{dec}f}", f"{float(L['head_hbm']) * k:.{dec}f}",
+                 "", "", "", f"{head * k:.{dec}f}"])
+    rows.append(["host", "", "", "", "", "", "", f"{rec['host'] * k:.{dec}f}"])
+    widths = [max(len(c), *(len(r[j]) for r in rows)) for j, c in enumerate(cols)]
+
+    def line(cells):
+        return "  ".join([cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
+    total = float(np.sum(L["stage"])) + head + rec["host"]
+    out = [f"breakdown of batch {label} ({units}; per layer kind, times its count; sm and hbm without "
+           "the experts, stage = busiest resource + experts):", line(cols)] + [line(r) for r in rows]
+    out.append(f"sum of stages + head + host = {total * k:.{dec}f} {units}; Overlap = min(that, NoOverlap) "
+               f"= {rec['overlap'] * k:.{dec}f}")
+    return "\n".join(out)
+
+
+def run(args) -> int:
+    threshold, temperature = common_options(args)
+    dep = load_scenario_deployment(args.scenario)
+    specs = build_batches(args, dep, threshold)
+    result, batches = price_specs(dep, specs, temperature)
+    records = step_records(specs, result, smooth=temperature is not None)
+    labels = [s[0] for s in specs]
+    layers = None
+    if args.breakdown:
+        from .step import price
+        layers = [price(dep.plan, dep.coefficients, b, temperature=temperature, breakdown=True).layers
+                  for b in batches]
+    by_file = bool(args.batch)
+    if args.json:
+        doc = {"scenario": dep.scenario.name, "scenario_file": str(dep.scenario.path),
+               "deployment": describe_deployment(dep), "mode": "exact" if temperature is None else "smooth",
+               "temperature": temperature, "units": "s", "steps": records}
+        if layers is not None:
+            for rec, lay in zip(records, layers):
+                rec["layers"] = {"names": list(dep.plan.layer_kind_names),
+                                 **{n: np.asarray(v).tolist() for n, v in lay.items()}}
+        print(json.dumps(doc, indent=1))
+    else:
+        thr_used = sorted({int(s[5]) for s in specs})
+        thr_note = "the default, the reference kernel's" if threshold is None and not by_file else \
+            "given" if threshold is not None else "from the files, else the default"
+        if by_file:
+            what = f"{len(specs)} batch file{'s' if len(specs) > 1 else ''}"
+        else:
+            info = specs[0][1]
+            parts = []
+            if any(s[1]["decode"] for s in specs):
+                parts.append(f"decode requests scheduling 1 token each at context {info['context']} (after the step)")
+            if info["prefill"]:
+                parts.append(f"prefill requests of {', '.join(map(str, info['prefill']))} tokens (computed 0)")
+            what = " plus ".join(parts)
+        print(f"{dep.scenario.name}: {describe_deployment(dep)}")
+        print(f"batches: {what}")
+        print(f"{mode_text(temperature)}; decode threshold {', '.join(map(str, thr_used))} ({thr_note}); "
+              f"times in {args.units}; per token = NoOverlap / tokens")
+        print()
+        print(format_table(records, label_name="batch" if by_file else "decode", labels=labels, units=args.units))
+        if layers is not None:
+            for lab, rec, lay in zip(labels, records, layers):
+                print()
+                print(format_breakdown(dep, lab, rec, lay, args.units))
+    if args.plot:
+        from .figures import plot_step_curve
+        if by_file:
+            x, xlabel, ticks = np.arange(1, len(specs) + 1), "batch file", labels
+        else:
+            x, xlabel, ticks = [s[1]["decode"] for s in specs], "decode requests in the batch", None
+            if specs[0][1]["prefill"]:
+                xlabel += f" (plus prefill {', '.join(map(str, specs[0][1]['prefill']))})"
+        title = f"{dep.scenario.name}: " + (f"context {specs[0][1]['context']}, " if not by_file else "") + \
+            f"{mode_text(temperature)}"
+        plot_step_curve(x, result, path=args.plot, units=args.units, title=title, xlabel=xlabel,
+                        xticklabels=ticks, log2=None if not by_file else False, join=not by_file,
+                        per="request" if not by_file and not specs[0][1]["prefill"] else None)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,222 @@
+"""`jaxprice sweep SCENARIO`: price a grid of steps, write it to CSV, draw heat maps.
+
+    jaxprice sweep deepseek-v3-h200-fp8-sglang-tp8 --decode 4,8,...,256 --context 512,1024,...,32768 \\
+        --prefill-chunk 0,512,2048 --out grid.csv --heatmap grid.png
+
+Each grid point is one step: D decode requests (1 token each, context c after the step) plus
+one prefill chunk of P tokens (computed 0; P = 0: none; a chunk of at most the decode
+threshold is a decode, as the engine classes it). The grid is priced by the vmapped
+kernel (``price_many``) in chunks of one padding (one compilation), with a progress bar on
+stderr. The CSV has one row per point, prefill chunk outermost and context innermost, with
+times in the unit named in each column's header (``sm_ms``...). Without ``--out`` the CSV
+goes to stdout.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import sys
+import time
+
+import numpy as np
+
+from .cli_price import (UNITS, add_common_arguments, check_limits, common_options, describe_deployment,
+                        engine_limits, load_scenario_deployment, mode_text, parse_int, parse_int_list)
+from .batchfile import DEFAULT_DECODE_THRESHOLD
+from .errors import refuse
+from .plan import RESOURCES, Batch
+from .progress import Progress
+
+DEFAULT_CHUNK = 2048
+ESTIMATES = ("no_overlap", "overlap")
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "sweep", help="price a grid of decode count x context x prefill chunk; CSV and heat maps",
+        description="Price every step of a grid: D decode requests at context c plus one prefill chunk of P "
+                    "tokens (P = 0: none). Lists take commas and '...' continuing a progression: "
+                    "1,2,4,...,256 or 16,32,...,1024.")
+    add_common_arguments(p)
+    p.add_argument("--decode", metavar="LIST", default=None,
+                   help="decode request counts (default 1,2,4,... up to the deployment's max_num_seqs)")
+    p.add_argument("--context", metavar="LIST", default=None,
+                   help="contexts after the step, in tokens (default 512,1024,... up to max_model_len)")
+    p.add_argument("--prefill-chunk", metavar="LIST", default="0",
+                   help="prefill chunk sizes in tokens, 0 for none (default 0)")
+    p.add_argument("--out", metavar="FILE.csv", default=None, help="write the grid here (default: stdout)")
+    p.add_argument("--heatmap", metavar="FILE.png", default=None,
+                   help="draw the bottleneck and the time per decoded token over decode x context, "
+                        "one row per prefill chunk")
+    p.add_argument("--heatmap-prefill", metavar="LIST", default=None,
+                   help="the prefill chunks to draw (default: all)")
+    p.add_argument("--estimate", default="no_overlap", metavar="no_overlap|overlap",
+                   help="the estimate behind the time per decoded token (default no_overlap)")
+    p.add_argument("--chunk", metavar="N", default=str(DEFAULT_CHUNK),
+                   help=f"grid points per vmapped call (default {DEFAULT_CHUNK})")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(command="sweep")
+    return p
+
+
+def grid_axes(args, dep):
+    lim = engine_limits(dep)
+    if args.decode is None:
+        top = lim.get("max_num_seqs", 256)
+        decode = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
+    else:
+        decode = parse_int_list(args.decode, flag="--decode", minimum=0)
+    if args.context is None:
+        top = lim.get("max_model_len", 32768)
+        context = [1 << k for k in range(9, top.bit_length()) if 1 << k <= top] or [top]
+    else:
+        context = parse_int_list(args.context, flag="--context", minimum=1)
+    prefill = parse_int_list(args.prefill_chunk, flag="--prefill-chunk", minimum=0)
+    for flag, values in (("--decode", decode), ("--context", context), ("--prefill-chunk", prefill)):
+        seen = set()
+        for v in values:
+            if v in seen:
+                refuse("a grid axis lists a value twice", field=flag, value=v)
+            seen.add(v)
+    if 0 in decode and 0 in prefill:
+        refuse("the grid point with 0 decode requests and no prefill chunk is an empty step; drop 0 from "
+               "--decode or from --prefill-chunk", field="--decode", value=0)
+    if not args.ignore_limits:
+        has_p = max(prefill) > 0
+        check_limits(dep, requests=max(decode) + has_p, tokens=max(decode) + max(prefill),
+                     context=max(context) if max(decode) else 1,
+                     flag_requests="--decode" + (" plus a prefill chunk" if has_p else ""),
+                     flag_tokens="--prefill-chunk" if has_p else "--decode", flag_context="--context")
+        if "max_model_len" in lim and max(prefill) > lim["max_model_len"]:
+            check_limits(dep, requests=0, tokens=0, context=max(prefill), flag_requests="", flag_tokens="",
+                         flag_context="--prefill-chunk")
+    return decode, context, prefill
+
+
+def grid_batches(template: Batch, decode, context, prefill, points, threshold):
+    """A stacked Batch for grid points (flat indices into prefill x decode x context)."""
+    nd, nc = len(decode), len(context)
+    p_idx, rem = np.divmod(points, nd * nc)
+    d_idx, c_idx = np.divmod(rem, nc)
+    D = np.asarray(decode, dtype=float)[d_idx][:, None]
+    C = np.asarray(context, dtype=float)[c_idx][:, None]
+    P = np.asarray(prefill, dtype=float)[p_idx][:, None]
+    rows = template.rows
+    slot = rows - 1 if max(prefill) > 0 else rows        # the prefill chunk's row (the last one)
+    r = np.arange(rows)[None, :]
+    is_decode = r < D
+    is_prefill = (r == slot) & (P > 0)
+    sched = np.where(is_decode, 1.0, np.where(is_prefill, P, 0.0))
+    comp = np.where(is_decode, C - 1.0, 0.0)
+    like = np.asarray(template.scheduled).dtype
+    return dataclasses.replace(
+        template, scheduled=sched.astype(like), computed=comp.astype(like), prompt_len=(sched + comp).astype(like),
+        mask=is_decode | is_prefill, decode_threshold=np.full(len(points), float(threshold),
+                                                              dtype=np.asarray(template.decode_threshold).dtype))
+
+
+def price_grid(dep, decode, context, prefill, *, threshold, temperature=None, chunk=DEFAULT_CHUNK, callback=None):
+    """Price every grid point. Returns a dict of arrays [P, D, C]: resources [.., 5] (s),
+    overlap, no_overlap (s), bottleneck (index into RESOURCES)."""
+    from .step import price_many
+    rows = max(decode) + (1 if max(prefill) > 0 else 0)
+    template = Batch.from_requests([1.0], [0.0], pad_to=max(rows, 1), decode_threshold=threshold, source="grid")
+    total = len(prefill) * len(decode) * len(context)
+    chunk = max(1, min(chunk, total))
+    out_res = np.zeros((total, len(RESOURCES)))
+    out_ov, out_no = np.zeros(total), np.zeros(total)
+    out_b = np.zeros(total, dtype=int)
+    for start in range(0, total, chunk):
+        pts = np.arange(start, start + chunk)
+        n = min(chunk, total - start)
+        pts = np.minimum(pts, total - 1)          # the last chunk repeats its last point: one shape
+        r = price_many(dep.plan, dep.coefficients, grid_batches(template, decode, context, prefill, pts, threshold),
+                       temperature=temperature)
+        out_res[start:start + n] = np.asarray(r.resources)[:n]
+        out_ov[start:start + n] = np.asarray(r.overlap)[:n]
+        out_no[start:start + n] = np.asarray(r.no_overlap)[:n]
+        out_b[start:start + n] = np.asarray(r.bottleneck)[:n]
+        if callback is not None:
+            callback(start + n, total)
+    shape = (len(prefill), len(decode), len(context))
+    return {"resources": out_res.reshape(shape + (len(RESOURCES),)), "overlap": out_ov.reshape(shape),
+            "no_overlap": out_no.reshape(shape), "bottleneck": out_b.reshape(shape)}
+
+
+def per_decoded_token(grid, decode, estimate):
+    d = np.asarray(decode, dtype=float)[None, :, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(d > 0, grid[estimate] / np.where(d > 0, d, 1.0), np.nan)
+
+
+def write_csv(stream, grid, decode, context, prefill, *, units, estimate):
+    k = UNITS[units]
+    tpt = per_decoded_token(grid, decode, estimate)
+    w = csv.writer(stream, lineterminator="\n")
+    w.writerow(["decode", "context", "prefill_chunk", "requests", "tokens"]
+               + [f"{r}_{units}" for r in RESOURCES]
+               + [f"overlap_{units}", f"no_overlap_{units}", "bottleneck", f"{estimate}_per_decoded_token_{units}"])
+    res, ov, no, b = grid["resources"], grid["overlap"], grid["no_overlap"], grid["bottleneck"]
+    for i, p in enumerate(prefill):
+        for j, d in enumerate(decode):
+            for m, c in enumerate(context):
+                t = tpt[i, j, m]
+                w.writerow([d, c, p, d + (p > 0), d + p] + [f"{v * k:.12g}" for v in res[i, j, m]]
+                           + [f"{ov[i, j, m] * k:.12g}", f"{no[i, j, m] * k:.12g}", RESOURCES[int(b[i, j, m])],
+                              "" if not np.isfinite(t) else f"{t * k:.12g}"])
+
+
+def run(args) -> int:
+    threshold, temperature = common_options(args)
+    threshold = DEFAULT_DECODE_THRESHOLD if threshold is None else threshold
+    if args.estimate not in ESTIMATES:
+        refuse("unknown estimate; expected no_overlap or overlap", field="--estimate", value=args.estimate)
+    chunk = parse_int(args.chunk, flag="--chunk", minimum=1)
+    dep = load_scenario_deployment(args.scenario)
+    decode, context, prefill = grid_axes(args, dep)
+    draw = prefill
+    if args.heatmap_prefill is not None:
+        draw = parse_int_list(args.heatmap_prefill, flag="--heatmap-prefill", minimum=0)
+        for v in draw:
+            if v not in prefill:
+                refuse(f"is not on the grid's --prefill-chunk ({', '.join(map(str, prefill))})",
+                       field="--heatmap-prefill", value=v)
+    total = len(decode) * len(context) * len(prefill)
+    small = [p for p in prefill if 0 < p <= threshold]
+    if small:
+        print(f"note: a prefill chunk of at most the decode threshold {threshold} tokens "
+              f"({', '.join(map(str, small))}) is priced as a decode, as the engine classes it", file=sys.stderr)
+    print(f"{dep.scenario.name}: {describe_deployment(dep)}", file=sys.stderr)
+    print(f"grid: {len(decode)} decode counts x {len(context)} contexts x {len(prefill)} prefill chunks = "
+          f"{total} steps; {mode_text(temperature)}; decode threshold {threshold}", file=sys.stderr)
+    t0 = time.perf_counter()
+    with Progress(total, "sweep", enabled=not args.quiet) as bar:
+        grid = price_grid(dep, decode, context, prefill, threshold=threshold, temperature=temperature,
+                          chunk=chunk, callback=lambda done, tot: bar.update(done))
+    elapsed = time.perf_counter() - t0
+    if args.out in (None, "-"):
+        write_csv(sys.stdout, grid, decode, context, prefill, units=args.units, estimate=args.estimate)
+    else:
+        buf = io.StringIO()
+        write_csv(buf, grid, decode, context, prefill, units=args.units, estimate=args.estimate)
+        try:
+            with open(args.out, "w", newline="") as fh:
+                fh.write(buf.getvalue())
+        except OSError as err:
+            refuse(f"cannot write the CSV: {err.strerror}", file=args.out)
+    counts = np.bincount(grid["bottleneck"].reshape(-1), minlength=len(RESOURCES))
+    share = ", ".join(f"{r} {c / total:.0%}" for r, c in zip(RESOURCES, counts) if c)
+    print(f"priced {total} steps in {elapsed:.1f} s (with compilation); bottleneck: {share}"
+          + (f"; wrote {args.out}" if args.out not in (None, "-") else ""), file=sys.stderr)
+    if args.heatmap:
+        from .figures import plot_sweep_heatmaps
+        sel = [prefill.index(v) for v in draw]
+        tpt = per_decoded_token(grid, decode, args.estimate)
+        label = ("NoOverlap" if args.estimate == "no_overlap" else "Overlap") + " per decoded token"
+        plot_sweep_heatmaps(decode, context, [prefill[i] for i in sel], grid["bottleneck"][sel], tpt[sel],
+                            path=args.heatmap, units=args.units, per_token_label=label,
+                            title=f"{dep.scenario.name}: {mode_text(temperature)}, decode threshold {threshold}")
+        print(f"wrote {args.heatmap}", file=sys.stderr)
+    return 0
