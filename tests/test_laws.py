@@ -63,6 +63,44 @@ def test_collective_law_large_messages_reach_the_peak():
     assert float(laws.collective_time(b, 0.0, 1e15, 1e9)) == pytest.approx(b / 1e9)
 
 
+# Measured H200 8-rank fp16 all-reduce latencies (bytes, us) from AISimulate's NCCL 2.29.2 sweep,
+# as transcribed in the reference kernel's internal/price/collective_test.go.
+H200_AR8_MEASURED = [
+    (256, 16.01), (1024, 15.98), (2048, 16.04), (4096, 16.67), (8192, 18.30), (16384, 18.38),
+    (32768, 19.89), (65536, 21.45), (131072, 20.80), (262144, 20.46), (524288, 26.14),
+    (1048576, 37.46), (2097152, 51.37), (4194304, 78.30), (8388608, 121.74), (16777216, 197.34),
+    (33554432, 319.63), (67108864, 564.52), (134217728, 1052.63), (268435456, 2040.31)]
+
+
+def _geometric_error(predict):
+    logs = [abs(np.log(predict(b) / (us * 1e-6))) for b, us in H200_AR8_MEASURED]
+    return float(np.exp(np.mean(logs)))
+
+
+def test_collective_law_fits_the_measured_sweep_within_1_25x():
+    assert len(H200_AR8_MEASURED) == 20
+    three = _geometric_error(lambda b: float(laws.collective_time(b, **H200_AR8)))
+    two = _geometric_error(lambda b: float(laws.collective_time(b, H200_AR8["floor"], 0.0, H200_AR8["peak_rate"])))
+    assert three <= 1.25
+    assert three < two          # the transition rate earns its place
+
+
+def test_collective_law_does_not_understate_the_transition_region():
+    # 64 KiB .. 8 MiB, where a step's messages fall: the two-parameter form understates by
+    # over 2x somewhere; the three-parameter form by at most 1.5x
+    region = [(b, us * 1e-6) for b, us in H200_AR8_MEASURED if 64 << 10 <= b <= 8 << 20]
+    two = max(t / float(laws.collective_time(b, H200_AR8["floor"], 0.0, H200_AR8["peak_rate"])) for b, t in region)
+    three = max(t / float(laws.collective_time(b, **H200_AR8)) for b, t in region)
+    assert two >= 2.0
+    assert three <= 1.5
+
+
+def test_the_peak_rate_is_a_ceiling_on_bandwidth():
+    floor, peak = 10e-6, 200e9
+    b = float(1 << 30)
+    assert float(laws.collective_time(b, floor, 10 * peak, peak)) == pytest.approx(b / peak)
+
+
 def test_window_law():
     assert 4 * float(laws.windowed_pairs(1024, 131072, 2176)) == 4 * 1024 * 2176 == 8_912_896
     assert 4 * float(laws.windowed_pairs(1024, 0, 128)) == 491_520

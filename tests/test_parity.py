@@ -98,3 +98,21 @@ def test_padding_does_not_change_the_price():
     padded = jp.price(dep.plan, dep.coefficients, jp.Batch.decode(32, 4096, pad_to=512, decode_threshold=8))
     np.testing.assert_array_equal(np.asarray(tight.resources), np.asarray(padded.resources))
     assert float(tight.overlap) == float(padded.overlap)
+
+
+@pytest.mark.parametrize("b", SIZES)
+def test_every_column_within_the_figures_reading_error(curve, b):
+    # the table was decoded from the figure's SVG coordinates to +-0.03 ms
+    hbm, sm, nvlink, host, no_overlap, overlap = REFERENCE[b]
+    got = curve[b]
+    for name, ref in (("hbm", hbm), ("sm", sm), ("nvlink", nvlink), ("host", host),
+                      ("no_overlap", no_overlap), ("overlap", overlap)):
+        assert got[name] == pytest.approx(ref, abs=0.03), name
+
+
+def test_sm_is_exactly_linear_in_the_batch(curve):
+    # section 9A: every GEMM runs at eps(T) = eps_max T / (T + m_half), so T x flops / (P eps(T))
+    # = flops (T + m_half) / (P eps_max): affine in T, slope 0.0308 ms per request
+    slopes = np.diff([curve[b]["sm"] for b in SIZES]) / np.diff(SIZES)
+    np.testing.assert_allclose(slopes, slopes[0], rtol=1e-9)
+    assert slopes[0] == pytest.approx(0.0308, abs=0.0001)

@@ -5,8 +5,13 @@ spec: no graph there marks a node replicated or prefill-only, states mHC, a para
 drafter or capture breaks, and no set carries a measured prefill form, a recurrent prefill
 rate or a grouped four-bit ramp. Each test here builds a tiny registry (tests/synthetic.py),
 prices one batch, and asserts the price of one term, written out by hand from the formula in
-pricing-a-step.md (and reference-kernel.md where the spec leaves a detail open). Most also
-inflate one coefficient and assert exactly which outputs move.
+pricing-a-step.md (and reference-kernel.md where the spec leaves a detail open): GEMM
+arithmetic and formats, replicated nodes, HBM, attention in both phases, mHC, recurrent
+mixers, classification by the decode threshold, speculative decoding, experts, collectives,
+the head and host time (graph modes, ceiling, capture breaks, phase markers). Most also
+inflate one coefficient and assert exactly which outputs move. Every price taken here also
+checks that the per-layer-kind breakdown adds up to the five totals and composes into
+Overlap and NoOverlap (``check_breakdown``).
 
 Figures used throughout (see tests/synthetic.py): BF16 100, FP8 200, TF32 50, NVFP4 400
 TFLOP/s; HBM 2 TB/s x derate 0.5 = 1e12 B/s; every ramp has m_half = 100 tokens, so at
@@ -23,7 +28,7 @@ import numpy as np
 import pytest
 
 import synthetic as syn
-from synthetic import BF16, FP8, HBM, NVFP4, TF32, layer, price, totals
+from synthetic import BF16, FP8, HBM, NVFP4, TF32, layer, totals
 from jaxprice import JaxpriceError
 
 REL = 1e-12
@@ -32,6 +37,29 @@ H = syn.HIDDEN
 
 def approx(x):
     return pytest.approx(x, rel=REL, abs=1e-18)
+
+
+def price(dep, rows_or_batch, threshold=1, coefs=None, **overrides):
+    """synthetic.price, and on every result the per-layer-kind breakdown adds up to the
+    totals and composes into Overlap (pricing-a-step.md, 'Composing the step')."""
+    res = syn.price(dep, rows_or_batch, threshold, coefs, **overrides)
+    check_breakdown(res)
+    return res
+
+
+def check_breakdown(res):
+    L = {k: np.asarray(v) for k, v in res.layers.items()}
+    t = np.asarray(res.resources)
+    parts = [L["sm"].sum() + L["expert_sm"].sum() + L["head_sm"], L["hbm"].sum() + L["expert_hbm"].sum() + L["head_hbm"],
+             L["nvlink"].sum(), L["nic"].sum()]
+    for i, part in enumerate(parts):
+        assert part == pytest.approx(t[i], rel=1e-12, abs=1e-18), i
+    # stage = max(SM, HBM, NVLink, NIC) + experts, per kind (times its count)
+    stage = np.max(np.stack([L["sm"], L["hbm"], L["nvlink"], L["nic"]]), axis=0) + L["expert_sm"] + L["expert_hbm"]
+    np.testing.assert_allclose(L["stage"], stage, rtol=1e-12, atol=1e-18)
+    composed = L["stage"].sum() + max(L["head_sm"], L["head_hbm"]) + t[4]
+    assert float(res.overlap) == pytest.approx(min(composed, float(res.no_overlap)), rel=1e-12, abs=1e-18)
+    assert float(res.no_overlap) == pytest.approx(t.sum(), rel=1e-12, abs=1e-18)
 
 
 def moved(a, b):
@@ -509,3 +537,400 @@ def test_recurrent_prefill_without_a_rate_is_the_chunked_scan(root):
     # state read and update (4 x d x state), at the BF16 ramp
     scan = 200 * 8 * (4 * 64 * 128 + 4 * 128 * 128) / (BF16 * 0.5 * 210 / 310)
     assert layer(price(dep, MIXED), dep, "r", "sm") == approx(4e-6 + 10 / 1e8 + scan)
+
+
+# ============================================================================ classification
+
+
+def test_the_decode_threshold_classifies_rows(decode_dep):
+    # a row scheduling at most the threshold is a decode (reads its context); one more token
+    # makes it a prefill (arithmetic over its query-key pairs, no KV read)
+    rows = [(4, 96), (5, 95)]
+    r = price(decode_dep, rows, threshold=4)
+    assert layer(r, decode_dep, "full", "hbm") == approx(5e-6 + 100 * 4096 / 2e12)
+    pairs = 4 * (5 * 95 + 5 ** 2 / 2)
+    T = 4 + 5                                        # the ramp sees every scheduled token
+    assert layer(r, decode_dep, "full", "sm") == approx(pairs * 8 * 128 / (BF16 * 0.5 * T / (T + 100)))
+    # at threshold 5 both rows decode
+    r = price(decode_dep, rows, threshold=5)
+    assert layer(r, decode_dep, "full", "hbm") == approx(5e-6 + 200 * 4096 / 2e12)
+    assert layer(r, decode_dep, "full", "sm") == 0.0
+
+
+def test_the_ramp_is_evaluated_at_the_rank_local_token_count_of_both_phases(ramp_dep):
+    # ten decode rows and one 200-token prefill: T = 210 for every GEMM
+    r = price(ramp_dep, [(1, 99)] * 10 + [(200, 0)])
+    T = 210
+    assert layer(r, ramp_dep, "g", "sm") == approx(2 * (T * 2 * 4096 * H / 2) / (BF16 * 0.5 * T / (T + 100)))
+
+
+# ============================================================================ speculative decoding
+
+
+TARGET = [gemm(4096, H), attn("gqa")]            # 1 + 2 kernels, one piece per layer
+DRAFT = [gemm(2048, H), attn("gqa")]
+
+
+def _speculating(root, method, num_spec, drafter_layers=1, speculate=True, **engine):
+    eng = {"speculative": {"method": method, "num_spec_tokens": num_spec}} if speculate else {}
+    eng.update(engine)
+    return root(kinds={"L": TARGET, "D": DRAFT}, stack={"pattern": ["L"], "repeat": 4},
+                speculator={"method": method, "num_spec_tokens": num_spec,
+                            "stack": {"pattern": ["D"], "repeat": drafter_layers}},
+                engine=eng)
+
+
+def _uniform(n, width):
+    """n uniform decode rows of `width` tokens (threshold = width), context 100."""
+    return syn.batch([(width, 100 - width)] * n, threshold=width)
+
+
+@pytest.fixture(scope="module")
+def mtp_dep(root):
+    # two draft tokens: two drafter passes; a 12-token capture (4 requests of 1 + 2 tokens)
+    return _speculating(root, "deepseek_mtp", 2, max_cudagraph_capture_size=12)
+
+
+def test_the_drafter_pays_its_passes_and_its_weights_are_resident(mtp_dep, root):
+    dep = mtp_dep
+    assert dep.plan.layer_kind_names == ("L", "drafter:D")
+    r = price(dep, _uniform(4, 3))
+    T = 12
+    eps = 0.5 * T / (T + 100)
+    # each of the 2 passes runs the drafter's GEMM over the step's tokens and reads its weights
+    # and the rows' cached context (no decode rate: at HBM bandwidth)
+    assert layer(r, dep, "drafter:D", "sm") == approx(2 * T * 2 * 2048 * H / (BF16 * eps))
+    assert layer(r, dep, "drafter:D", "hbm") == approx(2 * (2048 * H * 2 + 4 * 100 * 4096) / HBM)
+    assert layer(r, dep, "L", "sm") == approx(4 * T * 2 * 4096 * H / (BF16 * eps))
+    # host (PIECEWISE): target 10 us x (1 + 4 pieces) + 12 kernels; the drafter 2 passes x
+    # 10 us x (1 + 1 pieces) + 2 x 3 kernels
+    assert totals(r)["host"] == approx(50e-6 + 12e-6 + 40e-6 + 6e-6)
+    mem = dep.plan.memory
+    assert mem["drafter_weights_bytes"] == 2048 * H * 2
+    assert mem["target_weights_bytes"] == 4 * 4096 * H * 2 + H * syn.VOCAB * 2
+    assert mem["weights_bytes"] == mem["target_weights_bytes"] + mem["drafter_weights_bytes"]
+    # the same graph without speculation in the deployment: no drafter at all
+    plain = _speculating(root, "deepseek_mtp", 2, speculate=False, max_cudagraph_capture_size=12)
+    assert plain.plan.layer_kind_names == ("L",)
+    assert plain.plan.memory["drafter_weights_bytes"] == 0.0
+
+
+def test_past_the_ceiling_the_drafter_is_never_cheaper_than_captured(mtp_dep):
+    # 5 requests x 3 tokens = 15 > 12: eager, but eager (3 us per layer) is cheaper than the
+    # captured replays here, so both the target and the drafter keep their captured price:
+    # adding a request never lowers the price (pricing-a-step.md, 'Host time')
+    at = totals(price(mtp_dep, _uniform(4, 3)))["host"]
+    past = totals(price(mtp_dep, _uniform(5, 3)))["host"]
+    assert past == approx(at) == approx(108e-6)
+
+
+def test_an_eager_drafter_launches_each_pass(root):
+    dep = _speculating(root, "deepseek_mtp", 2, cudagraph_mode="NONE")
+    # target 3 us x 4 layers, drafter 2 passes x 3 us x 1 layer, dispatch 12 + 2 x 3 kernels
+    assert totals(price(dep, _uniform(4, 3)))["host"] == approx(12e-6 + 6e-6 + 12e-6 + 6e-6)
+
+
+def test_the_drafter_stack_expands_like_the_target_stack(root):
+    # prologue + pattern x repeat + epilogue: 1 + 2 x 2 + 1 = 6 drafter layers of one kind
+    dep = root(kinds={"L": TARGET, "D": DRAFT}, stack={"pattern": ["L"], "repeat": 4},
+               speculator={"method": "deepseek_mtp", "num_spec_tokens": 1,
+                           "stack": {"prologue": ["D"], "pattern": ["D", "D"], "repeat": 2, "epilogue": ["D"]}},
+               engine={"speculative": {"method": "deepseek_mtp", "num_spec_tokens": 1}})
+    i = dep.plan.layer_kind_names.index("drafter:D")
+    assert dep.plan.arrays["count"][i] == 6
+    assert dep.plan.scalars["drafter_layers"] == 6
+    assert dep.plan.memory["drafter_weights_bytes"] == 6 * 2048 * H * 2
+
+
+@pytest.fixture(scope="module")
+def dspark_dep(root):
+    # a parallel-block drafter of 5 layers, 5 draft tokens, a 64-token capture, FULL graphs
+    return _speculating(root, "dspark", 5, drafter_layers=5, cudagraph_mode="FULL",
+                        max_cudagraph_capture_size=64)
+
+
+def test_the_parallel_block_drafter_has_its_own_graphs_and_ceiling(dspark_dep):
+    dep = dspark_dep
+    host = {n: totals(price(dep, _uniform(n, 6)))["host"] for n in (10, 11, 12, 13)}
+    # target rows are 1 + 5 = 6 wide: up to 10 requests (60 tokens) replay one graph, 11 run
+    # eager (3 us x 4 layers, dearer than the 10 us replay); drafter rows are 5 wide: it
+    # replays up to 12 requests (60 tokens) and launches eagerly (3 us x 5 layers) from 13
+    dispatch = 12e-6 + 15e-6                        # 4 x 3 target kernels, 5 x 3 drafter kernels
+    assert host[10] == approx(10e-6 + 10e-6 + dispatch)
+    assert host[11] == approx(12e-6 + 10e-6 + dispatch)
+    assert host[12] == approx(12e-6 + 10e-6 + dispatch)
+    assert host[13] == approx(12e-6 + 15e-6 + dispatch)
+    # one pass over the step's tokens
+    r = price(dep, _uniform(10, 6))
+    T = 60
+    assert layer(r, dep, "drafter:D", "sm") == approx(5 * T * 2 * 2048 * H / (BF16 * 0.5 * T / (T + 100)))
+
+
+def test_a_prefill_row_stores_the_drafters_context_eagerly_before_the_replay(dspark_dep):
+    r = price(dspark_dep, syn.batch([(6, 94), (20, 0)], threshold=6))
+    # target replay 10 us; drafter replay 10 us plus its eager launches (3 us x 5 layers)
+    assert totals(r)["host"] == approx(10e-6 + (10e-6 + 15e-6) + 12e-6 + 15e-6)
+
+
+def test_the_parallel_block_drafter_is_captured_only_under_a_full_decode_mode(root):
+    dep = _speculating(root, "dspark", 5, drafter_layers=5, cudagraph_mode="PIECEWISE",
+                       max_cudagraph_capture_size=64)
+    # target: 10 us x (1 + 4 pieces); drafter eager: 3 us x 5 layers
+    assert totals(price(dep, _uniform(2, 6)))["host"] == approx(50e-6 + 15e-6 + 12e-6 + 15e-6)
+
+
+def test_past_its_ceiling_the_parallel_block_drafter_is_never_cheaper_than_captured(root):
+    # a one-layer drafter launches eagerly for 3 us, less than its 10 us replay
+    dep = _speculating(root, "dspark", 5, cudagraph_mode="FULL", max_cudagraph_capture_size=64)
+    at, past = (totals(price(dep, _uniform(n, 6)))["host"] for n in (12, 13))
+    assert past == approx(at) == approx(12e-6 + 10e-6 + 12e-6 + 3e-6)
+
+
+# ============================================================================ experts
+
+
+EXPERTS = {"op": "GroupedGEMM", "n": 512, "k": H, "experts": 8, "top_k": 2, "shared_experts": 1,
+           "shared_intermediate_size": 256}
+MOE_KIND = [gemm(2048, H), EXPERTS, {"op": "All2All", "emit": "expert_parallel"}]
+EXPERT_FLOPS = 6 * 512 * H                      # per token and expert: gate, up and down
+EXPERT_BYTES = 3 * 512 * H * 2                  # one expert's weights, bf16
+SHARED_FLOPS, SHARED_BYTES = 6 * 256 * H, 3 * 256 * H * 2
+IMBALANCE = [("moe_routing_imbalance_median", 1.5, "dimensionless")]
+
+
+def touched(n, experts, k, local):
+    """Distinct experts n routed tokens touch on a rank holding `local` of them."""
+    return local * (1 - ((experts - k) / experts) ** n)
+
+
+def test_experts_are_added_to_the_layer_not_overlapped(root):
+    dep = root(kinds={"moe": MOE_KIND}, coefficients=IMBALANCE)
+    r = price(dep, syn.decode(3, 100))              # T = 3
+    rate = BF16 * 0.5 * 3 / 103
+    expert_sm = 1.5 * 3 * 2 * EXPERT_FLOPS / rate    # T x top_k x flops, times the imbalance
+    expert_hbm = EXPERT_BYTES * touched(3, 8, 2, 8) / HBM
+    assert layer(r, dep, "moe", "expert_sm") == approx(expert_sm)
+    assert layer(r, dep, "moe", "expert_hbm") == approx(expert_hbm)
+    # shared experts are dense: ramp-priced arithmetic and weights read once
+    sm = 3 * (2 * 2048 * H + SHARED_FLOPS) / rate
+    hbm = (2048 * H * 2 + SHARED_BYTES) / HBM
+    assert layer(r, dep, "moe", "sm") == approx(sm)
+    assert layer(r, dep, "moe", "hbm") == approx(hbm)
+    t = totals(r)
+    assert t["nvlink"] == 0.0                       # MoE group 1: the All2All is not emitted
+    host = 10e-6 + (1 + 4) * 1e-6                   # one piece; GEMM 1 + GroupedGEMM 4 kernels
+    assert t["host"] == approx(host)
+    assert float(r.overlap) == approx(max(sm, hbm) + expert_sm + expert_hbm + host)
+    assert float(r.overlap) > max(sm + expert_sm, hbm + expert_hbm) + host
+    assert float(r.no_overlap) == approx(sm + expert_sm + hbm + expert_hbm + host)
+    # the imbalance multiplies the routed arithmetic only
+    r2 = price(dep, syn.decode(3, 100), moe_routing_imbalance_median=3.0)
+    assert moved(r, r2) == {"sm"}
+    assert layer(r2, dep, "moe", "expert_sm") == approx(2 * expert_sm)
+    assert layer(r2, dep, "moe", "sm") == layer(r, dep, "moe", "sm")
+
+
+@pytest.mark.parametrize("case", ["ep", "eplb", "dp_funnel"])
+def test_expert_parallel_eplb_and_the_dp_funnel(root, case):
+    # tp 2, dp 2 (reference-kernel.md section 6); T = 3 rank-local tokens
+    engine = {"eplb": {"enable_eplb": True, "num_redundant_experts": 2}} if case == "eplb" else {}
+    dep = root(kinds={"moe": MOE_KIND}, tp=2, dp=2, ep=case != "dp_funnel", engine=engine)
+    r = price(dep, syn.decode(3, 100))
+    rate = BF16 * 0.5 * 3 / 103
+    routed = 3 * 2                                   # funnel = dp: the MoE group gathers both DP ranks
+    if case == "ep":         # EP width 4: 2 of the 8 experts per rank, whole (not tp-sharded)
+        share, shards, slice_, local, total = 2 / 8, 1, 1, 2, 8
+    elif case == "eplb":     # 8 + 2 redundant = 10 over 4 ranks: the heaviest rank holds 3
+        share, shards, slice_, local, total = 3 / 10, 1, 1, 3, 10
+    else:                    # EP off: every rank holds all 8, sharded over tp x dp = 4; dpSlice 2
+        share, shards, slice_, local, total = 1.0, 4, 2, 8, 8
+    assert layer(r, dep, "moe", "expert_sm") == approx(routed * 2 * share * EXPERT_FLOPS / slice_ / rate)
+    assert layer(r, dep, "moe", "expert_hbm") == approx(EXPERT_BYTES / shards * touched(routed, total, 2, local) / HBM)
+    # shared experts stay dense, over tp
+    assert layer(r, dep, "moe", "sm") == approx(3 * (2 * 2048 * H + SHARED_FLOPS) / 2 / rate)
+    # the All2All fires over the MoE group of 4 (within the node: NVLink), on the step's bytes
+    assert totals(r)["nvlink"] == approx(syn.collective(3 * 2 * H))
+    assert totals(r)["nic"] == 0.0
+
+
+# ============================================================================ collectives
+
+
+TP_KIND = [gemm(4096, H), {"op": "AllReduce", "emit": "tensor_parallel"},
+           gemm(H, 4096), {"op": "AllReduce", "emit": "tensor_parallel"}]
+EP_KIND = [{"op": "GroupedGEMM", "n": 512, "k": H, "experts": 16, "top_k": 2},
+           {"op": "All2All", "emit": "expert_parallel"}]
+STEP_BYTES = 3 * 2 * H                      # T = 3 tokens of 16-bit activations
+
+
+def _collectives(root, chip="hopper", tp=16, backend="deepep_low_latency", per_node=8):
+    return root(kinds={"tp": TP_KIND, "moe": EP_KIND}, chip=chip, tp=tp, ep=True,
+                engine={"all2all_backend": backend},
+                cluster={"nodes": max(1, tp // per_node), "gpus_per_node": per_node})
+
+
+def test_every_collective_launch_pays_its_own_floor_on_nvlink_within_a_node(root):
+    dep = root(kinds={"tp": TP_KIND}, tp=2)
+    r = price(dep, syn.decode(3, 100))
+    assert layer(r, dep, "tp", "nvlink") == approx(2 * syn.collective(STEP_BYTES))
+    assert totals(r)["nic"] == 0.0
+    # the law: max(t0 + b/r_t, b/r_peak) per launch; inflating the floor moves NVLink only
+    r2 = price(dep, syn.decode(3, 100), collective_floor_all_reduce_fp16_2rank_hopper=20e-6)
+    assert moved(r, r2) == {"nvlink"}
+    assert layer(r2, dep, "tp", "nvlink") == approx(2 * syn.collective(STEP_BYTES, floor=20e-6))
+
+
+def test_groups_across_nodes_go_to_the_nic_with_their_span_factors(root):
+    dep = _collectives(root)                 # tp 16 over two nodes of 8; NVLink 400 / NIC 50 GB/s
+    r = price(dep, syn.decode(3, 100))
+    ring = 1 + (8 - 1) * 1 / 15              # RingSpan(16, 8, 8): one of 15 hops leaves the node
+    a2a = 1 + (8 - 1) * 8 / 15               # All2AllSpan(16, 8, 8): 8 of 15 peers are off-node
+    assert layer(r, dep, "tp", "nic") == approx(2 * syn.collective(STEP_BYTES * ring))
+    # a routed all-to-all carries top_k copies of the activations
+    assert layer(r, dep, "moe", "nic") == approx(syn.collective(STEP_BYTES * 2 * a2a))
+    assert totals(r)["nvlink"] == 0.0
+    assert dep.resolution["nodes_spanned"] == 2
+    # an all-to-all that is not routed (the naive backend) is priced as a ring, one copy
+    naive = _collectives(root, backend="")
+    assert layer(price(naive, syn.decode(3, 100)), naive, "moe", "nic") == approx(syn.collective(STEP_BYTES * ring))
+
+
+def test_a_group_within_an_nvl72_rack_stays_on_nvlink(root):
+    dep = _collectives(root, chip="rack", per_node=4)      # 16 ranks over 4 nodes of one 72-GPU rack
+    r = price(dep, syn.decode(3, 100))
+    assert layer(r, dep, "tp", "nvlink") == approx(2 * syn.collective(STEP_BYTES))
+    assert layer(r, dep, "moe", "nvlink") == approx(syn.collective(STEP_BYTES * 2))
+    assert totals(r)["nic"] == 0.0
+    assert dep.resolution["nodes_spanned"] == 1
+    assert not any(c["nic"] for c in dep.resolution["collectives"])
+
+
+# ============================================================================ the output head
+
+
+def test_the_head_runs_once_per_step_as_the_larger_of_its_arithmetic_and_its_reads(root):
+    dep = root(kinds={"n": [{"op": "Elementwise"}]},
+               head=[{"op": "Elementwise", "role": "final_norm"}, gemm(syn.VOCAB, H, role="lm_head")])
+    head_flops, head_bytes = 2 * syn.VOCAB * H, syn.VOCAB * H * 2
+    for rows, eps_max in ((prefill(100), 0.5), ([(1, 99)], 0.5), ([(1, 99)], 50.0)):
+        r = price(dep, rows, gemm_eps_max_bf16=eps_max)
+        T = sum(s for s, _ in rows)
+        head_sm = T * head_flops / (BF16 * eps_max * T / (T + 100))      # over all T tokens
+        head_hbm = head_bytes / HBM
+        assert float(r.layers["head_sm"]) == approx(head_sm)
+        assert float(r.layers["head_hbm"]) == approx(head_hbm)
+        # the head's norm bytes are not charged (its launch is): the layer's norm only
+        norm = T * 4 * H / HBM
+        host = 10e-6 + (1 + 2) * 1e-6
+        t = totals(r)
+        assert t["sm"] == approx(head_sm) and t["hbm"] == approx(norm + head_hbm) and t["host"] == approx(host)
+        assert float(r.overlap) == approx(norm + max(head_sm, head_hbm) + host)
+    assert head_sm < head_hbm                      # the last case is read-bound, the others compute-bound
+
+
+# ============================================================================ attention: one launch
+
+
+ONE_LAUNCH = [("attention_decode_floor", 5.0, "us_per_transfer"), ("attention_decode_rate", 2e6, "bytes_per_us"),
+              ("attention_prefill_floor", 4.0, "us_per_transfer"),
+              ("attention_prefill_work_scale", 0.5, "dimensionless")]
+MIXED_ROWS = [(1, 99), (100, 0)]             # a decode at context 100 and a 100-token prefill: T = 101
+
+
+def test_flashattention_serves_a_mixed_non_latent_batch_in_one_launch(root):
+    dep = root(kinds={"full": [attn("gqa")], "mla": [latent("mla")]}, coefficients=ONE_LAUNCH)
+    rate = BF16 * 0.5 * 101 / 201 * 0.5                          # ramp at T, times the work scale
+    gqa_flops, mla_flops = 4 * 100 ** 2 / 2 * 8 * 128, 4 * 100 ** 2 / 2 * 16 * 512
+    r = price(dep, MIXED_ROWS)
+    # the smaller floor is dropped: here the prefill floor (4 us < 5 us)
+    assert layer(r, dep, "full", "hbm") == approx(5e-6 + 100 * 4096 / 2e12)
+    assert layer(r, dep, "full", "sm") == approx(gqa_flops / rate)
+    # a latent layer is not served that way: both floors
+    assert layer(r, dep, "mla", "hbm") == approx(5e-6 + 100 * 1024 / 2e12)
+    assert layer(r, dep, "mla", "sm") == approx(4e-6 + mla_flops / rate)
+    # with the decode floor the smaller one, it is the one dropped
+    r = price(dep, MIXED_ROWS, attention_decode_floor=3e-6)
+    assert layer(r, dep, "full", "hbm") == approx(100 * 4096 / 2e12)
+    assert layer(r, dep, "full", "sm") == approx(4e-6 + gqa_flops / rate)
+    # a batch of one phase pays its own floor
+    assert layer(price(dep, [(1, 99)]), dep, "full", "hbm") == approx(5e-6 + 100 * 4096 / 2e12)
+    assert layer(price(dep, [(100, 0)]), dep, "full", "sm") == approx(4e-6 + gqa_flops / (BF16 * 0.25 * 0.5))
+
+
+def test_no_one_launch_correction_on_a_part_with_a_four_bit_peak(root):
+    dep = root(kinds={"full": [attn("gqa")]}, coefficients=ONE_LAUNCH, chip="blackwell")
+    r = price(dep, MIXED_ROWS)
+    assert layer(r, dep, "full", "hbm") == approx(5e-6 + 100 * 4096 / 2e12)
+    assert layer(r, dep, "full", "sm") == approx(4e-6 + 4 * 100 ** 2 / 2 * 8 * 128 / (BF16 * 0.5 * 101 / 201 * 0.5))
+
+
+# ============================================================================ host
+
+
+HOST_KINDS = {
+    "S": [latent("sparse_mla", window=16, index_topk=32, compress_ratio=4), INDEXER],   # 4 kernels, 2 pieces
+    "L": [{"op": "Elementwise"}, gemm(2048, H), attn("gqa")],                            # 4 kernels, 1 piece
+    "R": GDN,                                                                            # 2 kernels, 1 piece
+}
+HOST_STACK = {"prologue": ["S"], "pattern": ["L", "R"], "repeat": 2}     # 5 layers
+PIECES, KERNELS, LAYERS = 1 + 2 + 2 * 1 + 2 * 1, 4 + 2 * 4 + 2 * 2, 5
+HOST_BATCHES = {                 # max_num_seqs 4: the capture ceiling is min(2 x 4 x 1, 512) = 8 tokens
+    "uniform4": [(1, 99)] * 4,
+    "uniform8": [(1, 99)] * 8,   # at the ceiling
+    "uniform9": [(1, 99)] * 9,   # one past it
+    "mixed": [(1, 99), (1, 99), (5, 0)],
+    "empty": [],
+}
+REPLAYS, EAGER = 10e-6 * PIECES, 3e-6 * LAYERS          # 70 us piecewise; 15 us eager; full: 10 us
+# the graph part of the host time, per mode and batch (dispatch, 16 us, is added when non-empty)
+HOST_GRAPH = {
+    "PIECEWISE": {"uniform4": REPLAYS, "uniform8": REPLAYS, "uniform9": REPLAYS,        # eager is cheaper:
+                  "mixed": REPLAYS, "empty": REPLAYS},                                  # never below captured
+    "FULL": {"uniform4": 10e-6, "uniform8": 10e-6, "uniform9": EAGER, "mixed": 10e-6, "empty": 10e-6},
+    "FULL_AND_PIECEWISE": {"uniform4": 10e-6, "uniform8": 10e-6, "uniform9": EAGER, "mixed": REPLAYS,
+                           "empty": 10e-6},
+    "FULL_DECODE_ONLY": {"uniform4": 10e-6, "uniform8": 10e-6, "uniform9": EAGER, "mixed": EAGER,
+                         "empty": 10e-6},
+    "NONE": {"uniform4": EAGER, "uniform8": EAGER, "uniform9": EAGER, "mixed": EAGER, "empty": EAGER},
+}
+
+
+@pytest.mark.parametrize("mode", list(HOST_GRAPH))
+def test_cuda_graph_modes_capture_ceiling_and_dispatch(root, mode):
+    dep = root(kinds=HOST_KINDS, stack=HOST_STACK, engine={"cudagraph_mode": mode, "max_num_seqs": 4})
+    assert dep.resolution["piecewise_segments"] == PIECES == 7
+    assert dep.resolution["kernels_per_step"] == KERNELS == 16
+    assert dep.resolution["capture_tokens"] == (0 if mode == "NONE" else 8)
+    for name, rows in HOST_BATCHES.items():
+        r = price(dep, rows)
+        dispatch = KERNELS * 1e-6 if rows else 0.0          # every kernel of a non-empty step
+        assert totals(r)["host"] == approx(HOST_GRAPH[mode][name] + dispatch), name
+    if mode == "PIECEWISE":
+        # eager dearer than the replays: past the ceiling the step is priced eager
+        r = price(dep, HOST_BATCHES["uniform9"], host_launch_eager_per_layer=20e-6)
+        assert totals(r)["host"] == approx(20e-6 * LAYERS + KERNELS * 1e-6)
+        r = price(dep, HOST_BATCHES["uniform8"], host_launch_eager_per_layer=20e-6)
+        assert totals(r)["host"] == approx(REPLAYS + KERNELS * 1e-6)
+
+
+@pytest.mark.parametrize("mode,graph", [("PIECEWISE", 10e-6 * (1 + 4 * 3)), ("FULL", 10e-6)])
+def test_code_that_breaks_capture_replays_one_piece_per_region(root, mode, graph):
+    # the kind's own code leaves 4 captured regions per layer (e.g. DeepSeek-V4.1 around its
+    # attention): 4 pieces per layer under piecewise capture; full capture is one replay
+    dep = root(kinds={"V": [attn("gqa"), gemm(2048, H)]}, stack={"pattern": ["V"], "repeat": 3},
+               capture_breaks={"V": 4}, engine={"cudagraph_mode": mode})
+    assert totals(price(dep, syn.decode(2, 100)))["host"] == approx(graph + 3 * 3 * 1e-6)
+
+
+def test_prefill_only_nodes_run_only_in_a_step_with_a_prefill_row(root):
+    nodes = [gemm(2048, H), gemm(H, 2048, phase="prefill"), {"op": "Elementwise", "bytes_per_token": 1000, "phase": "prefill"}]
+    dep = root(kinds={"P": nodes}, stack={"pattern": ["P"], "repeat": 3})
+    r = price(dep, syn.decode(2, 100))
+    rate = BF16 * 0.5 * 2 / 102
+    assert layer(r, dep, "P", "sm") == approx(3 * 2 * 2 * 2048 * H / rate)
+    assert layer(r, dep, "P", "hbm") == approx(3 * 2048 * H * 2 / HBM)
+    assert totals(r)["host"] == approx(10e-6 + 3 * 1e-6)              # neither launched nor dispatched
+    r = price(dep, [(1, 99), (99, 0)])                                 # T = 100
+    assert layer(r, dep, "P", "sm") == approx(3 * 100 * 2 * (2048 * H + H * 2048) / (BF16 * 0.25))
+    assert layer(r, dep, "P", "hbm") == approx(3 * (2 * 2048 * H * 2 + 100 * 1000) / HBM)
+    assert totals(r)["host"] == approx(10e-6 + 3 * 3 * 1e-6)

@@ -87,6 +87,9 @@ def decode_read_tokens(context, window, topk, compress_ratio, sparse, tau=None):
     (context / compress_ratio): at most top-k, or the whole compressed stream when it
     selects nothing (top-k 0). Non-sparse layers with a compress ratio (an indexer's
     compressed keys) read context / compress_ratio.
+
+    KNOWN DIVERGENCE [swa-window]: a stated window bounds the read whatever the kind, as the
+    spec says; the reference reads a primary swa layer's whole context at the swa rate.
     """
     context = jnp.asarray(context, dtype=float)
     cr = jnp.where(compress_ratio > 1, compress_ratio, 1.0)

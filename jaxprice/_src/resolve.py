@@ -8,7 +8,9 @@ graph modes and the capture ceiling, and every refusal. The step kernel (step.py
 walks a handful of arrays.
 
 Coverage limits (refused with a clear message rather than priced wrongly): pipeline
-parallelism (pp > 1) and context parallelism (pcp > 1, dcp > 1).
+parallelism (pp > 1) and context parallelism (pcp > 1, dcp > 1). Every place the code knowingly
+differs from the reference kernel carries a grep-able KNOWN DIVERGENCE or COVERAGE LIMIT
+comment with a bracketed tag; registry/EXTENSIONS.md lists them all.
 """
 
 from __future__ import annotations
@@ -252,9 +254,12 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     par, eng = scenario.parallel, scenario.engine
     tp, dp, pp = par.get("tp", 1), par.get("dp", 1), par.get("pp", 1)
     pcp, dcp = par.get("pcp", 1), par.get("dcp", 1)
-    if pp > 1:
+    if pp > 1:   # COVERAGE LIMIT [pipeline-parallel]: no pipeline-stage split is priced
         refuse("pipeline parallelism is not priced (no pipeline-stage split)", file=file,
                field="Deployment.pools[0].parallel.pp", value=pp)
+    # COVERAGE LIMIT [context-parallel]: none of reference-kernel.md's PCP/DCP machinery
+    # (token sharding, combine collectives, context gathers, the zigzag split) is implemented,
+    # so the rank-local token count T is always the batch's scheduled tokens
     if pcp > 1 or dcp > 1:
         refuse("context parallelism (pcp/dcp > 1) is not priced by jaxprice", file=file,
                field="Deployment.pools[0].parallel." + ("pcp" if pcp > 1 else "dcp"),
@@ -332,8 +337,9 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     drafter = None
     if spec and graph.speculator:
         method = str(spec.get("method") or graph.speculator["method"])
-        drafter = {"method": method, "kinds": list(graph.speculator["stack"]["pattern"]) *
-                   max(int(graph.speculator["stack"]["repeat"]), 1) + list(graph.speculator["stack"]["prologue"]),
+        dstack = graph.speculator["stack"]
+        drafter = {"method": method, "kinds": list(dstack["prologue"]) + list(dstack["pattern"]) *
+                   max(int(dstack["repeat"]), 1) + list(dstack["epilogue"]),
                    "parallel_block": method in PARALLEL_BLOCK_DRAFTERS}
         drafter["passes"] = 1 if drafter["parallel_block"] else num_spec
 
@@ -423,6 +429,9 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
         all_kinds += [(k, c, True) for k, c in dcounts.items()]
 
     kv_bytes_per_token = 0.0
+    # KNOWN DIVERGENCE [kv-geometry-per-kind]: latent/DSA/cache checks and KV bytes follow the
+    # layer kinds in the stack, node by node; the reference takes one geometry and kind from the
+    # last declared KV-holding kind, even one only a speculator uses (its section 3.13 quirk)
     latent_model = any(n["op"] == "Attention" and n.get("role", "") == "" and n["kind"] in ("mla", "sparse_mla")
                        for k in kind_ids for n in graph.layer_kinds[k])
     dsa = any(n["op"] == "Attention" and n["kind"] == "sparse_mla" and n["d_h"] == 576
@@ -451,7 +460,11 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     def attention_coefs(kind):
         """(decode floor, decode rate) names: the per-kind pair where a per-kind rate exists,
         its floor inheriting the part-wide floor; else the part-wide pair. None rate: the KV
-        bytes are charged at HBM bandwidth instead, with no floor."""
+        bytes are charged at HBM bandwidth instead, with no floor.
+
+        KNOWN DIVERGENCE [indexer-without-rate]: that fallback also prices a secondary
+        attention (an indexer's scan) with no rate, as the spec prices the scan in both phases;
+        the reference skips a secondary attention whose kind has no decode rate."""
         if kind != "gqa" and scope.has(f"attention_decode_rate_{kind}"):
             rate = scope.use(f"attention_decode_rate_{kind}")
             floor = scope.use(f"attention_decode_floor_{kind}") if scope.has(f"attention_decode_floor_{kind}") \
@@ -509,6 +522,8 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
                                  "phase": phase, "class": cls, "replicated": replicated, "shape": True}
                     gemm_rows.append(open_gemm)
             elif op == "GroupedGEMM":
+                # COVERAGE LIMIT [prefill-only-experts]: phase: prefill on a GroupedGEMM gates its
+                # launches and shared experts; its routed experts are priced in every step
                 n_, k_ = node["n"], node["k"]
                 k["moe"] = True
                 k["expert_flops"] += 6.0 * n_ * k_
@@ -529,12 +544,20 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
                 role = node.get("role", "") or ""
                 secondary = role != ""
                 akind = node["kind"]
+                # KNOWN DIVERGENCE [pieces-per-mixer]: one piece per attention node (an indexer
+                # too, whatever the layer's kind) and per recurrent mixer, as the spec says; the
+                # reference counts every layer plus one per sparse-MLA layer with an indexer
                 k["splits"] += 1
                 sparse = akind == "sparse_mla"
                 latent = akind in ("mla", "sparse_mla")
                 if secondary:
-                    per_token = node["n_kv"] * node["d_h"] * cache_b   # an indexer caches keys only
+                    # KNOWN DIVERGENCE [indexer-keys-only]: an indexer caches keys only, n_kv x d_h
+                    # at the cache width, not divided by tp; the reference scales the primary's
+                    # per-token bytes (tensors, tp, the DS-MLA cell) by n_kv d_h / primary n_kv d_h
+                    per_token = node["n_kv"] * node["d_h"] * cache_b
                 else:
+                    # KNOWN DIVERGENCE [kv-per-layer]: each layer reads its own KV bytes per token;
+                    # the reference reads the whole-model average kvBytesPerToken / kvLayers
                     tensors = 1 if latent else 2
                     # a replicated attention keeps every KV head on every rank
                     per_token = tensors * max(1, node["n_kv"] // div) * node["d_h"] * cache_b
@@ -702,6 +725,8 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
         "drafter_count_scale": np.array([float(drafter["passes"]) if (k["drafter"] and drafter) else 1.0 for k in kinds]),
         "weight_bytes": np.array([k["weight_bytes"] for k in kinds]).T.reshape(2, K),
         "elementwise_bytes": np.array([k["elementwise"] for k in kinds]).T.reshape(2, K),
+        # KNOWN DIVERGENCE [routed-flops-not-over-tp]: routed FLOPs are not divided by tp (each
+        # rank is charged whole experts' arithmetic), the reference's deliberate over-charge, kept
         "expert_flops": np.array([k["top_k"] * local_share * k["expert_flops"] / dp_slice for k in kinds]),
         "expert_bytes": np.array([k["expert_bytes"] / expert_shards for k in kinds]),
         "expert_class": np.array([k["expert_class"] for k in kinds], dtype=np.int32),
@@ -742,6 +767,8 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
                    "mhc_mix_class": np.array([r["mix_class"] for r in mhc_rows], dtype=np.int32)})
     arrays["class_peak"] = np.array(classes.peaks)
 
+    # KNOWN DIVERGENCE [prefill-floor-without-scale]: the measured prefill floor is charged even
+    # without attention_prefill_work_scale; the reference charges neither then
     pre_floor = scope.use("attention_prefill_floor") if scope.has("attention_prefill_floor") else None
     pre_scale = scope.use("attention_prefill_work_scale") if scope.has("attention_prefill_work_scale") else None
     coef = {
@@ -763,6 +790,9 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
         "tp": tp, "dp": dp, "expert_width": expert_width, "moe_group": moe_group, "funnel": float(funnel),
         "hidden": hidden, "hbm_peak_bytes": chip.hbm_tbs * 1e12,
         "experts_total": float(experts_total), "experts_per_rank": float(experts_per_rank),
+        # KNOWN DIVERGENCE [prefill-attention-bf16]: prefill attention, the indexer scan and the
+        # chunked recurrent scan compute at the BF16 peak and ramp (activations are 16-bit); the
+        # reference prices prefill attention at the served format's peak and ramp
         "bf16_class": classes.for_format("bf16"), "head_class": head_class,
         "head_flops": head_flops, "head_weight_bytes": head_weight,
         "total_layers": total_layers, "kernels": float(kernels[0]), "kernels_prefill": float(kernels[1]),

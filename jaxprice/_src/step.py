@@ -11,6 +11,10 @@ Composition (pricing-a-step.md, 'Composing the step'): per layer kind l,
     NoOverlap = T_sm + T_hbm + T_nvlink + T_nic + T_host
 Padded rows contribute exactly zero, with zero gradient. Everything the step needs from
 the rows is summed in one pass over them (``_walk_rows``); the rest is per layer kind.
+
+COVERAGE LIMIT [sm-budget]: a Batch carries no SM budget, so the reference's SM derate
+(SMCount / SMBudget) is always 1. KNOWN DIVERGENCE [no-ns-truncation]: times stay float
+seconds; the reference truncates each resource total to integer nanoseconds before summing.
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ def _walk_rows(A, S, batch: Batch, tau):
     mask = batch.mask
     sched = jnp.where(mask, batch.scheduled, 0.0)
     comp = jnp.where(mask, batch.computed, 0.0)
+    # KNOWN DIVERGENCE [zero-token-rows]: a row scheduling 0 tokens does no attention work; the
+    # reference counts one with cached context as a decode that reads it
     active = mask & (sched > 0)
     prefill = active & (sched > batch.decode_threshold)
     decode = active & ~prefill
@@ -299,10 +305,14 @@ def _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau):
     uniform = (n_requests > 0) & (walk["n_off_width"] == 0)
     use_decode_mode = (n_requests == 0) | uniform
     mode = jnp.where(use_decode_mode, S["decode_mode"], S["other_mode"])        # 0 full, 1 piecewise, 2 eager
+    # KNOWN DIVERGENCE [eager-per-layer]: eager launching costs host_launch_eager_per_layer per
+    # layer, as the reference and its registry (no per-kernel eager coefficient); the spec's
+    # words are "at the eager launch cost per kernel". Dispatch per kernel is added below.
     eager = eager_layer * S["total_layers"]
     captured = jnp.where(mode == 0, replay, replay * S["segments"])
     past_ceiling = step(tokens, S["capture_tokens"], tau)
     # past the largest captured size the step runs eager, but never cheaper than captured
+    # (KNOWN DIVERGENCE [never-cheaper-than-captured]: the reference has no such clamp)
     graph_host = jnp.where(mode == 2, eager, blend(captured, max2(eager, captured, tau), past_ceiling))
     dispatch = per_kernel * (S["kernels"] + has_prefill * S["kernels_prefill"]) * nonempty
     host = graph_host + dispatch
@@ -313,10 +323,13 @@ def _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau):
             # own graphs, captured only under a FULL decode mode, rows num_spec_tokens wide
             fits = n_requests * S["drafter_width"] <= S["capture_tokens"]
             captured_d = (S["decode_mode"] == 0) & fits
-            d_host = jnp.where(captured_d, replay, d_eager) + has_prefill * d_eager
+            # past its ceiling it launches eagerly, but never cheaper than its replay
+            past_d = max2(d_eager, replay, tau) if S["decode_mode"] == 0 else d_eager
+            d_host = jnp.where(captured_d, replay, past_d) + has_prefill * d_eager
         else:
             d_captured = jnp.where(mode == 0, replay, replay * S["drafter_segments"])
-            d_host = S["drafter_passes"] * jnp.where(mode == 2, d_eager, blend(d_captured, d_eager, past_ceiling))
+            d_past = max2(d_eager, d_captured, tau)        # never cheaper than captured, as the target
+            d_host = S["drafter_passes"] * jnp.where(mode == 2, d_eager, blend(d_captured, d_past, past_ceiling))
         d_dispatch = per_kernel * S["drafter_passes"] * (S["drafter_kernels"] + has_prefill * S["drafter_kernels_prefill"])
         host = host + (d_host + d_dispatch) * nonempty
     return host
