@@ -608,6 +608,37 @@ def test_coefficient_without_units(tmp_path):
             reason="every coefficient states its units", untouched=tmp_path)
 
 
+
+def test_coefficient_with_unknown_units(tmp_path):
+    # plain "ms" would otherwise be taken as SI seconds and be off by 1e3
+    root, reg = tmp_registry(tmp_path)
+    cset = coefficient_set(root / "coefficients" / "extra.yaml", "extra",
+                           [{"name": "attention_decode_floor", "value": 0.02, "units": "ms",
+                             "scope": {"hardware": ["h200"]}}])
+    path = write_scenario(tmp_path, DSV3, lambda s, d: s["coefficients"].append("extra"))
+    refused(resolve_with(path, reg), file=cset, field="entries[0].units", value="ms",
+            reason="unknown units", untouched=tmp_path)
+
+
+def test_plain_us_units_are_microseconds(tmp_path):
+    root, reg = tmp_registry(tmp_path)
+    coefficient_set(root / "coefficients" / "extra.yaml", "extra",
+                    [{"name": "host_output_token", "value": 50.0, "units": "us",
+                      "scope": {"hardware": ["h200"]}}])
+    path = write_scenario(tmp_path, DSV3, lambda s, d: s["coefficients"].append("extra"))
+    assert resolve_with(path, reg)().coefficients["host_output_token"] == pytest.approx(50e-6)
+
+
+def test_unknown_key_in_a_speculator(tmp_path):
+    # a stated number of passes would be silently ignored: the engine's num_spec_tokens sets them
+    root, reg = tmp_registry(tmp_path)
+    doc = bundled_model_doc("deepseek-v3")
+    doc["speculator"]["passes"] = 3
+    graph = write_yaml(root / "models" / "deepseek-v3.yaml", doc)
+    path = write_scenario(tmp_path, DSV3)
+    refused(resolve_with(path, reg), file=graph, field="speculator.passes", value=3,
+            reason="unknown key", untouched=tmp_path)
+
 # ----------------------------------------------------------------------------- chips and placement
 
 

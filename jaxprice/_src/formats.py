@@ -289,7 +289,7 @@ def load_model_graph(path) -> ModelGraph:
     head = _parse_nodes(doc.get("head") or [], file=file, where="head")
     spec = doc.get("speculator")
     if spec is not None:
-        check_keys(spec, {"method", "num_spec_tokens", "stack", "passes"}, file=file,
+        check_keys(spec, {"method", "num_spec_tokens", "stack"}, file=file,
                    where="speculator.", required=("method",))
         spec = dict(spec)
         spec["num_spec_tokens"] = _number(spec.get("num_spec_tokens", 1), file=file,
@@ -465,8 +465,23 @@ def _parse_entry(name, body, *, file, where, cite_default):
     units = body.get("units")
     if not isinstance(units, str):
         refuse("every coefficient states its units", file=file, field=f"{where}.units", value=units)
+    if not _known_units(units):
+        # a unit the kernel cannot convert would be read as SI and be off by up to 1e6
+        refuse("unknown units (known: " + ", ".join(KNOWN_UNITS) + ", or us_per_<thing>)", file=file,
+               field=f"{where}.units", value=units)
     return Entry(name=str(name), value=float(value), units=units, scope=scope,
                  cite=str(body.get("cite", cite_default)), method=str(body.get("method", "")))
+
+
+# Registry units the resolver converts to SI (resolve.si_factor): times in microseconds
+# (``us`` or ``us_per_<thing>``), rates in bytes per microsecond, or tokens per microsecond for a
+# name with ``_rate``; the rest are counts, sizes and fractions taken as they are.
+KNOWN_UNITS = ("dimensionless", "tokens", "elements", "count", "bytes", "bytes_per_rank", "bytes_per_token",
+               "bytes_per_us", "us")
+
+
+def _known_units(units: str) -> bool:
+    return units in KNOWN_UNITS or (units.startswith("us_per_") and len(units) > len("us_per_"))
 
 
 _OWN_ENTRY_KEYS = {"name", "value", "units", "scope", "cite", "method", "fitted", "ci95",

@@ -62,7 +62,7 @@ SNAP_WIDTHS = (1, 2, 4, 8, 16)
 
 def si_factor(name: str, units: str) -> float:
     """Registry units to SI: us -> s, bytes/us -> B/s, tokens/us (rates) -> tokens/s."""
-    if units.startswith("us_"):
+    if units == "us" or units.startswith("us_"):
         return 1e-6
     if units == "bytes_per_us":
         return 1e6
