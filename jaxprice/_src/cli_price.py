@@ -13,7 +13,6 @@ engine limits check.
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import sys
@@ -117,26 +116,10 @@ def parse_int_list(text, *, flag, minimum=None, why=""):
     return out
 
 
-def bundled_scenarios():
-    from .resolve import testdata_root
-    return sorted(p.stem for p in (testdata_root() / "aisimulate").glob("*.yaml"))
-
-
 def find_scenario(name) -> Path:
     """A scenario file: a path, or a bundled name; an unknown name is refused with near matches."""
     from .resolve import scenario_path
-    p = Path(str(name))
-    if p.exists():
-        return p
-    names = bundled_scenarios()
-    stem = p.name[:-5] if p.name.endswith(".yaml") else p.name
-    if stem in names:
-        return scenario_path(stem)
-    near = [n for n in names if stem and stem.lower() in n.lower()][:5]
-    near += [n for n in difflib.get_close_matches(stem, names, n=5, cutoff=0.6) if n not in near]
-    hint = f"; near matches: {', '.join(near[:5])}" if near else \
-        f"; {len(names)} bundled scenarios in testdata/aisimulate/, e.g. {', '.join(names[:3])}"
-    refuse(f"no such scenario file, and no bundled scenario of that name{hint}", file=str(name))
+    return scenario_path(name)
 
 
 def load_scenario_deployment(name):

@@ -16,6 +16,7 @@ comment with a bracketed tag; registry/EXTENSIONS.md lists them all.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from pathlib import Path
 
@@ -826,16 +827,27 @@ def testdata_root() -> Path:
     return Path(__file__).resolve().parents[2] / "testdata"
 
 
+def bundled_scenarios() -> list:
+    """Names of the bundled scenarios (testdata/aisimulate/*.yaml), sorted."""
+    return sorted(p.stem for p in (testdata_root() / "aisimulate").glob("*.yaml"))
+
+
 def scenario_path(name_or_path) -> Path:
-    """A scenario file: a path as given, or a bundled scenario's name (testdata/aisimulate/<name>.yaml)."""
+    """A scenario file: a path as given, or a bundled scenario's name (testdata/aisimulate/<name>.yaml).
+    An unknown name is refused with the nearest bundled names."""
     p = Path(str(name_or_path))
     if p.exists():
         return p
     for cand in (testdata_root() / "aisimulate" / f"{p.name}", testdata_root() / "aisimulate" / f"{p.name}.yaml"):
         if cand.exists():
             return cand
-    refuse("no such scenario file, and no bundled scenario of that name (see testdata/aisimulate/)",
-           file=str(name_or_path))
+    names = bundled_scenarios()
+    stem = p.name[:-5] if p.name.endswith(".yaml") else p.name
+    near = [n for n in names if stem and stem.lower() in n.lower()][:5]
+    near += [n for n in difflib.get_close_matches(stem, names, n=5, cutoff=0.6) if n not in near]
+    hint = f"; near matches: {', '.join(near[:5])}" if near else \
+        f"; {len(names)} bundled scenarios in testdata/aisimulate/, e.g. {', '.join(names[:3])}"
+    refuse(f"no such scenario file, and no bundled scenario of that name{hint}", file=str(name_or_path))
 
 
 def load_deployment(path, registry=None, *, pool_index: int = 0, registry_roots=None,
