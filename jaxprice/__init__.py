@@ -9,6 +9,7 @@ import jax as _jax
 
 _jax.config.update("jax_enable_x64", True)
 
+from jaxprice._src.accuracy import AccuracyReport, evaluate_accuracy, read_measurements
 from jaxprice._src.batchfile import DEFAULT_DECODE_THRESHOLD, load_batch
 from jaxprice._src.errors import JaxpriceError
 from jaxprice._src.figures import plot_step_curve, plot_sweep_heatmaps
@@ -21,6 +22,10 @@ from jaxprice._src.sweep import (batch_mesh, price_coefficient_sets, price_shard
 
 __all__ = [
     "JaxpriceError",
+    "accuracy",
+    "evaluate_accuracy",
+    "AccuracyReport",
+    "read_measurements",
     "Registry",
     "load_coefficient_set",
     "load_model_graph",
@@ -47,3 +52,5 @@ __all__ = [
     "plot_step_curve",
     "plot_sweep_heatmaps",
 ]
+
+from jaxprice import accuracy  # noqa: E402  (public module: jaxprice.accuracy, the full accuracy API)

@@ -1,0 +1,375 @@
+"""The accuracy harness (jaxprice.accuracy, `jaxprice accuracy`) on the committed excerpt of the
+development set (testdata/measured/inferencex_vllm_excerpt.csv: 21 points in 5 sweeps over 4
+deployments, one from a bundled scenario, three from the columns).
+
+Metrics are checked against numbers worked out by hand; predictions against an independent
+``jp.price`` of the anchor's batch; refused points and malformed files against the exact
+reason, file, line and column.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jaxprice as jp
+from jaxprice import accuracy as acc
+from jaxprice.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXCERPT = ROOT / "testdata" / "measured" / "inferencex_vllm_excerpt.csv"
+GPT = "gpt-oss-120b-h200-fp4-vllm-tp1"
+KIMI_INT4 = "kimi-k2.5-h200-int4-vllm-tp8"
+MINIMAX = "minimax-m2.5-b300-fp8-vllm-tp1"
+EPDP = "minimax-m2.5-b200-fp4-vllm-tp2-ep2-dp2"
+
+
+@pytest.fixture(scope="module")
+def report():
+    return acc.evaluate_accuracy(EXCERPT)
+
+
+def rows_of(path=EXCERPT):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def write_rows(path, rows, fields=None):
+    fields = fields or list(rows[0].keys())
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def record(report, deployment, concurrency, scenario_suffix="cfg1.yaml"):
+    (r,) = [r for r in report.records if r["deployment"] == deployment and r["concurrency"] == concurrency
+            and r["scenario"].endswith(scenario_suffix)]
+    return r
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def test_reads_the_tpot_rows_in_seconds_with_their_line_numbers():
+    points, info = acc.read_measurements(EXCERPT)
+    assert (info["rows"], info["points"], info["other_quantity_rows"]) == (42, 21, 21)
+    assert info["anchor_mismatch"] == []
+    raw = rows_of()
+    first = points[0]
+    assert first.row == 2 and raw[0]["quantity"] == "mean_tpot"
+    assert first.measured == pytest.approx(float(raw[0]["value"]) * 1e-6, rel=1e-15)
+    assert (first.deployment, first.concurrency, first.isl, first.osl, first.context) == (GPT, 4, 8192, 1024, 8704)
+    assert {p.deployment for p in points} == {GPT, KIMI_INT4, MINIMAX, EPDP}
+    assert len({p.sweep for p in points}) == 5
+    # every second line is the TTFT row of the same point
+    assert [p.row for p in points] == list(range(2, 44, 2))
+
+
+def test_padding_is_the_next_power_of_two_of_the_largest_concurrency():
+    assert [acc.padding(c) for c in (1, 2, 3, 4, 5, 64, 65, 1024, 2048)] == [1, 2, 4, 4, 8, 64, 128, 1024, 2048]
+    points, _ = acc.read_measurements(EXCERPT)
+    groups, refused = acc.group_points(points)
+    assert refused == []
+    rows = {g.name: np.shape(g.batches.scheduled) for g in groups}
+    assert rows == {GPT: (10, 64), KIMI_INT4: (5, 64), MINIMAX: (3, 16), EPDP: (3, 1024)}
+    g = groups[0]
+    np.testing.assert_array_equal(np.asarray(g.batches.mask).sum(axis=1), [4, 8, 16, 32, 64] * 2)
+
+
+# ----------------------------------------------------------------------------- metrics by hand
+
+
+def test_shape_error_by_hand_anchor_is_the_lowest_concurrency_and_counts_zero():
+    # sweep a: anchor C=4 (listed second): pred ratio 3/1, measured 4/2 -> |3/2 - 1| = 0.5
+    # sweep b: anchor C=1: pred ratio 2/2, measured 4/1 -> |1/4 - 1| = 0.75
+    err, anchor = acc.shape_errors(["a", "a", "b", "b"], [8, 4, 1, 2], [3.0, 1.0, 2.0, 2.0], [4.0, 2.0, 1.0, 4.0])
+    np.testing.assert_allclose(err, [0.5, 0.0, 0.0, 0.75], rtol=0, atol=1e-15)
+    assert anchor.tolist() == [False, True, True, False]
+    s = acc.summarize(err, anchor, [3.0, 1.0, 2.0, 2.0], [4.0, 2.0, 1.0, 4.0])
+    assert s["shape_mean"] == pytest.approx(1.25 / 4)            # anchors count as 0
+    assert s["shape_median"] == 0.5                              # upper median: sorted(err)[n // 2]
+    assert s["shape_max"] == 0.75
+    assert s["shape_mean_non_anchor"] == pytest.approx(0.625)
+    # relative errors -0.25, -0.5, +1.0, -0.5
+    assert s["tpot_mape"] == pytest.approx(2.25 / 4)
+    assert s["tpot_mean_signed"] == pytest.approx(-0.25 / 4)
+    assert (s["points"], s["priced"], s["shape_points"]) == (4, 4, 4)
+
+
+def test_unpriced_points_are_excluded_from_the_means_and_counted():
+    # the anchor of sweep a is not priced: no shape error for the whole sweep
+    err, anchor = acc.shape_errors(["a", "a", "b"], [1, 2, 1], [np.nan, 2.0, 1.0], [1.0, 2.0, 1.0])
+    assert np.isnan(err[:2]).all() and err[2] == 0.0
+    s = acc.summarize(err, anchor, [np.nan, 2.0, 1.0], [1.0, 2.0, 2.0])
+    assert (s["points"], s["priced"], s["shape_points"]) == (3, 2, 1)
+    assert s["tpot_mape"] == pytest.approx(0.25)                 # (0 + 0.5) / 2
+    assert s["tpot_mean_signed"] == pytest.approx(-0.25)
+
+
+# ----------------------------------------------------------------------------- the excerpt
+
+
+def test_prediction_is_the_anchor_rule_priced_independently(report):
+    """TPOT(C) = NoOverlap of C decode rows at context isl + osl // 2 (threshold 8) + host_output_token."""
+    for dep, c, ctx, suffix in ((GPT, 16, 8704, "cfg1.yaml"), (KIMI_INT4, 64, 1536, "cfg1.yaml")):
+        r = record(report, dep, c, suffix)
+        d, _ = acc.build_deployment(acc.read_measurements(EXCERPT)[0][r["row"] // 2 - 1])
+        res = jp.price(d.plan, d.coefficients, jp.Batch.decode(c, ctx, pad_to=acc.padding(c), decode_threshold=8))
+        assert r["context"] == ctx
+        assert r["host_output_token_us"] == pytest.approx(45.9, rel=1e-12)
+        assert r["no_overlap_step_us"] == pytest.approx(float(res.no_overlap) * 1e6, rel=1e-12)
+        assert r["overlap_step_us"] == pytest.approx(float(res.overlap) * 1e6, rel=1e-12)
+        assert r["no_overlap_tpot_us"] == pytest.approx(float(res.no_overlap) * 1e6 + 45.9, rel=1e-12)
+        assert r["overlap_tpot_us"] == pytest.approx(float(res.overlap) * 1e6 + 45.9, rel=1e-12)
+        assert r["bottleneck"] == jp.RESOURCES[int(res.bottleneck)]
+
+
+def test_records_scores_and_summary_agree_by_hand(report):
+    a = record(report, GPT, 4)
+    b = record(report, GPT, 32)
+    assert a["anchor"] and not b["anchor"] and b["anchor_concurrency"] == 4
+    assert a["no_overlap_shape_error"] == 0.0
+    pred_ratio = b["no_overlap_tpot_us"] / a["no_overlap_tpot_us"]
+    meas_ratio = b["measured_us"] / a["measured_us"]
+    assert b["measured_rel"] == pytest.approx(meas_ratio, rel=1e-12)
+    assert b["no_overlap_shape_error"] == pytest.approx(abs(pred_ratio / meas_ratio - 1), rel=1e-12)
+    assert b["no_overlap_error"] == pytest.approx(b["no_overlap_tpot_us"] / b["measured_us"] - 1, rel=1e-12)
+    # the file's relative_to_sweep_anchor column says the same (6 decimals)
+    raw = rows_of()[b["row"] - 2]
+    assert float(raw["relative_to_sweep_anchor"]) == pytest.approx(meas_ratio, abs=1e-6)
+    # the second run (cfg2) of the deployment is its own sweep: same prediction, own anchor
+    b2 = record(report, GPT, 32, "cfg2.yaml")
+    assert b2["no_overlap_tpot_us"] == b["no_overlap_tpot_us"] and b2["anchor_concurrency"] == 4
+    # the ep/dp sweep is anchored at its lowest concurrency, 256
+    assert record(report, EPDP, 256)["anchor"] and record(report, EPDP, 1024)["anchor_concurrency"] == 256
+    for e in acc.ESTIMATES:
+        for model, n in (("gpt-oss-120b", 10), ("kimi-k2.5", 5), ("minimax-m2.5", 6), ("all", 21)):
+            s = report.summary[e][model]
+            recs = [r for r in report.records if model in ("all", r["model"])]
+            assert (s["points"], s["priced"], s["refused"], s["shape_points"]) == (n, n, 0, n)
+            rel = np.array([r[f"{e}_error"] for r in recs])
+            shape = np.array([r[f"{e}_shape_error"] for r in recs])
+            assert s["tpot_mape"] == pytest.approx(np.mean(np.abs(rel)), rel=1e-12)
+            assert s["tpot_mean_signed"] == pytest.approx(np.mean(rel), rel=1e-12)
+            assert s["shape_mean"] == pytest.approx(np.mean(shape), rel=1e-12)
+            assert s["shape_median"] == np.sort(shape)[len(shape) // 2]
+    assert report.refused == []
+
+
+def test_deployment_sources_and_notes(report):
+    info = report.info
+    assert info["from_scenario_files"] == [GPT]
+    assert info["from_columns"] == sorted([KIMI_INT4, MINIMAX, EPDP])
+    assert record(report, GPT, 4)["source"] == f"testdata/aisimulate/{GPT}.yaml"
+    assert record(report, KIMI_INT4, 4)["source"] == "columns"
+    # the column says ep 2; vLLM's expert-parallel width is tp x dp = 4, and that is what is priced
+    (note,) = info["notes"]
+    assert note.startswith(EPDP) and "column ep 2" in note and "tp x dp = 4" in note
+
+
+def test_int4_kimi_is_served_in_its_checkpoint_format():
+    points, _ = acc.read_measurements(EXCERPT)
+    p = next(p for p in points if p.deployment == KIMI_INT4)
+    d, where = acc.build_deployment(p)
+    assert where == "columns" and p.dtype == "int4"
+    assert d.resolution["served_dtype"] == "int4" and d.resolution["ep"] == 1 and d.resolution["tp"] == 8
+
+
+@pytest.mark.parametrize("name,dtype,tp,ep,dp", [
+    (GPT, "fp4", 1, 1, 1),
+    ("kimi-k2.5-b200-fp4-vllm-tp8", "fp4", 8, 1, 1),
+    ("minimax-m2.5-h200-fp8-vllm-tp8", "fp8", 8, 1, 1),
+    ("minimax-m2.5-b200-fp4-vllm-tp2-ep4-dp2", "fp4", 2, 4, 2),
+])
+def test_deployment_from_columns_equals_the_bundled_scenario(name, dtype, tp, ep, dp):
+    model, hardware = {"gpt": ("gpt-oss-120b", "h200"), "kim": ("kimi-k2.5", "b200"),
+                       "min": ("minimax-m2.5", "b200" if "b200" in name else "h200")}[name[:3]]
+    p = acc.Point(row=2, scenario=f"{name}-cfg1.yaml", deployment=name, model=model, hardware=hardware,
+                  dtype=dtype, engine="vllm", tp=tp, ep=ep, dp=dp, workload="1k1k", isl=1024, osl=1024,
+                  concurrency=4, measured=1e-2, anchor_concurrency=4)
+    bundled, where = acc.build_deployment(p)
+    assert where == f"testdata/aisimulate/{name}.yaml"
+    columns, where = acc.build_deployment(p, scenario_dirs=[])
+    assert where == "columns"
+    assert columns.plan == bundled.plan                            # content digest of every table
+    assert columns.coefficients.names == bundled.coefficients.names
+    np.testing.assert_array_equal(np.asarray(columns.coefficients.values), np.asarray(bundled.coefficients.values))
+
+
+def test_smooth_mode_at_temperature_zero_matches_exact(report):
+    points, _ = acc.read_measurements(EXCERPT)
+    groups, _ = acc.group_points([p for p in points if p.deployment == MINIMAX])
+    exact = acc.predict_groups(groups)[MINIMAX]
+    smooth = acc.predict_groups(groups, temperature=0.0)[MINIMAX]
+    for e in acc.ESTIMATES:
+        np.testing.assert_allclose(smooth[e], exact[e], rtol=1e-12)
+    got = [record(report, MINIMAX, c)["no_overlap_step_us"] for c in (4, 8, 16)]
+    np.testing.assert_allclose(np.asarray(got) * 1e-6, exact["no_overlap"], rtol=1e-12)
+
+
+def test_fitted_coefficients_override_and_other_coefficients_per_group(report, tmp_path):
+    path = tmp_path / "extra.yaml"
+    path.write_text("format: jaxprice-coefficients/1\nname: extra\nentries:\n"
+                    "  - {name: host_output_token, value: 100.0, units: us_per_token, scope: {hardware: [b300]}}\n")
+    other = acc.evaluate_accuracy(EXCERPT, extra_coefficient_files=[path], deployments=[MINIMAX, GPT])
+    assert other.info["points"] == 13 and other.info["extra_coefficient_files"] == [str(path)]
+    for c in (4, 8, 16):
+        r, base = record(other, MINIMAX, c), record(report, MINIMAX, c)
+        assert r["host_output_token_us"] == pytest.approx(100.0)
+        assert r["no_overlap_tpot_us"] - base["no_overlap_tpot_us"] == pytest.approx(100.0 - 45.9, rel=1e-9)
+    assert record(other, GPT, 4)["no_overlap_tpot_us"] == record(report, GPT, 4)["no_overlap_tpot_us"]   # h200
+
+
+# ----------------------------------------------------------------------------- refused points
+
+
+def test_refused_points_are_counted_listed_and_kept(tmp_path):
+    rows = rows_of()
+    for r in rows:
+        if r["deployment"] == MINIMAX:
+            r["hardware"] = "tpu-v9"                     # no such chip: the deployment does not resolve
+            r["deployment"] = r["deployment"].replace("b300", "tpu-v9")
+        if r["deployment"] == KIMI_INT4 and r["concurrency"] == "16":
+            r["concurrency"] = "0"                       # a batch of no request
+    path = write_rows(tmp_path / "refused.csv", rows)
+    rep = acc.evaluate_accuracy(path)
+    assert len(rep.records) == 21
+    bad = {(r["deployment"], r["concurrency"]): r["reason"] for r in rep.refused}
+    assert len(bad) == 4
+    for c in (4, 8, 16):
+        reason = bad[("minimax-m2.5-tpu-v9-fp8-vllm-tp1", c)]
+        assert reason.startswith("deployment does not resolve") and "tpu-v9" in reason
+    assert bad[(KIMI_INT4, 0)] == "concurrency must be >= 1 (got 0)"
+    recs = {(r["deployment"], r["concurrency"]): r for r in rep.records}
+    assert recs[(KIMI_INT4, 0)]["status"] == "refused" and math.isnan(recs[(KIMI_INT4, 0)]["no_overlap_tpot_us"])
+    for e in acc.ESTIMATES:
+        s = rep.summary[e]
+        assert (s["all"]["points"], s["all"]["priced"], s["all"]["refused"]) == (21, 17, 4)
+        assert (s["minimax-m2.5"]["points"], s["minimax-m2.5"]["priced"], s["minimax-m2.5"]["refused"]) == (6, 3, 3)
+        # the refused kimi point is the lowest concurrency of its sweep: no shape error for that sweep
+        assert s["kimi-k2.5"]["shape_points"] == 0 and s["kimi-k2.5"]["priced"] == 4
+    text = acc.format_report(rep)
+    assert "4 refused" in text and "refused points (4):" in text
+    assert "minimax-m2.5-tpu-v9-fp8-vllm-tp1: 3 point(s) (line 38 (8k1k, C=4), line 40 (8k1k, C=8)" in text
+    assert f"{KIMI_INT4}: 1 point(s) (line 26 (1k1k, C=0)): concurrency must be >= 1" in text
+    out = acc.write_points_csv(rep, tmp_path / "points.csv")
+    written = {(r["deployment"], r["concurrency"]): r for r in rows_of(out)}
+    assert written[(KIMI_INT4, "0")]["status"] == "refused"
+    assert written[(KIMI_INT4, "0")]["reason"] == "concurrency must be >= 1 (got 0)"
+    assert written[(KIMI_INT4, "0")]["no_overlap_tpot_us"] == ""
+
+
+def test_an_unknown_dtype_is_refused_with_its_reason(tmp_path):
+    rows = [r for r in rows_of() if r["deployment"] == MINIMAX]
+    for r in rows:
+        r["dtype"] = "fp2"
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "fp2.csv", rows))
+    assert len(rep.refused) == 3 and rep.summary["no_overlap"]["all"]["priced"] == 0
+    assert "field 'dtype', value 'fp2': unknown dtype" in rep.refused[0]["reason"]
+    assert "refused points (3)" in acc.format_report(rep)
+
+
+# ----------------------------------------------------------------------------- malformed files
+
+
+def _malformed(tmp_path, edit, fields=None):
+    rows = rows_of()
+    edit(rows)
+    return write_rows(tmp_path / "bad.csv", rows, fields)
+
+
+@pytest.mark.parametrize("edit,where,field,value,message", [
+    (lambda rows: rows[3].update(value="abc"), ":5", "value", "'abc'", "expected a number"),
+    (lambda rows: rows[2].update(value="-3"), ":4", "value", "'-3'", "positive"),
+    (lambda rows: rows[6].update(unit="ns"), ":8", "unit", "'ns'", "unknown unit (known: us, ms, s)"),
+    (lambda rows: rows[8].update(tp="two"), ":10", "tp", "'two'", "expected an integer"),
+    (lambda rows: rows[8].update(concurrency="4.5"), ":10", "concurrency", "'4.5'", "expected an integer"),
+    (lambda rows: rows[2].update(concurrency="4"), ":4", "concurrency", "'4'", "first on line 2"),
+])
+def test_malformed_rows_are_refused_naming_file_line_and_column(tmp_path, edit, where, field, value, message):
+    path = _malformed(tmp_path, edit)
+    with pytest.raises(jp.JaxpriceError) as exc:
+        acc.read_measurements(path)
+    text = str(exc.value)
+    assert text.startswith(f"{path}{where}, field '{field}', value {value}: ")
+    assert message in text
+
+
+def test_a_missing_column_is_refused_naming_it(tmp_path):
+    fields = [c for c in rows_of()[0] if c != "unit"]
+    path = _malformed(tmp_path, lambda rows: None, fields)
+    with pytest.raises(jp.JaxpriceError) as exc:
+        acc.read_measurements(path)
+    assert str(exc.value).startswith(f"{path}:1, field 'unit': missing column(s) unit")
+
+
+def test_a_short_row_and_a_missing_file_are_refused(tmp_path):
+    text = EXCERPT.read_text().splitlines()
+    short = tmp_path / "short.csv"
+    short.write_text("\n".join(text[:3] + [",".join(text[3].split(",")[:10])]) + "\n")
+    with pytest.raises(jp.JaxpriceError, match=rf"{short}:4, field 'workload'.*fewer fields than the header"):
+        acc.read_measurements(short)
+    with pytest.raises(jp.JaxpriceError, match="cannot read the measurement file"):
+        acc.read_measurements(tmp_path / "nope.csv")
+    with pytest.raises(jp.JaxpriceError, match="no point of the CSV belongs to the selected deployments"):
+        acc.evaluate_accuracy(EXCERPT, deployments=["nope"])
+
+
+# ----------------------------------------------------------------------------- outputs and CLI
+
+
+def test_report_text_and_markdown(report):
+    text = acc.format_report(report)
+    assert "21 mean-TPOT points, 5 sweeps, 4 deployments (1 from scenario files, 3 from columns); 0 refused" in text
+    s = report.summary["no_overlap"]["all"]
+    line = next(ln for ln in text.splitlines() if ln.startswith("NoOverlap") and " all " in ln)
+    assert f"{s['tpot_mape']:.1%}" in line and f"{s['shape_mean']:.1%}" in line and " 21 " in line
+    md = acc.format_report(report, markdown=True)
+    assert "| NoOverlap | kimi-k2.5 | 5 | 5 | 0 |" in md and "| Overlap | all | **21** |" in md
+
+
+def test_cli_writes_points_table_and_plot_exit_0(tmp_path, capsys):
+    rc = cli_main(["accuracy", str(EXCERPT), "--out", str(tmp_path), "--plot", str(tmp_path / "s.png"), "--quiet"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "NoOverlap" in out and "Overlap" in out and "0 refused" in out
+    points = rows_of(tmp_path / "accuracy_points.csv")
+    assert len(points) == 21 and {p["status"] for p in points} == {"priced"}
+    md = (tmp_path / "accuracy.md").read_text()
+    assert md.startswith("# Accuracy") and "NoOverlap by chip" in md and "host_output_token (45.9 us)" in md
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_json_and_deployment_filter(capsys):
+    rc = cli_main(["accuracy", str(EXCERPT), "--deployment", MINIMAX, "--json", "--quiet"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["no_overlap"]["all"]["points"] == 3 and doc["refused"] == []
+
+
+def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):
+    path = _malformed(tmp_path, lambda rows: rows[6].update(unit="ns"))
+    assert cli_main(["accuracy", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"jaxprice accuracy: error: {path}:8, field 'unit', value 'ns': unknown unit (known: us, ms, s)"]
+    assert cli_main(["accuracy", str(tmp_path / "missing.csv"), "--quiet"]) == 2
+    assert "cannot read the measurement file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:                       # argparse: bad option value
+        cli_main(["accuracy", str(EXCERPT), "--estimate", "both"])
+    assert exc.value.code == 2
+
+
+def test_plot_marks_refused_points(tmp_path):
+    rows = [r for r in rows_of() if r["deployment"] == MINIMAX]
+    rows[0]["concurrency"] = "0"
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "r.csv", rows))
+    assert len(rep.refused) == 1
+    path = acc.plot_sweeps(rep, tmp_path / "r.png", estimate="overlap")
+    assert path.stat().st_size > 10_000
