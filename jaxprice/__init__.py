@@ -16,6 +16,8 @@ from jaxprice._src.figures import plot_step_curve, plot_sweep_heatmaps
 from jaxprice._src.formats import (Registry, load_coefficient_set, load_model_graph, load_scenario)
 from jaxprice._src.plan import RESOURCES, Batch, Coefficients, Plan
 from jaxprice._src.resolve import Deployment, load_deployment, resolve, scenario_path
+from jaxprice._src.search import (Composition, GridResult, OptimizeResult, grid_search,
+                                 optimize_batch)
 from jaxprice._src.step import StepResult, price, price_many, step_time
 from jaxprice._src.sweep import (batch_mesh, price_coefficient_sets, price_sharded, random_batches,
                                 stack_coefficients)
@@ -51,6 +53,11 @@ __all__ = [
     "load_batch",
     "plot_step_curve",
     "plot_sweep_heatmaps",
+    "optimize_batch",
+    "grid_search",
+    "OptimizeResult",
+    "GridResult",
+    "Composition",
 ]
 
 from jaxprice import accuracy  # noqa: E402  (public module: jaxprice.accuracy, the full accuracy API)

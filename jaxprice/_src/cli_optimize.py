@@ -1,0 +1,205 @@
+"""`jaxprice optimize SCENARIO`: the batch composition that maximises output tokens per second.
+
+    jaxprice optimize llama-3.1-70b-instruct-h200-fp8-vllm-tp4 --itl-ms 50 --prefill-budget 2048
+    jaxprice optimize SCENARIO --itl-ms 50 --prompt-len 1024 --output-len 256 --grid
+    jaxprice optimize SCENARIO --itl-ms 30 --min-prefill 256 --json
+
+Searches the number of decodes D and the prefill chunk P of one step (and so the smallest
+max_num_batched_tokens, D*w + P) by gradient through the smooth kernel, then rounds and checks
+in exact mode (jaxprice._src.search has the problem's definition). ``--grid`` also prices every
+composition in exact mode and prints the grid's best and how much faster the search was.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from .cli_price import UNITS, describe_deployment, load_scenario_deployment, parse_float, parse_int
+from .errors import JaxpriceError
+from .plan import RESOURCES
+from .progress import Progress
+
+FLAGS = {"itl": "--itl-ms", "prefill_budget": "--prefill-budget", "min_prefill": "--min-prefill",
+         "context": "--context", "prefix": "--prefix", "max_decode": "--max-decode",
+         "max_batched_tokens": "--max-batched-tokens", "prefill_per_output": "--prompt-len/--output-len",
+         "tokens_per_decode": "--tokens-per-decode", "estimate": "--estimate", "temperature": "--temperature",
+         "restarts": "--restarts", "iterations": "--iterations"}
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "optimize", help="the batch composition that maximises output tokens/s under a step-time (ITL) limit",
+        description="Find the number of decodes and the prefill chunk per step (and so the smallest "
+                    "max_num_batched_tokens) that maximise output tokens per second with the step time at most "
+                    "--itl-ms, by gradient through the smooth kernel, rounded and checked in exact mode. Output "
+                    "tokens per step are the decodes' (times --tokens-per-decode); with --prompt-len and "
+                    "--output-len, at most what the prefill chunk can feed in a steady state "
+                    "(P * output_len / prompt_len).")
+    p.add_argument("scenario", metavar="SCENARIO",
+                   help="a bundled scenario name (testdata/aisimulate/<name>.yaml) or a scenario file")
+    p.add_argument("--itl-ms", metavar="MS", required=True, help="the step-time (inter-token latency) limit, in ms")
+    p.add_argument("--prefill-budget", metavar="N", default="2048",
+                   help="the most prefill tokens one step may carry (one chunk; default 2048)")
+    p.add_argument("--min-prefill", metavar="N", default="0",
+                   help="the fewest prefill tokens every step must carry (default 0: a step may carry none)")
+    p.add_argument("--context", metavar="N", default="4096",
+                   help="each decode's context after the step, in tokens (default 4096)")
+    p.add_argument("--prefix", metavar="N", default="0",
+                   help="tokens of the prefilling request computed before its chunk (default 0)")
+    p.add_argument("--max-decode", metavar="N", default=None,
+                   help="the most decodes per step (default max_num_seqs - 1: one slot is the prefilling request)")
+    p.add_argument("--max-batched-tokens", metavar="N", default=None,
+                   help="a cap on max_num_batched_tokens (decode tokens + prefill tokens; default none)")
+    p.add_argument("--prompt-len", metavar="N", default=None,
+                   help="the workload's prompt length (with --output-len): output is capped at what prefill feeds")
+    p.add_argument("--output-len", metavar="N", default=None, help="the workload's output length (with --prompt-len)")
+    p.add_argument("--tokens-per-decode", metavar="A", default="1",
+                   help="output tokens a decode emits per step (the mean accepted length with speculation; default 1)")
+    p.add_argument("--estimate", default="no_overlap", choices=("no_overlap", "overlap"),
+                   help="the step time to limit and optimise (default no_overlap, the kernel's one-number estimate)")
+    p.add_argument("--temperature", metavar="T", default="0.02",
+                   help="the smooth kernel's temperature for the search (default 0.02; the answer is exact mode)")
+    p.add_argument("--restarts", metavar="N", default="16",
+                   help="restarts of the gradient search, shared by the prefill branches (default 16)")
+    p.add_argument("--iterations", metavar="N", default="200", help="gradient steps per restart (default 200)")
+    p.add_argument("--grid", action="store_true",
+                   help="also price every composition in exact mode; print the grid's best and the speed ratio")
+    p.add_argument("--units", default="ms", metavar="ms|us", help="units of printed times (default ms)")
+    p.add_argument("--json", action="store_true", help="print JSON (times in seconds) instead of text")
+    p.set_defaults(command="optimize")
+    return p
+
+
+def _options(args) -> tuple[dict, dict]:
+    """(the problem's limits, the search's options) from the arguments, refused naming the flag."""
+    if args.units not in UNITS:
+        raise JaxpriceError("unknown time unit; expected ms or us", field="--units", value=args.units)
+    itl_ms = parse_float(args.itl_ms, flag="--itl-ms")
+    if not itl_ms > 0:
+        raise JaxpriceError("must be > 0", field="--itl-ms", value=itl_ms)
+    limits = {"itl": itl_ms / 1e3,
+              "prefill_budget": parse_int(args.prefill_budget, flag="--prefill-budget", minimum=0),
+              "min_prefill": parse_int(args.min_prefill, flag="--min-prefill", minimum=0),
+              "context": parse_int(args.context, flag="--context", minimum=1),
+              "prefix": parse_int(args.prefix, flag="--prefix", minimum=0),
+              "max_decode": None if args.max_decode is None else
+              parse_int(args.max_decode, flag="--max-decode", minimum=1),
+              "max_batched_tokens": None if args.max_batched_tokens is None else
+              parse_int(args.max_batched_tokens, flag="--max-batched-tokens", minimum=1),
+              "tokens_per_decode": parse_float(args.tokens_per_decode, flag="--tokens-per-decode", minimum=0),
+              "estimate": args.estimate}
+    if (args.prompt_len is None) != (args.output_len is None):
+        flag = "--output-len" if args.output_len is None else "--prompt-len"
+        raise JaxpriceError("--prompt-len and --output-len go together", field=flag, value=None)
+    if args.prompt_len is not None:
+        prompt = parse_int(args.prompt_len, flag="--prompt-len", minimum=1)
+        output = parse_int(args.output_len, flag="--output-len", minimum=1)
+        limits["prefill_per_output"] = prompt / output
+    search = {"temperature": parse_float(args.temperature, flag="--temperature", minimum=0),
+              "restarts": parse_int(args.restarts, flag="--restarts", minimum=1),
+              "iterations": parse_int(args.iterations, flag="--iterations", minimum=1)}
+    return limits, search
+
+
+def _as_flags(err: JaxpriceError) -> JaxpriceError:
+    """The library's refusal, naming the command-line flag instead of the keyword."""
+    if err.field in FLAGS:
+        return JaxpriceError(err.reason, file=err.file, field=FLAGS[err.field], value=err.value,
+                             has_value=err.value is not None)
+    return err
+
+
+def _composition_text(c, lim, k, units) -> str:
+    dec = 3 if units == "ms" else 1
+    chunk = f" + a {c.prefill}-token prefill chunk" if c.prefill else ", no prefill"
+    return f"{c.decode} decodes{chunk}: {c.tokens_per_s:.1f} output tokens/s " \
+           f"({c.output_tokens_per_step:g} per step of {c.step_time * k:.{dec}f} {units})"
+
+
+def _table(rows, k, units) -> str:
+    dec = 3 if units == "ms" else 1
+    cols = ["step", "decode", "prefill", "tokens", *RESOURCES, "Overlap", "NoOverlap", "tokens/s", "bottleneck"]
+    body = []
+    for label, c in rows:
+        body.append([label, str(c.decode), str(c.prefill), str(c.max_num_batched_tokens)] +
+                    [f"{c.resources[r] * k:.{dec}f}" for r in RESOURCES] +
+                    [f"{c.overlap * k:.{dec}f}", f"{c.no_overlap * k:.{dec}f}", f"{c.tokens_per_s:.1f}", c.bottleneck])
+    widths = [max(len(col), *(len(r[j]) for r in body)) for j, col in enumerate(cols)]
+
+    def line(cells):
+        return "  ".join([cells[0].ljust(widths[0])] + [x.rjust(w) for x, w in zip(cells[1:-1], widths[1:-1])] +
+                         [cells[-1]])
+    return "\n".join([line(cols)] + [line(r) for r in body])
+
+
+def run(args) -> int:
+    from .search import grid_search, make_limits, optimize_batch
+    limits, search = _options(args)
+    dep = load_scenario_deployment(args.scenario)
+    try:
+        make_limits(dep, **limits)
+        bar = Progress(2, "optimize", enabled=not args.json or sys.stderr.isatty())
+        with bar:
+            res = optimize_batch(dep, **limits, **search, callback=lambda d, t, **i: bar.update(d, t))
+        grid = warm_search = warm_grid = None
+        if args.grid:
+            t0 = time.perf_counter()
+            optimize_batch(dep, **limits, **search)
+            warm_search = time.perf_counter() - t0
+            with Progress(1, "grid") as gbar:
+                grid = grid_search(dep, **limits, callback=lambda d, t, **i: gbar.update(d, t))
+            t0 = time.perf_counter()
+            grid_search(dep, **limits)
+            warm_grid = time.perf_counter() - t0
+    except JaxpriceError as err:
+        raise _as_flags(err) from None
+    lim, best = res.limits, res.best
+    if args.json:
+        doc = {"scenario": dep.scenario.name, "deployment": describe_deployment(dep), "units": "s",
+               "limits": lim.as_dict(), "optimum": best.as_dict(),
+               "search": {k: v for k, v in res.as_dict().items() if k not in ("best", "limits")}}
+        if grid is not None:
+            doc["grid"] = {k: v for k, v in grid.as_dict().items() if k != "limits"}
+            doc["grid"]["warm_s"] = warm_grid
+            doc["search"]["warm_s"] = warm_search
+            doc["gap"] = 1.0 - best.tokens_per_s / grid.best.tokens_per_s
+            doc["speedup_warm"] = warm_grid / warm_search
+            doc["speedup_cold"] = grid.wall_s / res.wall_s
+        print(json.dumps(doc, indent=1))
+        return 0
+    k = UNITS[args.units]
+    dec = 3 if args.units == "ms" else 1
+    est = "NoOverlap" if lim.estimate == "no_overlap" else "Overlap"
+    print(f"{dep.scenario.name}: {describe_deployment(dep)}")
+    chunks = f"0 or {lim.prefill_lo}..{lim.prefill_budget}" if lim.prefill_off_allowed else \
+        f"{lim.prefill_lo}..{lim.prefill_budget}"
+    feed = f"at most P * {1 / lim.prefill_per_output:.4g} (prompt/output {lim.prefill_per_output:.4g})" \
+        if lim.prefill_per_output > 0 else "not charged for prefill"
+    print(f"problem: maximise output tokens/s with {est} <= {lim.itl * k:g} {args.units}; 0..{lim.max_decode} decodes "
+          f"({lim.decode_width} token{'s' if lim.decode_width > 1 else ''} each, context {lim.context}); one prefill "
+          f"chunk of {chunks} tokens after {lim.prefix} computed; output per step {lim.tokens_per_decode:g} "
+          f"per decode, {feed}" + (f"; max_num_batched_tokens <= {lim.max_batched_tokens}"
+                                   if lim.max_batched_tokens else ""))
+    print()
+    print(f"optimum: {_composition_text(best, lim, k, args.units)}")
+    print(f"  set max_num_batched_tokens >= {best.max_num_batched_tokens}; ITL slack {best.itl_slack * k:.{dec}f} "
+          f"{args.units}; prefill budget left {best.prefill_slack:g} tokens")
+    rows = [("optimum", best)]
+    if grid is not None:
+        rows.append(("grid best", grid.best))
+    print()
+    print(_table(rows, k, args.units))
+    print()
+    print(f"search: {res.restarts} restarts x {res.iterations} gradient steps (smooth kernel, temperature "
+          f"{res.temperature:g}), continuous end point D {res.continuous[0]:.2f}, P {res.continuous[1]:.1f}; "
+          f"{res.exact_evaluations} exact checks; {res.wall_s:.2f} s")
+    if grid is not None:
+        gap = 1.0 - best.tokens_per_s / grid.best.tokens_per_s
+        print(f"grid: {grid.points} compositions in exact mode ({grid.feasible_points} within the limits): "
+              f"{_composition_text(grid.best, lim, k, args.units)}; {grid.wall_s:.2f} s")
+        print(f"gap to the grid's best {gap * 100:.3f}%; the search took {res.wall_s:.2f} s cold, {warm_search:.3f} s "
+              f"warm, the grid {grid.wall_s:.2f} s cold, {warm_grid:.3f} s warm: {warm_grid / warm_search:.1f}x faster "
+              f"warm, {grid.wall_s / res.wall_s:.2f}x cold (cold includes compiling)")
+    return 0
