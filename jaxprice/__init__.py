@@ -13,6 +13,9 @@ from jaxprice._src.accuracy import AccuracyReport, evaluate_accuracy, read_measu
 from jaxprice._src.batchfile import DEFAULT_DECODE_THRESHOLD, load_batch
 from jaxprice._src.errors import JaxpriceError
 from jaxprice._src.figures import plot_step_curve, plot_sweep_heatmaps
+from jaxprice._src.fit import (FitResult, Free, LawFit, Observations, fit_coefficients, fit_law,
+                               observations_from_measurements, read_step_measurements, split_by_deployment,
+                               write_coefficient_set)
 from jaxprice._src.formats import (Registry, load_coefficient_set, load_model_graph, load_scenario)
 from jaxprice._src.plan import RESOURCES, Batch, Coefficients, Plan
 from jaxprice._src.resolve import Deployment, load_deployment, resolve, scenario_path
@@ -28,6 +31,17 @@ __all__ = [
     "evaluate_accuracy",
     "AccuracyReport",
     "read_measurements",
+    "fit",
+    "Free",
+    "Observations",
+    "FitResult",
+    "LawFit",
+    "fit_coefficients",
+    "fit_law",
+    "write_coefficient_set",
+    "split_by_deployment",
+    "observations_from_measurements",
+    "read_step_measurements",
     "Registry",
     "load_coefficient_set",
     "load_model_graph",
@@ -60,4 +74,5 @@ __all__ = [
     "Composition",
 ]
 
+from jaxprice import fit  # noqa: E402  (public module: jaxprice.fit, re-exporting the names above)
 from jaxprice import accuracy  # noqa: E402  (public module: jaxprice.accuracy, the full accuracy API)

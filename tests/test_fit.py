@@ -1,0 +1,449 @@
+"""jaxprice.fit: free-coefficient parsing, splits by deployment, synthetic recovery, bounds,
+early stopping, the written set round-tripping through the loader, the `jaxprice fit` command
+and the GPU microbenchmark's CPU dry run.
+
+Synthetic recovery. Step times are generated with the kernel from the registry's values for
+two bundled Llama-3.1-70B deployments on H200 (tp1 and tp2: one chip, so the chip-scoped keys
+are shared) over a grid of decode batches (1 to 512 requests, contexts 512 to 16384 tokens).
+The fit starts from the same deployments with three coefficients perturbed (hbm_derate x0.8,
+attention_decode_rate x1.3, gemm_eps_max_fp8 x1.2) and must recover the registry's values to
+1%. The three are identifiable from decode steps: KV reads grow with requests x context, GEMM
+time and elementwise traffic with tokens, weight reads not at all. (gemm_m_half is not among
+them: in a decode-only NoOverlap the ramp's intercept, 2nk * m_half / (peak * eps_max), is a
+per-step constant like the weight reads, so m_half, eps_max and hbm_derate together have a
+one-parameter family of exact fits; the test would pass or fail on the optimizer's path, not
+on the fitter's correctness.)
+
+Compilations are shared: the fitter compiles one loss per (plan, coefficient names, batch
+shape, settings), whatever the free coefficients, so every fit here on these two deployments
+and this grid reuses one compilation per deployment.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+import jaxprice as jp
+from jaxprice import fit as F
+from jaxprice.cli import main as cli_main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEPLOYMENTS = ("llama-3.1-70b-instruct-h200-fp8-vllm-tp1", "llama-3.1-70b-instruct-h200-fp8-vllm-tp2")
+PERTURB = {"hbm_derate": 0.8, "attention_decode_rate": 1.3, "gemm_eps_max_fp8": 1.2}
+GRID = [(c, ctx) for c in (1, 8, 64, 256, 512) for ctx in (512, 4096, 16384)]
+ROWS = 512
+
+
+def _plain(coefs):
+    """The same values without cites (equal pytrees share one compiled price_many)."""
+    return jp.Coefficients(coefs.values, coefs.names)
+
+
+def _batches(grid=GRID, rows=ROWS):
+    return jp.Batch.stack([jp.Batch.decode(c, ctx, pad_to=rows, decode_threshold=8) for c, ctx in grid])
+
+
+@pytest.fixture(scope="module")
+def truth():
+    """{name: (Deployment with the registry's values, stacked batches, step times (s))}."""
+    out = {}
+    for name in DEPLOYMENTS:
+        dep = jp.load_deployment(name)
+        batches = _batches()
+        out[name] = (dep, batches, np.asarray(jp.price_many(dep.plan, _plain(dep.coefficients), batches).no_overlap))
+    return out
+
+
+def _perturbed(dep, factors):
+    c = dep.coefficients
+    return dataclasses.replace(dep, coefficients=c.replace(**{k: c[k] * f for k, f in factors.items()}))
+
+
+def _observations(truth, factors, *, scale=None):
+    """Observations starting from perturbed values; ``scale`` multiplies the measured times."""
+    out = []
+    for name, (dep, batches, times) in truth.items():
+        meas = times * (scale or {}).get(name, 1.0)
+        out.append(F.Observations(name, _perturbed(dep, factors), batches, meas, target="step"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def recovered(truth):
+    obs = _observations(truth, PERTURB)
+    return obs, F.fit_coefficients(obs, list(PERTURB), steps=300, eval_every=10, patience=10)
+
+
+# ----------------------------------------------------------------------------- Free
+
+
+@pytest.mark.parametrize("text, pattern, scope, bound", [
+    ("hbm_derate", "hbm_derate", ("hardware",), 2.0),
+    ("gemm_m_half_*@hardware:1.5", "gemm_m_half_*", ("hardware",), 1.5),
+    ("gemm_*@hardware,model:3", "gemm_*", ("hardware", "model"), 3.0),
+    ("host_output_token@global", "host_output_token", (), 2.0),
+    ("host_output_token@", "host_output_token", (), 2.0),
+    (" collective_floor_*@tp , ep:4 ", "collective_floor_*", ("tp", "ep"), 4.0),
+])
+def test_free_parse(text, pattern, scope, bound):
+    f = F.Free.parse(text)
+    assert (f.pattern, f.scope, f.bound) == (pattern, scope, bound)
+    assert F.Free.parse(f.label()) == f
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "empty"),
+    ("@hardware", "empty"),
+    ("hbm_derate:abc", "number"),
+    ("hbm_derate:0.5", "factor > 1"),
+    ("hbm_derate:1", "factor > 1"),
+    ("hbm_derate:inf", "factor > 1"),
+    ("hbm_derate@chip", "unknown scope dimension"),
+    ("hbm_derate@hardware@model", "at most one"),
+    ("hbm_derate@hardware,hardware", "repeated"),
+])
+def test_free_parse_errors(text, words):
+    with pytest.raises(jp.JaxpriceError) as err:
+        F.Free.parse(text)
+    assert words in str(err.value)
+    assert err.value.field == "free"
+    assert repr(text) in str(err.value)
+
+
+# ----------------------------------------------------------------------------- split
+
+
+def test_split_never_splits_a_deployment_and_covers_every_stratum():
+    names = [f"{m}-d{i}" for m in ("a", "b", "c") for i in range(5 if m != "c" else 2)]
+    model = {n: n.split("-")[0] for n in names}
+    for seed in range(6):
+        train, test = F.split_by_deployment(names + names[:3], 0.25, seed=seed, stratify=model)
+        assert sorted(train + test) == sorted(names)          # each name once, duplicates merged
+        assert not set(train) & set(test)
+        for m in "abc":
+            assert any(model[n] == m for n in train) and any(model[n] == m for n in test)
+        assert sum(model[n] == "a" for n in test) == 1        # round(0.25 * 5)
+    assert F.split_by_deployment(names, 0.25, seed=3, stratify=model) == \
+        F.split_by_deployment(names, 0.25, seed=3, stratify=model.get)
+    assert F.split_by_deployment(names, 0.0) == (sorted(names), [])
+    assert F.split_by_deployment(["only"], 0.5) == (["only"], [])
+    with pytest.raises(jp.JaxpriceError, match="held-out fraction"):
+        F.split_by_deployment(names, 1.0)
+
+
+def test_holdout_splits_observations_by_deployment(truth):
+    obs = _observations(truth, {})
+    res = F.fit_coefficients(obs, ["hbm_derate"], holdout=0.5, steps=0)
+    assert len(res.train) == 1 and len(res.held_out) == 1
+    assert set(res.train + res.held_out) == set(DEPLOYMENTS)
+    assert res.settings["held_out_points"] == len(GRID)
+    with pytest.raises(jp.JaxpriceError, match="both the training and the held-out"):
+        F.fit_coefficients(obs, ["hbm_derate"], held_out=obs[:1], steps=0)
+
+
+# ----------------------------------------------------------------------------- recovery
+
+
+def test_synthetic_recovery_to_one_percent(truth, recovered):
+    obs, res = recovered
+    assert res.initial["train"] > 1e-3                       # the perturbation is visible
+    assert res.final["train"] < 1e-10
+    fitted = {e["name"]: e for e in res.entries()}
+    assert set(fitted) == set(PERTURB)
+    dep = truth[DEPLOYMENTS[0]][0]
+    for name, factor in PERTURB.items():
+        true = float(dep.coefficients[name])
+        assert fitted[name]["value"] == pytest.approx(true, rel=0.01), name
+        assert fitted[name]["multiplier"] == pytest.approx(1 / factor, rel=0.01), name
+        assert fitted[name]["scope"] == {"hardware": "h200"}
+        assert sorted(fitted[name]["deployments"]) == sorted(DEPLOYMENTS)
+    # every deployment's own coefficients: the recovered ones, the rest untouched
+    for o in obs:
+        got = res.coefficients_for(o.deployment)
+        true = truth[o.name][0].coefficients
+        for name in got.names:
+            assert float(got[name]) == pytest.approx(float(true[name]), rel=0.01), name
+        assert np.allclose(res.predict(o), o.measured, rtol=1e-4)
+
+
+def test_fit_in_smooth_mode_also_recovers(truth):
+    # step times priced in smooth mode at the fit's own temperature: recovered exactly
+    dep, _, _ = truth[DEPLOYMENTS[1]]
+    batches = _batches(GRID[::2], rows=512)
+    times = np.asarray(jp.price_many(dep.plan, dep.coefficients, batches, temperature=0.05).no_overlap)
+    obs = [F.Observations(dep.name, _perturbed(dep, {"attention_decode_rate": 1.3}), batches, times, target="step")]
+    res = F.fit_coefficients(obs, ["attention_decode_rate"], steps=150, temperature=0.05)
+    assert res.settings["temperature"] == 0.05
+    assert res.multipliers()["attention_decode_rate@hardware=h200"] == pytest.approx(1 / 1.3, rel=0.01)
+
+
+def test_points_that_combine_batches(truth):
+    # each point the mean of one request count's three contexts (as a mean TPOT averages steps)
+    dep, batches, times = truth[DEPLOYMENTS[0]]
+    combine = np.kron(np.eye(5), np.full((1, 3), 1 / 3))                  # GRID is (C, ctx) row-major
+    obs = F.Observations(dep.name, _perturbed(dep, {"attention_decode_rate": 1.3}), batches, combine @ times,
+                         target="step", combine=combine)
+    assert obs.points == 5
+    res = F.fit_coefficients([obs], ["attention_decode_rate"], steps=150)
+    assert res.multipliers()["attention_decode_rate@hardware=h200"] == pytest.approx(1 / 1.3, rel=0.01)
+    np.testing.assert_allclose(res.predict(obs), combine @ times, rtol=1e-4)
+    with pytest.raises(jp.JaxpriceError, match=r"combine must be a finite \[points, 15\] matrix"):
+        F.Observations(dep.name, dep, batches, times[:5], combine=combine[:, :14])
+
+
+def test_bounds_are_respected(truth):
+    # data priced at 1.3x the registry's hbm_derate (a fraction: the fit must stop at 1) and at
+    # 1.5x its attention_decode_rate (bound 1.1: the fit must stop at 1.1x)
+    obs = []
+    for name, (dep, batches, _) in truth.items():
+        c = _plain(dep.coefficients)
+        hot = c.replace(hbm_derate=c["hbm_derate"] * 1.3, attention_decode_rate=c["attention_decode_rate"] * 1.5)
+        times = np.asarray(jp.price_many(dep.plan, hot, batches).no_overlap)
+        obs.append(F.Observations(name, dep, batches, times, target="step"))
+    base = float(truth[DEPLOYMENTS[0]][0].coefficients["hbm_derate"])
+    res = F.fit_coefficients(obs, ["hbm_derate", "attention_decode_rate:1.1"], steps=120)
+    values = {e["name"]: e["value"] for e in res.entries()}
+    assert values["hbm_derate"] == pytest.approx(1.0, abs=1e-12)
+    assert res.multipliers()["hbm_derate@hardware=h200"] == pytest.approx(1 / base)
+    assert res.multipliers()["attention_decode_rate@hardware=h200"] == pytest.approx(1.1, rel=1e-9)
+    assert res.at_bound() == {"hbm_derate@hardware=h200": "upper", "attention_decode_rate@hardware=h200": "upper"}
+
+
+def test_early_stopping_keeps_the_best_held_out_values(truth):
+    # the training deployment wants a 1.2x slower KV read, the held-out one the registry's
+    dep_a, dep_b = DEPLOYMENTS
+    obs = _observations(truth, {}, scale={dep_a: 1.2})
+    train = [o for o in obs if o.name == dep_a]
+    held = [o for o in obs if o.name == dep_b]
+    res = F.fit_coefficients(train, ["attention_decode_rate"], held_out=held, steps=200, eval_every=5, patience=4)
+    assert res.best_step == 0
+    assert "stopped early" in res.stopped and res.history[-1]["step"] < 200
+    assert res.theta.tolist() == [0.0]
+    assert res.history[-1]["train"] < res.history[0]["train"]              # training kept improving
+    assert res.history[-1]["held_out"] > res.history[0]["held_out"]
+
+
+def test_callback_reports_compile_and_descent(truth):
+    seen = []
+    F.fit_coefficients(_observations(truth, {}), ["hbm_derate"], steps=10, eval_every=5,
+                       callback=lambda done, total, **info: seen.append((done, total, info)))
+    descent = [(d, t) for d, t, i in seen if i["stage"] == "descent"]
+    assert descent == [(0, 10), (5, 10), (10, 10)]
+    assert all("train" in i for _, _, i in seen if i["stage"] == "descent")
+    assert [i["stage"] for _, _, i in seen][0] == "compile"
+
+
+def test_refusals(truth):
+    obs = _observations(truth, {})
+    with pytest.raises(jp.JaxpriceError, match="matches this free pattern") as err:
+        F.fit_coefficients(obs, ["hbm_derate", "no_such_coefficient_*"], steps=0)
+    assert "no_such_coefficient_*" in str(err.value)
+    with pytest.raises(jp.JaxpriceError, match="no free coefficients"):
+        F.fit_coefficients(obs, [], steps=0)
+    with pytest.raises(jp.JaxpriceError, match="share a deployment name"):
+        F.fit_coefficients(obs + obs[:1], ["hbm_derate"], steps=0)
+    with pytest.raises(jp.JaxpriceError, match="unknown loss"):
+        F.fit_coefficients(obs, ["hbm_derate"], loss="l1")
+    dep, batches, times = truth[DEPLOYMENTS[0]]
+    with pytest.raises(jp.JaxpriceError, match="measurements for 15"):
+        F.Observations("x", dep, batches, times[:3])
+    with pytest.raises(jp.JaxpriceError, match="positive and finite"):
+        F.Observations("x", dep, batches, -times)
+    with pytest.raises(jp.JaxpriceError, match="unknown target"):
+        F.Observations("x", dep, batches, times, target="ttft")
+
+
+# ----------------------------------------------------------------------------- the written set
+
+
+def test_written_set_loads_like_any_other_and_prices_identically(recovered, tmp_path):
+    obs, res = recovered
+    path = F.write_coefficient_set(res, tmp_path / "fitted.yaml", data="synthetic step times")
+    doc = yaml.safe_load(path.read_text())
+    assert doc["format"] == "jaxprice-coefficients/1" and doc["name"] == "fitted"
+    assert "synthetic step times" in doc["source"] and "l2 loss on log step" in doc["source"]
+    assert doc["fit"]["train_deployments"] == sorted(DEPLOYMENTS)
+    assert {e["name"] for e in doc["entries"]} == set(PERTURB)
+    for e in doc["entries"]:
+        assert e["method"] == "fitted" and e["scope"] == {"hardware": ["h200"]} and e["cite"] == doc["source"]
+    assert jp.load_coefficient_set(path).name == "fitted"
+    for o in obs:
+        loaded = jp.load_deployment(o.name, extra_coefficient_files=[path])
+        want = res.coefficients_for(o.deployment)
+        assert loaded.coefficients.names == want.names
+        np.testing.assert_allclose(np.asarray(loaded.coefficients.values), np.asarray(want.values), rtol=1e-13)
+        priced = np.asarray(jp.price_many(loaded.plan, _plain(loaded.coefficients), o.batches).no_overlap)
+        np.testing.assert_allclose(priced, res.predict(o), rtol=1e-12)
+    # a deployment on another chip is outside every entry's scope: unchanged
+    other = "llama-3.1-70b-instruct-h100-fp8-vllm-tp2"
+    with_set = jp.load_deployment(other, extra_coefficient_files=[path]).coefficients
+    np.testing.assert_array_equal(np.asarray(with_set.values), np.asarray(jp.load_deployment(other).coefficients.values))
+
+
+def test_entries_narrow_the_scope_where_starting_values_differ(truth):
+    # start the two deployments from different attention rates: one entry per tp
+    obs = []
+    for name, factor in zip(DEPLOYMENTS, (1.0, 1.5)):
+        dep, batches, times = truth[name]
+        obs.append(F.Observations(name, _perturbed(dep, {"attention_decode_rate": factor}), batches, times,
+                                  target="step"))
+    res = F.fit_coefficients(obs, ["attention_decode_rate"], steps=0)
+    scopes = sorted((e["scope"]["tp"], e["start"]) for e in res.entries())
+    base = float(truth[DEPLOYMENTS[0]][0].coefficients["attention_decode_rate"])
+    assert scopes == [(1, pytest.approx(base)), (2, pytest.approx(1.5 * base))]
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _tpot_csv(path, truth):
+    """A tiny measurement CSV (mean-TPOT layout): TPOT at 1.1x the kernel's, from the step times
+    the truth fixture priced at context 4096 (isl 2048 + osl 4096 // 2)."""
+    cols = ["corpus", "scenario", "deployment", "model", "hardware", "dtype", "engine", "tp", "ep", "dp",
+            "spec_decode", "workload", "isl", "osl", "concurrency", "quantity", "value", "unit"]
+    rows = []
+    for name, (dep, _, times) in truth.items():
+        for (c, ctx), step in zip(GRID, times):
+            if ctx != 4096:
+                continue
+            tpot = (step + float(dep.coefficients["host_output_token"])) * 1.1
+            for q, v in (("mean_tpot", tpot * 1e6), ("mean_ttft", 5e4)):
+                rows.append(["test", f"{name}.yaml", name, "llama-3.1-70b-instruct", "h200", "fp8", "vllm",
+                             dep.resolution["tp"], 1, 1, "none", "2k4k", 2048, 4096, c, q, f"{v:.6f}", "us"])
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        w.writerows(rows)
+    return path
+
+
+def test_cli_fits_a_tiny_tpot_csv(truth, tmp_path, capsys):
+    src = _tpot_csv(tmp_path / "tiny.csv", truth)
+    out = tmp_path / "fitted.yaml"
+    rc = cli_main(["fit", str(src), "--free", "hbm_derate", "--free", "host_output_token@global:3",
+                   "--holdout", "0.5", "--steps", "60", "--out", str(out), "--name", "tiny-fit"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "fit  [" in cap.err                                   # the progress bar, on stderr
+    text = cap.out
+    assert "10 points in 2 deployment(s); train 1, held out 1" in text
+    assert "loss before" in text and "MAPE after" in text
+    assert "hbm_derate@hardware=h200" in text and "host_output_token@hardware=h200" in text
+    lines = {ln.split()[0]: ln.split() for ln in text.splitlines() if ln.startswith(("train", "held out"))}
+    assert float(lines["train"][4]) < float(lines["train"][3])   # loss after < loss before
+    doc = yaml.safe_load(out.read_text())
+    assert doc["name"] == "tiny-fit" and str(src) in doc["source"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--free", "hbm_derate:abc"], "the bound after ':' must be a number"),
+    ([], "at least one --free"),
+    (["--free", "nothing_matches_*"], "matches this free pattern"),
+    (["--free", "hbm_derate", "--holdout", "1.5"], "--holdout"),
+    (["--free", "hbm_derate", "--target", "step"], "--target step needs the step layout"),
+])
+def test_cli_refuses_bad_input_with_one_line(truth, tmp_path, capsys, argv, words):
+    src = _tpot_csv(tmp_path / "tiny.csv", truth)
+    rc = cli_main(["fit", str(src), "--quiet", "--steps", "2", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith("jaxprice fit: error:") and err.count("\n") == 1 and words in err
+
+
+def test_cli_refuses_a_missing_file(tmp_path, capsys):
+    rc = cli_main(["fit", str(tmp_path / "nope.csv"), "--free", "hbm_derate"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nope.csv" in err and "file not found" in err
+
+
+def test_cli_fits_step_times(truth, tmp_path, capsys):
+    path = tmp_path / "steps.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["scenario", "requests", "context", "value", "unit"])
+        for name, (dep, _, times) in truth.items():
+            for (c, ctx), t in zip(GRID, times):
+                w.writerow([name, c, ctx, f"{t * 1.25 * 1e3:.9f}", "ms"])
+    out = tmp_path / "fitted.yaml"
+    rc = cli_main(["fit", str(path), "--free", "attention_decode_*:3", "--free", "hbm_derate", "--holdout", "0",
+                   "--steps", "40", "--quiet", "--out", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "log step time" in text and "30 points in 2 deployment(s); train 2, held out 0" in text
+    names = {e["name"] for e in yaml.safe_load(out.read_text())["entries"]}
+    assert names == {"attention_decode_floor", "attention_decode_rate", "hbm_derate"}
+
+
+def test_read_step_measurements_refuses_bad_rows(tmp_path):
+    path = tmp_path / "steps.csv"
+    path.write_text("scenario,requests,context,value,unit\nllama-3.1-70b-instruct-h200-fp8-vllm-tp1,4,0,1.0,ms\n")
+    with pytest.raises(jp.JaxpriceError) as err:
+        F.read_step_measurements(path)
+    assert f"{path}:2" in str(err.value) and "context" in str(err.value)
+    path.write_text("scenario,requests,value,unit\n")
+    with pytest.raises(jp.JaxpriceError, match="missing column"):
+        F.read_step_measurements(path)
+
+
+# ----------------------------------------------------------------------------- fit_law and the microbenchmark
+
+
+def test_fit_law_recovers_a_ramp():
+    from jaxprice._src import laws
+    m = np.array([1, 4, 16, 64, 256, 1024, 4096], dtype=float)
+    flops = 2 * m * 4096 * 4096
+    t = np.asarray(laws.gemm_time(flops, 1e15, laws.ramp(m, 0.8, 120.0)))
+
+    def law(p, x):
+        return laws.gemm_time(x[0], 1e15, laws.ramp(x[1], p["eps_max"], p["m_half"]))
+    res = jp.fit_law(law, {"eps_max": 0.6, "m_half": 60.0}, (flops, m), t, steps=1500)
+    assert res.params["eps_max"] == pytest.approx(0.8, rel=1e-3)
+    assert res.params["m_half"] == pytest.approx(120.0, rel=1e-3)
+    # a fraction stays <= 1 even where the data ask for more
+    res = jp.fit_law(law, {"eps_max": 0.6, "m_half": 120.0}, (flops, m), t * 0.5, steps=300)
+    assert res.params["eps_max"] == pytest.approx(1.0) and res.at_bound["eps_max"] == "upper"
+
+
+def _microbench():
+    spec = importlib.util.spec_from_file_location("gpu_microbench", os.path.join(ROOT, "experiments",
+                                                                                 "gpu_microbench.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_microbench_cpu_dry_run(tmp_path, capsys):
+    mb = _microbench()
+    out = tmp_path / "mb.json"
+    assert mb.main(["--cpu-dry-run", "--quick", "--quiet", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "registry h200" in text and "synthetic truth" in text
+    res = json.loads(out.read_text())
+    assert res["dry_run"] and res["chip"] == "h200"
+    for name in ("gemm_eps_max_bf16", "gemm_eps_max_fp8", "hbm_derate"):
+        assert res["fitted"][name] == pytest.approx(res["truth"][name], rel=0.03), name
+    for name in ("gemm_m_half_bf16", "gemm_m_half_fp8"):
+        assert res["fitted"][name] == pytest.approx(res["truth"][name], rel=0.06), name
+    assert res["registry"]["gemm_eps_max_bf16"] == 0.992 and res["registry"]["hbm_derate"] == 0.8
+
+
+def test_gpu_microbench_refuses_without_a_gpu(capsys):
+    import jax
+    mb = _microbench()
+    try:
+        has_gpu = bool(jax.devices("gpu"))
+    except RuntimeError:
+        has_gpu = False
+    if has_gpu or mb._torch_backend() is not None:
+        pytest.skip("a GPU is present")
+    assert mb.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu_microbench: error: no NVIDIA GPU") and "--cpu-dry-run" in err
