@@ -5,8 +5,9 @@
   padding, and XLA sees its arrays as constants.
 * ``Coefficients``: the measured coefficients in SI units, as ONE flat vector with static
   names: ``jax.grad`` over all of them is one call, and the jit boundary has one leaf.
-* ``Batch``: padded per-request token counts (float, so gradients flow to batch shape), a
-  row mask and the decode threshold.
+* ``Batch``: padded per-request token counts (float64, so gradients flow to batch shape;
+  or int32, a third of the bytes, for pricing many batches fast), a row mask and the
+  decode threshold.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import numpy as np
 from .errors import refuse
 
 RESOURCES = ("sm", "hbm", "nvlink", "nic", "host")
+
+# Integer (and float32) token counts must stay below this: exact in float32 and int32, and
+# the integer row walk (step._walk_rows_integer) cannot overflow int64.
+INT_TOKEN_LIMIT = 2 ** 24
 
 
 # ----------------------------------------------------------------------------- coefficients
@@ -87,9 +92,11 @@ class Coefficients:
 class Batch:
     """One step's requests, padded to a fixed number of rows.
 
-    scheduled, computed, prompt_len: float [rows] token counts (float so that gradients can
-    flow to batch shape); mask: bool [rows], False on padding rows; decode_threshold: a
-    request scheduling more tokens than this is a prefill.
+    scheduled, computed, prompt_len: [rows] token counts, float64 (so that gradients can flow
+    to batch shape) or, built with ``dtype=jnp.int32`` (or ``astype``), int32: priced the
+    same bit for bit, in exact mode 2-3x faster over many batches (integer sums vectorise),
+    and not differentiable in the counts. mask: bool [rows], False on padding rows;
+    decode_threshold: a request scheduling more tokens than this is a prefill.
     """
     scheduled: Any
     computed: Any
@@ -110,8 +117,11 @@ class Batch:
 
     @staticmethod
     def from_requests(scheduled, computed, prompt_len=None, *, pad_to=None, decode_threshold=1,
-                      source="batch"):
-        """Build a padded batch from per-request token counts, refusing bad values clearly."""
+                      source="batch", dtype=None):
+        """Build a padded batch from per-request token counts, refusing bad values clearly.
+
+        dtype: of the token counts, float64 (None) or int32 (counts below INT_TOKEN_LIMIT).
+        """
         sched = np.asarray(scheduled, dtype=float).reshape(-1)
         comp = np.asarray(computed, dtype=float).reshape(-1) if np.ndim(computed) else np.full(sched.shape, float(computed))
         if comp.shape != sched.shape:
@@ -138,21 +148,42 @@ class Batch:
             refuse(f"{n} requests do not fit in {rows} rows", file=source, field="pad_to", value=pad_to)
         pad = rows - n
 
+        dtype = _token_dtype(dtype, source)
+        for name, arr in (("scheduled", sched), ("computed", comp), ("prompt_len", prompt)):
+            _check_fits(arr, dtype, source, name)
+
         def padded(a):
-            return jnp.asarray(np.concatenate([a, np.zeros(pad)]))
+            return jnp.asarray(np.concatenate([a, np.zeros(pad)]).astype(dtype))
         return Batch(padded(sched), padded(comp), padded(prompt),
                      jnp.asarray(np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])),
                      jnp.asarray(thr))
 
     @staticmethod
-    def decode(requests: int, context: int, *, pad_to=None, decode_threshold=1, tokens=1):
+    def decode(requests: int, context: int, *, pad_to=None, decode_threshold=1, tokens=1, dtype=None):
         """`requests` decode rows, each scheduling `tokens` with `context` tokens in cache
-        after this step (computed = context - tokens)."""
+        after this step (computed = context - tokens). dtype: as for from_requests."""
         if requests < 0 or context < tokens:
             refuse("need requests >= 0 and context >= tokens", field="decode",
                    value=(requests, context), has_value=True)
         return Batch.from_requests([tokens] * requests, [context - tokens] * requests,
-                                   pad_to=pad_to, decode_threshold=decode_threshold)
+                                   pad_to=pad_to, decode_threshold=decode_threshold, dtype=dtype)
+
+    def astype(self, dtype, source="batch"):
+        """The same batch with its token counts in ``dtype`` (float64, float32 or int32),
+        refused unless exact: int32 and float32 need integers below INT_TOKEN_LIMIT."""
+        dtype = _token_dtype(dtype, source)
+        out = []
+        for name in ("scheduled", "computed", "prompt_len"):
+            x = getattr(self, name)
+            if isinstance(x, jax.core.Tracer):
+                if dtype != np.float64:
+                    refuse("needs concrete token counts to narrow them", file=source, field=name)
+                out.append(jnp.asarray(x, dtype=dtype))
+                continue
+            arr = np.asarray(x)
+            _check_fits(arr, dtype, source, name)
+            out.append(jnp.asarray(arr.astype(dtype)))
+        return Batch(*out, self.mask, self.decode_threshold)
 
     @staticmethod
     def stack(batches):
@@ -165,6 +196,25 @@ class Batch:
         if any(isinstance(x, jax.core.Tracer) for b in batches for x in jax.tree_util.tree_leaves(b)):
             return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *batches)
         return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack([np.asarray(x) for x in xs])), *batches)
+
+
+def _token_dtype(dtype, source):
+    dtype = np.dtype(np.float64 if dtype is None else dtype)
+    if dtype not in (np.float64, np.float32, np.int32, np.int64):
+        refuse("token counts are float64, float32, int32 or int64", file=source, field="dtype", value=str(dtype))
+    return dtype
+
+
+def _check_fits(arr, dtype, source, name):
+    """Refuse counts that ``dtype`` would not hold exactly."""
+    arr = np.asarray(arr)
+    if dtype == np.float64 or arr.size == 0:
+        return
+    bad = ~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr)) | (arr >= INT_TOKEN_LIMIT)
+    if bad.any():
+        i = int(np.flatnonzero(bad.reshape(-1))[0])
+        refuse(f"{dtype} token counts must be integers in [0, {INT_TOKEN_LIMIT})", file=source,
+               field=f"{name}[{i}]", value=arr.reshape(-1)[i].item(), has_value=True)
 
 
 # ----------------------------------------------------------------------------- plan

@@ -78,10 +78,15 @@ def _walk_rows(A, S, batch: Batch, tau):
     exactly zero, with a zero gradient. The cost of a wide batch is the number of per-row
     quantities, so the four row counts travel as one exactly representable float (a field
     of ceil(log2(rows + 1)) bits each) wherever the padding allows.
+
+    Token counts narrower than float64 are widened first (exactly). Integer token counts in
+    exact mode take ``_walk_rows_integer``: the same sums, in integer arithmetic.
     """
+    if tau is None and _integer_walk_ok(batch):
+        return _walk_rows_integer(A, S, batch)
     mask = batch.mask
-    sched = jnp.where(mask, batch.scheduled, 0.0)
-    comp = jnp.where(mask, batch.computed, 0.0)
+    sched = jnp.where(mask, _as_float64(batch.scheduled), 0.0)
+    comp = jnp.where(mask, _as_float64(batch.computed), 0.0)
     # KNOWN DIVERGENCE [zero-token-rows]: a row scheduling 0 tokens does no attention work; the
     # reference counts one with cached context as a decode that reads it
     active = mask & (sched > 0)
@@ -116,6 +121,127 @@ def _walk_rows(A, S, batch: Batch, tau):
     if inverse is not None:
         per_law = jnp.stack(sums[len(names):]).reshape(-1, 2)
         out["reads"], out["pairs"] = per_law[inverse, 0], per_law[inverse, 1]
+    return out
+
+
+def _as_float64(x):
+    x = jnp.asarray(x)
+    return x if x.dtype == jnp.float64 else x.astype(jnp.float64)
+
+
+# Integer batches walk their rows in int64 up to this many rows: with token counts below
+# plan.INT_TOKEN_LIMIT (2^24) a row's 4x prefill pairs are below 2 * (2^25)^2 = 2^51, so
+# the sum of 4096 of them fits in int64.
+_INTEGER_WALK_MAX_ROWS = 4096
+
+
+def _integer_walk_ok(batch: Batch) -> bool:
+    return (jnp.issubdtype(jnp.result_type(batch.scheduled), jnp.integer)
+            and jnp.issubdtype(jnp.result_type(batch.computed), jnp.integer)
+            and np.shape(batch.mask)[-1] <= _INTEGER_WALK_MAX_ROWS)
+
+
+def _whole(x) -> bool:
+    """An integer-valued number that int32 holds."""
+    x = float(x)
+    return np.isfinite(x) and x == round(x) and abs(x) < 2.0 ** 31
+
+
+def _integer_law(w, tk, cr) -> bool:
+    """Whether an attention read law keeps integer token counts integer (no compression,
+    integer window and top-k): then its per-row reads and 4x prefill pairs are integers."""
+    return cr <= 1 and _whole(w) and _whole(tk)
+
+
+def _walk_rows_integer(A, S, batch: Batch):
+    """``_walk_rows`` in exact mode for integer token counts: the same sums, in integers.
+
+    Every per-row quantity of an integer batch is an integer (4x the prefill pairs too),
+    except the reads and pairs of a compressing attention law, so they are summed in int64,
+    exactly and in any order: XLA vectorises the pass, where a float64 sum must run row
+    after row. Per row the counts stay int32 (below plan.INT_TOKEN_LIMIT, 2^24, and contexts
+    below 2^25), eight to a vector register, and only the sums and the pair products are
+    int64. The float64 walk sums the same integers exactly while its partial sums stay below
+    2^53 (every realistic batch: counts below 2^21 at 256 rows), so the two agree bit for bit
+    there. A compressing law's rows are summed by ``sum_rows`` from the widened counts, as
+    the float64 walk does.
+    """
+    i32, i64 = jnp.int32, jnp.int64
+    mask = batch.mask
+    sched = jnp.where(mask, batch.scheduled.astype(i32), 0)
+    comp = jnp.where(mask, batch.computed.astype(i32), 0)
+    # s > thr for an integer s is s > floor(thr); NaN compares false (never a prefill)
+    thr = jnp.asarray(batch.decode_threshold, dtype=jnp.float64)
+    top = float(np.iinfo(np.int32).max)
+    thr_i = jnp.where(jnp.isnan(thr), top, jnp.clip(jnp.floor(thr), -1.0, top)).astype(i32)
+    active = mask & (sched > 0)
+    prefill = active & (sched > thr_i[..., None])
+    decode = active & ~prefill
+    ctx = comp + sched
+
+    def wide(x):
+        return x.astype(i64)
+
+    names = ["tokens", "prefill_tokens"]
+    rows = [wide(sched), wide(jnp.where(prefill, sched, 0))]
+    if len(A["rec_kind"]):
+        names.append("decode_tokens")
+        rows.append(wide(jnp.where(decode, sched, 0)))
+    width = float(S["uniform_width"])
+    off_width = mask & (sched != int(width)) if _whole(width) else mask
+    bits = int(np.ceil(np.log2(mask.shape[-1] + 1)))
+    count_names = ("n_decode", "n_prefill", "n_requests", "n_off_width")
+    counts = (decode, prefill, mask, off_width)
+    names.append("packed_counts")
+    rows.append(sum(c.astype(i64) << (bits * i) for i, c in enumerate(counts)))
+
+    def pairs4(window):
+        """4x the query-key pairs of the chunk (c, c + s], each query seeing at most `window`
+        keys (<= 0: all): 4 (G(c + s) - G(c)) with G(x) = x^2/2 - relu(x - w)^2/2, written
+        as products of differences (c + s)^2 - c^2 = s (2c + s), in int64."""
+        total = wide(sched) * wide(ctx + comp)       # int32 x int32 -> int64: one instruction
+        if window > 0:
+            over_new, over_old = jnp.maximum(ctx - int(window), 0), jnp.maximum(comp - int(window), 0)
+            total = total - wide(over_new - over_old) * wide(over_new + over_old)
+        return 2 * total
+
+    distinct, inverse = _attention_laws(A) if len(A["attn_kind"]) else (np.zeros((0, 4)), None)
+    float_laws = []
+    for j, (w, tk, cr, sp) in enumerate(distinct):
+        if not _integer_law(w, tk, cr):
+            float_laws.append(j)
+            continue
+        # laws.decode_read_tokens and laws.prefill_pairs with no compression
+        windowed = jnp.minimum(ctx, int(w)) if w > 0 else ctx
+        selected = jnp.minimum(ctx, int(tk)) if tk > 0 else ctx
+        reads = ((windowed if w > 0 else 0) + selected) if sp > 0 else windowed
+        pairs = pairs4(w)
+        if sp > 0:
+            pairs = (pairs if w > 0 else 0) + pairs4(tk if tk > 0 else 0.0)   # top-k * (ratio 1)
+        names += [f"reads{j}", f"pairs{j}"]
+        rows += [wide(jnp.where(decode, reads, 0)), jnp.where(prefill, pairs, 0)]
+    sums = jax.lax.reduce(tuple(rows), tuple(jnp.zeros((), i64) for _ in rows),
+                          lambda a, b: tuple(x + y for x, y in zip(a, b)), (rows[0].ndim - 1,))
+    ints = dict(zip(names, sums))
+    code = ints.pop("packed_counts")
+    out = {n: v.astype(jnp.float64) for n, v in ints.items() if not n.startswith(("reads", "pairs"))}
+    for i, name in enumerate(count_names):
+        out[name] = ((code >> (bits * i)) & ((1 << bits) - 1)).astype(jnp.float64)
+    if inverse is None:
+        return out
+    per_law = {j: (ints[f"reads{j}"].astype(jnp.float64), ints[f"pairs{j}"].astype(jnp.float64))
+               for j in range(len(distinct)) if j not in float_laws}
+    if float_laws:
+        fsched, fcomp = sched.astype(jnp.float64), comp.astype(jnp.float64)
+        frows = []
+        for j in float_laws:
+            w, tk, cr, sp = distinct[j]
+            frows.append(jnp.where(decode, laws.decode_read_tokens(fcomp + fsched, w, tk, cr, sp > 0, None), 0.0))
+            frows.append(jnp.where(prefill, 4.0 * laws.prefill_pairs(fsched, fcomp, w, tk, cr, sp > 0, None), 0.0))
+        fsums = sum_rows(tuple(frows))
+        per_law.update({j: (fsums[2 * k], fsums[2 * k + 1]) for k, j in enumerate(float_laws)})
+    stacked = jnp.stack([x for j in range(len(distinct)) for x in per_law[j]]).reshape(-1, 2)
+    out["reads"], out["pairs"] = stacked[inverse, 0], stacked[inverse, 1]
     return out
 
 
@@ -341,11 +467,11 @@ def _price_jit(plan, coefs, batch, tau, smooth, breakdown):
 
 
 def temperature_arg(temperature):
-    """(smooth, tau) for the jitted entry points, tau a Python float or a traced array: it is
-    traced either way, so a new temperature never recompiles. Refuses a concrete
-    temperature that is not a number >= 0."""
+    """(smooth, tau) for the jitted entry points: exact mode (None) is (False, None); otherwise
+    tau is a Python float or a traced array, traced either way, so a new temperature never
+    recompiles. Refuses a concrete temperature that is not a number >= 0."""
     if temperature is None:
-        return False, 0.0          # a Python float: creating a device array costs ~40 us a call
+        return False, None         # no argument at all: even a Python float is a device transfer a call
     if not isinstance(temperature, jax.core.Tracer) and np.ndim(temperature) == 0:
         t = float(temperature)
         if not (np.isfinite(t) and t >= 0):

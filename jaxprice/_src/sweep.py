@@ -129,7 +129,8 @@ def price_sharded(plan: Plan, coefs: Coefficients, batches: Batch, mesh: Mesh | 
     sharded, n = shard_batches(batches, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
     coefs = Coefficients(_global(np.asarray(coefs.values), replicated), coefs.names, coefs.units, coefs.cites)
-    out = _sharded_pricer(mesh)(plan, coefs, sharded, _global(np.asarray(tau), replicated), smooth)
+    tau = None if tau is None else _global(np.asarray(tau), replicated)
+    out = _sharded_pricer(mesh)(plan, coefs, sharded, tau, smooth)
     if out.overlap.shape[0] == n:
         return out
     return jax.tree_util.tree_map(lambda x: x[:n], out)
@@ -140,14 +141,16 @@ def price_sharded(plan: Plan, coefs: Coefficients, batches: Batch, mesh: Mesh | 
 
 def random_batches(rng, count: int, rows: int, *, decode_threshold: int = 1, decode_share: float = 0.6,
                    max_context: int = 32768, max_prefill: int = 4096, max_prefix: int = 8192,
-                   empty: bool = True) -> Batch:
+                   empty: bool = True, dtype=None) -> Batch:
     """``count`` random padded batches of ``rows`` rows, stacked, for sweeps and tests.
 
     Each batch holds 1..rows requests (the rest padding): decode rows schedule
     1..decode_threshold tokens after up to ``max_context`` computed ones; prefill rows
     schedule decode_threshold+1..max_prefill tokens after up to ``max_prefix`` computed ones
     (a chunk of a longer prompt). With ``empty``, batch 0 is all padding and batch 1 has
-    requests that schedule no token (when count allows). rng: a numpy Generator.
+    requests that schedule no token (when count allows). rng: a numpy Generator. dtype: of
+    the token counts, float64 (None) or int32 (see Batch; a third of the bytes, and priced
+    2-3x faster in exact mode).
     """
     thr = int(decode_threshold)
     if count < 0 or rows < 1 or thr < 0 or max_prefill <= thr:
@@ -165,5 +168,6 @@ def random_batches(rng, count: int, rows: int, *, decode_threshold: int = 1, dec
         sched[1] = 0
     sched = np.where(mask, sched, 0).astype(float)
     comp = np.where(mask, comp, 0).astype(float)
-    return Batch(jnp.asarray(sched), jnp.asarray(comp), jnp.asarray(comp + sched), jnp.asarray(mask),
-                 jnp.full((count,), float(thr)))
+    batch = Batch(jnp.asarray(sched), jnp.asarray(comp), jnp.asarray(comp + sched), jnp.asarray(mask),
+                  jnp.full((count,), float(thr)))
+    return batch if dtype is None else batch.astype(dtype, source="random_batches")
