@@ -21,27 +21,13 @@
    (mean, upper median, mean over non-anchor points) and TPOT MAPE and mean signed error, for
    NoOverlap (fitted) and Overlap (priced with the same fitted set).
 
-Batch rules (the TPOT prediction is NoOverlap of a decode batch at context isl + osl // 2,
-threshold 8, plus host_output_token; see shared/measured/README.md):
-
-* ``anchor``: the anchor kernel's rule, batch = C (the client concurrency) decode rows.
-* ``capped``: batch = min(C, max_num_seqs * dp, floor(dp * KV tokens / ctx)). The engine
-  keeps at most max_num_seqs requests resident per data-parallel rank, and at most as many as
-  its KV cache holds; requests beyond that wait in the queue and do not decode, so the
-  inter-token latency of a resident request is the step time of the resident batch. The KV
-  capacity per rank is the reference kernel's memory model: MemoryGiB * GiB *
-  gpu_memory_utilization - (weights + activation + CUDA-graph memory + NCCL communicator +
-  engine workspace), divided by the KV bytes per token; every request is counted at the same
-  mid-decode context as its batch row.
-* ``interleaved``: the capped batch, and the prefills that keep it full. In steady state a
-  resident request finishes every osl steps, so R / osl new requests arrive per step (R the
-  resident batch), each prefilled in chunks of at most max_num_batched_tokens - R tokens
-  (vLLM's chunked prefill shares the step's token budget with the decode rows). A request's
-  mean TPOT averages over every step it decodes in, so
-  ``TPOT = S(R decodes) + (R / osl) * sum_j [S(R decodes + chunk j) - S(R decodes)]
-  + host_output_token``, each S the kernel's NoOverlap (or Overlap) of that batch. The
-  decode rows are as in the anchor's rule (1 token, context isl + osl // 2, threshold 8); the
-  chunk rows schedule their tokens after the prompt's earlier chunks.
+Batch rules: ``anchor`` (the anchor kernel's rule, batch = C decode rows), ``capped`` (the
+engine's resident batch, min(C, max_num_seqs * dp, KV-cache capacity / ctx)) and ``interleaved``
+(the resident batch and the steady-state prefill chunks that keep it full). They are
+``jaxprice.accuracy``'s (``group_points(..., batch_rule=)``; formulas, rationale and limits in
+the docstring of ``jaxprice/_src/accuracy.py``): the points are priced with
+``accuracy.predict_groups`` and the fit's observations are ``fit.observations_from_groups`` of the
+same groups, as ``jaxprice accuracy --batch-rule`` and ``jaxprice fit --batch-rule`` do.
 
 Every rule is applied identically before and after the fit. Writes ``<out>/calibration.md``
 (the tables), ``<out>/fitted-inferencex.yaml`` (the kept fit under the first rule, by default
@@ -53,7 +39,6 @@ rule; the fits themselves take seconds).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -69,7 +54,7 @@ import numpy as np  # noqa: E402
 import jaxprice as jp  # noqa: E402
 from jaxprice._src import accuracy  # noqa: E402
 from jaxprice._src import fit as jfit  # noqa: E402
-from jaxprice._src.plan import Batch, Coefficients  # noqa: E402
+from jaxprice._src.plan import Coefficients  # noqa: E402
 from jaxprice._src.progress import Progress  # noqa: E402
 
 DEFAULT_CSV = os.path.join(ROOT, "..", "shared", "measured", "inferencex_vllm_dev.csv")
@@ -91,115 +76,19 @@ FREE_SETS = {
 FIT = dict(loss="huber", huber_delta=0.15, steps=400, learning_rate=0.05, eval_every=5, patience=12,
            weighting="point")
 ESTIMATES = ("no_overlap", "overlap")
-RULES = ("anchor", "capped", "interleaved")
+RULES = accuracy.BATCH_RULES
 WORKLOAD_COLOURS = {"1k1k": "C0", "1k8k": "C1", "8k1k": "C3"}
 RULE_TEXT = {
     "anchor": "Batch = C decode rows (the anchor kernel's rule).",
     "capped": ("Batch = min(C, max_num_seqs x dp, floor(dp x KV-cache tokens / ctx)) decode rows: requests "
                "beyond the engine's resident limit wait in the queue (see the docstring of "
-               "`experiments/calibrate.py`). {capped} of the {points} points have a resident batch below C."),
+               "`jaxprice/_src/accuracy.py`). {capped} of the {points} points have a resident batch below C."),
     "interleaved": ("The capped batch (R rows; {capped} points below C), and the prefills that keep it full: "
                     "R / osl requests arrive per step, each prefilled in chunks of at most "
                     "max_num_batched_tokens - R tokens beside the decode rows, so TPOT = S(R decodes) + "
                     "(R / osl) x sum over chunks of [S(R decodes + chunk) - S(R decodes)] + host_output_token "
-                    "(see the docstring of `experiments/calibrate.py`)."),
+                    "(see the docstring of `jaxprice/_src/accuracy.py`)."),
 }
-
-
-# ----------------------------------------------------------------------------- the resident batch
-
-
-def _entry(dep, registry, name):
-    """The value of a registry coefficient (SI) the deployment's sets admit, else None."""
-    dims = jfit.deployment_dims(dep)
-    value = None
-    for set_name in dep.scenario.coefficient_sets:
-        for e in registry.coefficient_set(set_name).entries:
-            if e.name == name and all(
-                    (str(dims[d]).lower() in {str(a).lower() for a in allowed}) if d in ("hardware", "model")
-                    else dims[d] in allowed for d, allowed in e.scope.items()):
-                value = e.value
-    return value
-
-
-def kv_capacity_tokens(dep, registry) -> float:
-    """KV-cache tokens one data-parallel rank holds (the reference kernel's memory model)."""
-    mem = dep.plan.memory
-    eng = dep.scenario.engine
-    r = dep.resolution
-    budget = dep.chip.memory_gib * 2 ** 30 * float(eng.get("gpu_memory_utilization", 0.9))
-    fixed = mem["weights_bytes"] + mem.get("activation_bytes", 0.0) + mem.get("cudagraph_bytes", 0.0)
-    fixed += _entry(dep, registry, "engine_workspace_bytes") or 0.0
-    if max(r["tp"], r["ep"], r["dp"]) > 1:
-        snap = max(w for w in (1, 2, 4, 8, 16) if w <= min(r["tp"], 8)) if r["tp"] > 1 else 2
-        fixed += _entry(dep, registry, f"nccl_communicator_bytes_{snap}rank") or 0.0
-    return max(budget - fixed, 0.0) / mem["kv_bytes_per_token"]
-
-
-def resident(dep, registry, concurrency, context) -> int:
-    r = dep.resolution
-    dp = int(r["dp"])
-    cap_seqs = int(r["max_num_seqs"]) * dp
-    cap_kv = int(math.floor(dp * kv_capacity_tokens(dep, registry) / context))
-    return max(1, min(int(concurrency), cap_seqs, cap_kv))
-
-
-def prefill_chunks(isl, resident_rows, budget):
-    """(tokens, computed) of the chunks one prompt of isl tokens is prefilled in, next to
-    ``resident_rows`` decode rows, under a per-step budget of ``budget`` tokens."""
-    room = max(int(budget) - int(resident_rows), 1)
-    out, done = [], 0
-    while done < isl:
-        n = min(room, isl - done)
-        out.append((n, done))
-        done += n
-    return out
-
-
-def apply_rule(groups, points, rule, registry):
-    """(groups, combine, capped): groups whose batches follow the rule; combine maps a group's
-    name to its [points, batches] matrix (rule 'interleaved'; absent: point i is batch i);
-    capped maps a point index to its resident batch where that is below C.
-
-    anchor: C decode rows. capped: the resident rows. interleaved: the resident rows, and the
-    prefill chunks of the requests that replace finished ones: in steady state R / osl
-    requests arrive per step, so a mean TPOT averages S(decode) with the steps that also carry
-    one of a prompt's chunks: TPOT - host = S_d + (R / osl) * sum_j (S(decode + chunk j) - S_d)."""
-    if rule == "anchor":
-        return groups, {}, {}
-    out, combine, capped = [], {}, {}
-    for g in groups:
-        dep = g.deployment
-        rows = [resident(dep, registry, points[i].concurrency, points[i].context) for i in g.index]
-        for i, n in zip(g.index, rows):
-            if n < points[i].concurrency:
-                capped[int(i)] = n
-        pad = max(rows) + (1 if rule == "interleaved" else 0)
-        batches = [Batch.decode(n, points[i].context, pad_to=pad, decode_threshold=accuracy.DECODE_THRESHOLD)
-                   for i, n in zip(g.index, rows)]
-        if rule == "interleaved":
-            budget = int(dep.scenario.engine.get("max_num_batched_tokens", 8192))
-            terms = []
-            for j, (i, n) in enumerate(zip(g.index, rows)):
-                p = points[i]
-                a = n / p.osl
-                chunks = prefill_chunks(p.isl, n, budget)
-                terms.append((j, 1.0 - a * len(chunks)))
-                for tokens, done in chunks:
-                    sched = [1] * n + [tokens]
-                    comp = [p.context - 1] * n + [done]
-                    batches.append(Batch.from_requests(sched, comp, pad_to=pad,
-                                                       decode_threshold=accuracy.DECODE_THRESHOLD))
-                    terms.append((j, a, len(batches) - 1))
-            M = np.zeros((len(rows), len(batches)))
-            for t in terms:
-                if len(t) == 2:
-                    M[t[0], t[0]] += t[1]
-                else:
-                    M[t[0], t[2]] += t[1]
-            combine[g.name] = M
-        out.append(dataclasses.replace(g, batches=Batch.stack(batches)))
-    return out, combine, capped
 
 
 # ----------------------------------------------------------------------------- scoring
@@ -223,19 +112,10 @@ def summaries(report, names):
     return out
 
 
-def price_report(points, groups, refused, coefficients, combine, csv_path):
-    """Price every group's batches (one vmapped call each), combine them per point, score."""
-    preds = {}
-    for g in groups:
-        c = coefficients[g.name]
-        res = jp.price_many(g.deployment.plan, c, g.batches)
-        pr = {e: np.asarray(getattr(res, e)) for e in ESTIMATES}
-        bott = np.asarray(res.bottleneck)
-        M = combine.get(g.name)
-        if M is not None:
-            pr = {e: M @ v for e, v in pr.items()}
-            bott = bott[:M.shape[0]]
-        preds[g.name] = {**pr, "bottleneck": bott, "host_output_token": float(accuracy.host_output_token(c))}
+def price_report(points, groups, refused, coefficients, csv_path):
+    """Price every group's batches under its batch rule (jaxprice.accuracy: one vmapped call
+    per deployment, combined per point) with the given coefficients, and score them."""
+    preds = accuracy.predict_groups(groups, coefficients)
     return accuracy.score(points, groups, refused, preds, csv_path=csv_path)
 
 
@@ -328,7 +208,7 @@ def dump_json(results, rules, train_names, test_names, timings, path):
 
 
 def calibrate_split(args, rule, seed, train_names, test_names, obs, dep_model, sets, points, rgroups, refused,
-                    combine, registry, csv_path, timings, *, write_to, primary, quiet=False):
+                    registry, csv_path, timings, *, write_to, primary, quiet=False):
     """Fit every candidate free set on one split's training deployments (inner hold-out),
     refit the kept one on all of them, write it to ``write_to``, price every point with the
     written set loaded like any other, and return the results."""
@@ -389,7 +269,7 @@ def calibrate_split(args, rule, seed, train_names, test_names, obs, dep_model, s
         dep, _ = accuracy.build_deployment(points[g.index[0]], registry=registry,
                                            extra_coefficient_files=[path], source=csv_path)
         fitted[g.name] = plain(dep.coefficients)
-    after = price_report(points, rgroups, refused, fitted, combine, csv_path)
+    after = price_report(points, rgroups, refused, fitted, csv_path)
     timings[f"{label}: price after"] = time.perf_counter() - t
     # the loaded set prices every training deployment as the fit did
     check = max(float(np.max(np.abs(
@@ -441,28 +321,27 @@ def main(argv=None) -> int:
     dep_model = {p.deployment: p.model for p in points}
     train_names, test_names = jfit.split_by_deployment(dep_model, args.test_fraction, seed=args.seed,
                                                        stratify=dep_model)
-    t = time.perf_counter()
-    groups, refused = accuracy.group_points(points, registry=registry, source=csv_path)
-    timings[f"resolve {len(dep_model)} deployments"] = time.perf_counter() - t
-    if refused:
-        print(f"{len(refused)} points refused by the kernel (kept out of the fit, counted in the tables)")
     print(f"{csv_path}: {len(points)} mean-TPOT points, {len(dep_model)} deployments; "
           f"train {len(train_names)}, test {len(test_names)} (seed {args.seed}, stratified by model)")
 
     results = {}
     for rule in rules:
         print(f"\n=== batch rule: {rule}")
-        rgroups, combine, capped = apply_rule(groups, points, rule, registry)
+        t = time.perf_counter()
+        rgroups, refused = accuracy.group_points(points, registry=registry, source=csv_path, batch_rule=rule)
+        timings[f"{rule}: resolve {len(dep_model)} deployments, build batches"] = time.perf_counter() - t
+        if refused:
+            print(f"{len(refused)} points refused by the kernel (kept out of the fit, counted in the tables)")
+        capped = {int(i): int(n) for g in rgroups for i, n in zip(g.index, g.resident) if n < points[i].concurrency}
         if rule != "anchor":
             print(f"{len(capped)} points have a resident batch below C")
         base = {g.name: plain(g.deployment.coefficients) for g in rgroups}
         t = time.perf_counter()
-        before = price_report(points, rgroups, refused, base, combine, csv_path)
+        before = price_report(points, rgroups, refused, base, csv_path)
         timings[f"{rule}: price before"] = time.perf_counter() - t
-        obs = {g.name: jfit.Observations(g.name, g.deployment, g.batches, g.measured, "tpot", "no_overlap",
-                                         combine=combine.get(g.name)) for g in rgroups}
+        obs = {o.name: o for o in jfit.observations_from_groups(rgroups, target="tpot", estimate="no_overlap")}
         results[rule] = calibrate_split(args, rule, args.seed, train_names, test_names, obs, dep_model, sets,
-                                        points, rgroups, refused, combine, registry, csv_path, timings,
+                                        points, rgroups, refused, registry, csv_path, timings,
                                         write_to=args.out, primary=rule == rules[0])
         results[rule].update(before=before, capped=capped)
         for split, names in (("test", test_names), ("train", train_names)):
@@ -475,7 +354,7 @@ def main(argv=None) -> int:
         for seed in extra_seeds:
             tr, te = jfit.split_by_deployment(dep_model, args.test_fraction, seed=seed, stratify=dep_model)
             print(f"  -- seed {seed}: train {len(tr)}, test {len(te)}")
-            r = calibrate_split(args, rule, seed, tr, te, obs, dep_model, sets, points, rgroups, refused, combine,
+            r = calibrate_split(args, rule, seed, tr, te, obs, dep_model, sets, points, rgroups, refused,
                                 registry, csv_path, timings, write_to=os.path.join(ROOT, "experiments", "out",
                                                                                    f"calibrate-seed{seed}"),
                                 primary=rule == rules[0], quiet=True)
@@ -613,7 +492,7 @@ def write_markdown(args, results, rules, sets, models, train_names, test_names, 
         L += ["", f"Kept free set `{R['kept']}`: " + ", ".join(f"`{x}`" for x in FREE_SETS[R["kept"]]) + "; "
               f"refit on all {len(train_names)} training deployments for {res.settings['steps']} steps (the "
               f"step early stopping kept), training loss {res.initial['train']:.4f} -> {res.final['train']:.4f}.",
-              f"Written to `experiments/results/{os.path.basename(R['path'])}`; the loaded set reproduces the "
+              f"Written to `{os.path.relpath(R['path'], ROOT)}`; the loaded set reproduces the "
               f"fit's own predictions on the training deployments to {R['check']:.1e} (relative).", ""]
         for split, names in (("test", test_names), ("train", train_names)):
             b, a = summaries(R["before"], set(names)), summaries(R["after"], set(names))

@@ -4,7 +4,9 @@
 ``shared/measured/inferencex_vllm_dev.csv``, builds each point's deployment (its bundled scenario,
 else from the columns), prices every mean-TPOT point by the anchor kernel's rule (a batch of C
 decoding requests at context isl + osl // 2, decode threshold 8; TPOT = step estimate +
-host_output_token) with one vmapped call per deployment, and scores shape error and absolute
+host_output_token; or, with ``batch_rule='capped'`` or ``'interleaved'``, the engine's resident
+batch and the prefill chunks that keep it full: ``point_requests``) with one vmapped call per
+deployment, and scores shape error and absolute
 TPOT error per model and overall, for NoOverlap and Overlap. ``format_report``,
 ``write_points_csv`` and ``plot_sweeps`` present the ``AccuracyReport``; the lower-level steps
 (``read_measurements``, ``group_points``, ``predict_groups``, ``score``) let a fit reuse the same
@@ -14,17 +16,19 @@ points and batches. The command line is ``jaxprice accuracy``.
 ``jaxprice`` itself.
 """
 
-from jaxprice._src.accuracy import (DECODE_THRESHOLD, ESTIMATES, AccuracyReport, DeploymentPoints, Point,
-                                    build_deployment, evaluate_accuracy, format_report, group_points,
-                                    host_output_token, padding, plot_sweeps, predict_groups, read_measurements,
-                                    scenario_from_columns, score, shape_errors, summarize, upper_median,
-                                    write_points_csv)
+from jaxprice._src.accuracy import (BATCH_RULES, DECODE_THRESHOLD, ESTIMATES, AccuracyReport, DeploymentPoints,
+                                    Point, build_deployment, check_batch_rule, evaluate_accuracy, format_report,
+                                    group_points, host_output_token, kv_capacity_tokens, padding, plot_sweeps,
+                                    point_requests, predict_groups, prefill_chunks, read_measurements,
+                                    resident_batch, scenario_from_columns, score, shape_errors, summarize,
+                                    upper_median, write_points_csv)
 
 __all__ = [
-    "DECODE_THRESHOLD", "ESTIMATES",
+    "BATCH_RULES", "DECODE_THRESHOLD", "ESTIMATES",
     "AccuracyReport", "DeploymentPoints", "Point",
     "evaluate_accuracy", "read_measurements", "build_deployment", "scenario_from_columns",
     "group_points", "padding", "predict_groups", "host_output_token", "score",
+    "check_batch_rule", "point_requests", "resident_batch", "kv_capacity_tokens", "prefill_chunks",
     "shape_errors", "summarize", "upper_median",
     "format_report", "write_points_csv", "plot_sweeps",
 ]

@@ -373,3 +373,139 @@ def test_plot_marks_refused_points(tmp_path):
     assert len(rep.refused) == 1
     path = acc.plot_sweeps(rep, tmp_path / "r.png", estimate="overlap")
     assert path.stat().st_size > 10_000
+
+
+# ----------------------------------------------------------------------------- batch rules
+
+
+@pytest.fixture(scope="module")
+def by_rule(report):
+    """{rule: AccuracyReport} on the excerpt ('anchor' priced again, independently of ``report``)."""
+    return {rule: acc.evaluate_accuracy(EXCERPT, batch_rule=rule) for rule in acc.BATCH_RULES}
+
+
+def test_the_anchor_rule_is_the_default_and_unchanged(report, by_rule):
+    assert acc.BATCH_RULES == ("anchor", "capped", "interleaved")
+    points, _ = acc.read_measurements(EXCERPT)
+    default, _ = acc.group_points(points)
+    anchor, _ = acc.group_points(points, batch_rule="anchor")
+    for g, h in zip(default, anchor):
+        assert g.batch_rule == h.batch_rule == "anchor" and g.combine is None and h.combine is None
+        np.testing.assert_array_equal(g.resident, [points[i].concurrency for i in g.index])
+        for leaf_g, leaf_h in zip(jax_leaves(g.batches), jax_leaves(h.batches)):
+            np.testing.assert_array_equal(leaf_g, leaf_h)
+    # every number of every record, bit for bit
+    assert by_rule["anchor"].records == report.records
+    assert report.info["batch_rule"] == "anchor" and report.info["resident_below_concurrency"] == 0
+
+
+def jax_leaves(tree):
+    import jax
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+def test_kv_capacity_comes_from_the_plan_by_the_reference_memory_model():
+    GiB, workspace, nccl_2rank = 2 ** 30, 3758096384, 358612992     # registry: cost-model-memory
+    points, _ = acc.read_measurements(EXCERPT)
+    for name, comm in ((GPT, workspace), (EPDP, workspace + nccl_2rank)):
+        dep, _ = acc.build_deployment(next(p for p in points if p.deployment == name))
+        mem = dep.plan.memory
+        assert mem["comm_buffer_bytes"] == comm                 # tp 1 dp 1: no communicator; tp 2: 2-rank
+        fixed = mem["weights_bytes"] + mem["activation_bytes"] + mem["cudagraph_bytes"] + comm
+        want = (dep.chip.memory_gib * GiB * 0.9 - fixed) / mem["kv_bytes_per_token"]
+        assert acc.kv_capacity_tokens(dep) == pytest.approx(want, rel=1e-12) and want > 1e5
+
+
+def test_capped_never_exceeds_c_and_equals_c_where_c_fits(by_rule):
+    points, _ = acc.read_measurements(EXCERPT)
+    dep, _ = acc.build_deployment(next(p for p in points if p.deployment == EPDP))
+    # tp 2 dp 2: at most max_num_seqs 256 x dp 2 = 512 resident; the KV cache holds far more
+    assert dep.resolution["max_num_seqs"] == 256 and 2 * acc.kv_capacity_tokens(dep) / 1536 > 512
+    assert [acc.resident_batch(dep, c, 1536) for c in (1, 256, 512, 513, 1024)] == [1, 256, 512, 512, 512]
+    # the KV limit: a context that leaves room for only 3 requests over the two ranks
+    ctx = int(2 * acc.kv_capacity_tokens(dep) // 3)
+    assert acc.resident_batch(dep, 1024, ctx) == 3
+    with pytest.raises(jp.JaxpriceError, match="not one request of context"):
+        acc.resident_batch(dep, 4, 10 ** 12)
+    capped, anchor = by_rule["capped"], by_rule["anchor"]
+    assert capped.info["resident_below_concurrency"] == 1
+    for r, a in zip(capped.records, anchor.records):
+        assert r["batch_rule"] == "capped" and r["resident"] <= r["concurrency"]
+        if r["resident"] == r["concurrency"]:
+            assert r["no_overlap_tpot_us"] == pytest.approx(a["no_overlap_tpot_us"], rel=1e-12)
+            assert r["overlap_tpot_us"] == pytest.approx(a["overlap_tpot_us"], rel=1e-12)
+    # C = 1024 runs the 512 resident rows: priced as C = 512, below the anchor's C = 1024 decodes
+    r1024, r512 = record(capped, EPDP, 1024), record(capped, EPDP, 512)
+    assert (r1024["resident"], r512["resident"]) == (512, 512)
+    assert r1024["no_overlap_tpot_us"] == pytest.approx(r512["no_overlap_tpot_us"], rel=1e-12)
+    assert r1024["no_overlap_tpot_us"] < record(anchor, EPDP, 1024)["no_overlap_tpot_us"]
+
+
+def test_interleaved_is_the_decode_step_plus_the_prefill_chunks_by_hand(by_rule):
+    points, _ = acc.read_measurements(EXCERPT)
+    p = next(p for p in points if p.deployment == MINIMAX and p.concurrency == 4)
+    dep, _ = acc.build_deployment(p)
+    # 8k1k: ctx 8704; budget 8192 (built from the columns) less 4 decode rows = 8188 tokens a step,
+    # so the 8192-token prompt takes two chunks: 8188 tokens, then 4 after the first 8188
+    R, requests, weights = acc.point_requests(dep, p, "interleaved")
+    assert R == 4 and dep.scenario.engine["max_num_batched_tokens"] == 8192
+    assert requests == [([1] * 4, [8703] * 4), ([1] * 4 + [8188], [8703] * 4 + [0]),
+                        ([1] * 4 + [4], [8703] * 4 + [8188])]
+    a = 4 / 1024                                                 # R / osl requests arrive per step
+    assert weights == [1 - 2 * a, a, a]
+    assert acc.prefill_chunks(8192, 4, 8192) == [(8188, 0), (4, 8188)]
+    assert acc.prefill_chunks(1024, 256, 8192) == [(1024, 0)] and acc.prefill_chunks(0, 4, 8192) == []
+    S = [jp.price(dep.plan, dep.coefficients, jp.Batch.from_requests(s, c, decode_threshold=8)) for s, c in requests]
+    r, cap = record(by_rule["interleaved"], MINIMAX, 4), record(by_rule["capped"], MINIMAX, 4)
+    for e in acc.ESTIMATES:
+        s_d, s_1, s_2 = (float(getattr(x, e)) for x in S)
+        assert s_1 > s_d and s_2 > s_d
+        want = s_d + a * (s_1 - s_d) + a * (s_2 - s_d)
+        assert r[f"{e}_step_us"] == pytest.approx(want * 1e6, rel=1e-9)
+        assert r[f"{e}_tpot_us"] == pytest.approx(want * 1e6 + 45.9, rel=1e-9)
+        assert cap[f"{e}_step_us"] == pytest.approx(s_d * 1e6, rel=1e-9)
+    assert r["bottleneck"] == jp.RESOURCES[int(S[0].bottleneck)]      # the decode batch's
+    # a prefill chunk never makes a step cheaper: interleaved >= capped on every point
+    for r, c in zip(by_rule["interleaved"].records, by_rule["capped"].records):
+        assert r["resident"] == c["resident"]
+        for e in acc.ESTIMATES:
+            assert r[f"{e}_tpot_us"] >= c[f"{e}_tpot_us"] * (1 - 1e-12)
+    # the stacked groups: point i is batch i; the chunks follow, combined by the matrix
+    groups, _ = acc.group_points([q for q in points if q.deployment == MINIMAX], batch_rule="interleaved")
+    (g,) = groups
+    assert g.combine.shape == (3, 3 + 6) and np.shape(g.batches.scheduled) == (9, acc.padding(16) + 1)
+    np.testing.assert_allclose(g.combine.sum(axis=1), 1.0, rtol=1e-15)
+
+
+def test_a_point_a_rule_cannot_price_is_refused_with_its_reason():
+    points, _ = acc.read_measurements(EXCERPT)
+    p = next(p for p in points if p.deployment == MINIMAX)
+    dep, _ = acc.build_deployment(p)
+    import dataclasses
+    short = dataclasses.replace(p, isl=100, osl=0)
+    assert acc.point_requests(dep, short, "capped")[0] == 4
+    with pytest.raises(jp.JaxpriceError, match="the interleaved rule needs osl >= 1"):
+        acc.point_requests(dep, short, "interleaved")
+    groups, refused = acc.group_points([short, p], batch_rule="interleaved")
+    assert refused == [(0, "the interleaved rule needs osl >= 1 (requests finish every osl steps)")]
+    assert groups[0].index.tolist() == [1]
+    with pytest.raises(jp.JaxpriceError, match=r"unknown batch rule \(known: anchor, capped, interleaved\)"):
+        acc.evaluate_accuracy(EXCERPT, batch_rule="fifo")
+
+
+def test_cli_batch_rule(tmp_path, capsys):
+    rc = cli_main(["accuracy", str(EXCERPT), "--batch-rule", "interleaved", "--deployment", MINIMAX, EPDP,
+                   "--out", str(tmp_path), "--quiet"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "batch rule interleaved (1 point(s) with a resident batch below C)" in out
+    md = (tmp_path / "accuracy.md").read_text()
+    assert md.startswith("# Accuracy: predicted against measured mean TPOT (batch rule `interleaved`)")
+    assert "--batch-rule interleaved" in md and "designed after looking at" in md
+    pts = rows_of(tmp_path / "accuracy_points.csv")
+    assert {p["batch_rule"] for p in pts} == {"interleaved"}
+    assert [int(p["resident"]) for p in pts if p["deployment"] == EPDP] == [256, 512, 512]
+    assert cli_main(["accuracy", str(EXCERPT), "--batch-rule", "fifo", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["jaxprice accuracy: error: field '--batch-rule', value 'fifo': unknown batch rule "
+                   "(known: anchor, capped, interleaved)"]

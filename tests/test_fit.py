@@ -358,6 +358,59 @@ def test_cli_refuses_bad_input_with_one_line(truth, tmp_path, capsys, argv, word
     assert err.startswith("jaxprice fit: error:") and err.count("\n") == 1 and words in err
 
 
+EXCERPT = os.path.join(ROOT, "testdata", "measured", "inferencex_vllm_excerpt.csv")
+
+
+@pytest.mark.parametrize("rule", ["anchor", "capped", "interleaved"])
+def test_tpot_observations_are_the_accuracy_batches_of_each_rule(rule):
+    from jaxprice import accuracy as acc
+    obs, refused, points = F.observations_from_measurements(EXCERPT, batch_rule=rule)
+    groups, refused_acc = acc.group_points(acc.read_measurements(EXCERPT)[0], batch_rule=rule)
+    assert refused == refused_acc == [] and len(points) == 21
+    assert [o.name for o in obs] == [g.name for g in groups]
+    for o, g in zip(obs, groups):
+        assert (o.target, o.estimate) == ("tpot", "no_overlap")
+        np.testing.assert_array_equal(o.measured, g.measured)
+        for name in ("scheduled", "computed", "prompt_len", "mask"):
+            np.testing.assert_array_equal(np.asarray(getattr(o.batches, name)), np.asarray(getattr(g.batches, name)))
+        if rule == "interleaved":
+            np.testing.assert_array_equal(o.combine, g.combine)
+            assert o.combine.shape[0] == o.points < o.combine.shape[1]
+        else:
+            assert o.combine is None and g.combine is None
+    with pytest.raises(jp.JaxpriceError, match="unknown batch rule"):
+        F.observations_from_measurements(EXCERPT, batch_rule="Interleaved")
+
+
+def test_the_fit_prices_a_point_as_accuracy_does_under_the_interleaved_rule():
+    from jaxprice import accuracy as acc
+    from jaxprice._src import fit as fit_src
+    name = "minimax-m2.5-b300-fp8-vllm-tp1"
+    (obs,), _, _ = F.observations_from_measurements(EXCERPT, batch_rule="interleaved", deployments=[name])
+    coefs = obs.deployment.coefficients
+    pred = fit_src._predict_u(np.zeros(len(coefs.names)), np.asarray(coefs.values), obs.batches,
+                              np.asarray(obs.combine), plan=obs.deployment.plan, names=tuple(coefs.names),
+                              target="tpot", estimate="no_overlap", smooth=False, tau=0.0)
+    report = acc.evaluate_accuracy(EXCERPT, batch_rule="interleaved", deployments=[name])
+    np.testing.assert_allclose(np.asarray(pred) * 1e6, [r["no_overlap_tpot_us"] for r in report.records], rtol=1e-9)
+
+
+def test_cli_batch_rule_reaches_the_observations_and_the_written_set(truth, tmp_path, capsys):
+    src = _tpot_csv(tmp_path / "tiny.csv", truth)
+    out = tmp_path / "fitted.yaml"
+    rc = cli_main(["fit", str(src), "--free", "hbm_derate", "--batch-rule", "capped", "--holdout", "0.5",
+                   "--steps", "3", "--out", str(out), "--quiet"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "; batch rule capped" in cap.out
+    assert "batch rule 'capped'" in yaml.safe_load(out.read_text())["source"]
+    rc = cli_main(["fit", str(src), "--free", "hbm_derate", "--batch-rule", "fifo", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err == ("jaxprice fit: error: field '--batch-rule', value 'fifo': unknown batch rule "
+                   "(known: anchor, capped, interleaved)\n")
+
+
 def test_cli_refuses_a_missing_file(tmp_path, capsys):
     rc = cli_main(["fit", str(tmp_path / "nope.csv"), "--free", "hbm_derate"])
     err = capsys.readouterr().err

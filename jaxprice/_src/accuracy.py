@@ -2,8 +2,9 @@
 
 Reads a CSV of client-side measurements in the layout of ``shared/measured/inferencex_vllm_dev.csv``
 (one row per point and quantity; only ``mean_tpot`` rows are scored: TTFT includes queueing) and
-prices every point by the anchor kernel's rule (``shared/measured/README.md``, 'From a step-time
-model to a TPOT prediction'), so the figures are comparable with the anchor's:
+prices every point by a batch rule. The default, ``anchor``, is the anchor kernel's rule
+(``shared/measured/README.md``, 'From a step-time model to a TPOT prediction'), so the figures
+are comparable with the anchor's:
 
 * Deployment: the bundled scenario ``testdata/aisimulate/<deployment>.yaml`` when there is one,
   else a ``Scenario`` built from the columns (model, hardware, dtype, engine, tp, ep, dp; see
@@ -16,8 +17,49 @@ model to a TPOT prediction'), so the figures are comparable with the anchor's:
   registry states, 45.9 us on every chip; 0 when the deployment's sets carry none). NoOverlap is
   the anchor's (headline) estimate; Overlap is reported beside it.
 
-Each deployment's points are priced in ONE vmapped call over a stack of batches padded to the
-next power of two of its largest C (45 compiles for the development set, not 1,155).
+Batch rules (``batch_rule``; ``BATCH_RULES``). Each prices one or more batches per point and
+combines their step estimates S (NoOverlap, or Overlap, alike) linearly; every decode row is as
+above (1 token at context ``ctx``, threshold 8); ``host_output_token`` is added once.
+
+* ``anchor`` (default): ``TPOT = S(C decodes) + host_output_token``. The client's C requests
+  are all taken to decode in every step. Kept bit-identical to the anchor kernel's rule.
+* ``capped``: ``R = min(C, max_num_seqs * dp, floor(dp * kv_capacity_tokens / ctx))`` and
+  ``TPOT = S(R decodes) + host_output_token``. Models the engine's resident limit: vLLM keeps at
+  most ``max_num_seqs`` requests running per data-parallel rank, and at most as many as its KV
+  cache holds; the rest wait in the queue (their wait shows in TTFT, not TPOT), so a resident
+  request's inter-token latency is the step time of the resident batch. ``kv_capacity_tokens``
+  is ``plan.memory["kv_capacity_tokens"]`` (per rank, from ``resolve``: HBM x
+  gpu_memory_utilization less weights, activations, CUDA-graph memory and communication
+  buffers, over the KV bytes per token, the reference kernel's memory model). Limits: every
+  resident request is counted at the same mid-decode context (in vLLM a request holds its
+  growing context, block-rounded; short ones leave room for more); preemption, prefix caching,
+  DP load imbalance and the recurrent state of hybrid models are not modelled. Where C fits,
+  ``capped`` equals ``anchor``.
+* ``interleaved``: the capped batch and the prefills that keep it full. In steady state a
+  resident request finishes every ``osl`` of its decode steps, so ``R / osl`` new requests
+  arrive per step, and vLLM's chunked prefill runs each prompt in chunks of at most
+  ``max_num_batched_tokens - R`` tokens beside the R decode rows (the chunk row schedules its
+  tokens after the prompt's earlier chunks). A request's mean TPOT averages over every step it
+  decodes in, so, with ``S_d = S(R decodes)`` and ``S_j = S(R decodes + chunk j)``::
+
+      TPOT = S_d + (R / osl) * sum_j (S_j - S_d) + host_output_token
+
+  i.e. weights ``1 - (R / osl) * chunks`` on S_d and ``R / osl`` on each S_j. It explains why
+  TPOT grows faster with C for long prompts (8k1k) than for short ones (1k1k). Limits: it is a
+  first-order average; it assumes one request's chunks never share a step with another's
+  (when ``(R / osl) * chunks`` nears 1 several prefills share a step and the rule
+  over-charges), takes the budget as ``max_num_batched_tokens`` (8192 when unset), ignores
+  decode-priority scheduling, preemption and the ramp-up of a sweep; at C below the resident
+  limit it still assumes a full closed loop. It has no fitted parameter, but it was designed
+  after looking at the registry's errors on ``inferencex_vllm_dev.csv``, so its figures on
+  that set are not an out-of-sample test.
+
+``group_points`` builds each point's batches under the rule (``point_requests`` is the one
+definition, also used by ``jaxprice.fit.observations_from_measurements``); a deployment's
+batches are stacked, padded to the next power of two of its widest decode batch (plus one row
+for a prefill chunk), and priced in ONE
+vmapped call (45 compiles for the development set, not 1,155); ``DeploymentPoints.combine``
+(``[points, batches]``, interleaved only) maps the batch estimates to each point's TPOT.
 
 Metrics (per model and overall, with point counts):
 
@@ -61,6 +103,17 @@ DEFAULT_SETS = ("cost-model-primitives", "cost-model-collectives", "cost-model-h
 DTYPE_QUANTIZATION = {"fp4": "nvfp4", "nvfp4": "nvfp4", "mxfp4": "mxfp4", "fp8": "fp8", "bf16": "",
                       "int4": ""}
 DECODE_THRESHOLD = 8
+BATCH_RULES = ("anchor", "capped", "interleaved")
+# one line per rule, for reports (the formulas are in the module docstring)
+BATCH_RULE_TEXT = {
+    "anchor": "the anchor kernel's rule: a batch of C decoding requests",
+    "capped": ("batch rule `capped`: R = min(C, max_num_seqs x dp, floor(dp x KV-cache tokens per rank / ctx)) "
+               "decoding requests (the engine's resident batch; the rest queue)"),
+    "interleaved": ("batch rule `interleaved`: the capped batch of R decoding requests and the prefills that keep "
+                    "it full, TPOT = S(R decodes) + (R / osl) x sum over the prompt's chunks of "
+                    "[S(R decodes + chunk) - S(R decodes)] + host_output_token, chunks of at most "
+                    "max_num_batched_tokens - R tokens"),
+}
 ESTIMATES = ("no_overlap", "overlap")
 ESTIMATE_LABELS = {"no_overlap": "NoOverlap", "overlap": "Overlap"}
 # XLA options for the accuracy kernel: about 1.5x faster compiles (the run is compile-bound:
@@ -249,24 +302,104 @@ def padding(max_requests: int) -> int:
     return 1 << max(int(max_requests) - 1, 0).bit_length()
 
 
+# ----------------------------------------------------------------------------- batch rules
+
+
+def check_batch_rule(rule, *, field="batch_rule"):
+    """The rule itself, or a JaxpriceError naming the known rules."""
+    if not isinstance(rule, str) or rule not in BATCH_RULES:
+        refuse(f"unknown batch rule (known: {', '.join(BATCH_RULES)})", field=field, value=rule)
+    return rule
+
+
+def kv_capacity_tokens(dep: Deployment) -> float:
+    """KV-cache tokens one data-parallel rank holds: ``plan.memory["kv_capacity_tokens"]``, as
+    ``resolve`` computes it (the reference kernel's memory model; inf without a KV cache)."""
+    return float(dep.plan.memory["kv_capacity_tokens"])
+
+
+def resident_batch(dep: Deployment, concurrency: int, context: int) -> int:
+    """The decode rows the engine keeps running with ``concurrency`` requests in flight, each
+    holding ``context`` tokens: ``min(C, max_num_seqs * dp, floor(dp * kv_capacity_tokens /
+    context))``. Refused (JaxpriceError) when the KV cache cannot hold one such request."""
+    r = dep.resolution
+    dp = int(r["dp"])
+    limit = min(int(concurrency), int(r["max_num_seqs"]) * dp)
+    cap = kv_capacity_tokens(dep)
+    if math.isfinite(cap):
+        fit = int(math.floor(dp * cap / context))
+        if fit < 1:
+            refuse(f"the KV cache holds {cap:.0f} tokens per rank, not one request of context {context}",
+                   file=dep.scenario.path, field="kv_capacity_tokens", value=cap, has_value=True)
+        limit = min(limit, fit)
+    return limit
+
+
+def prefill_chunks(isl: int, resident_rows: int, budget: int) -> list:
+    """(tokens, computed) of the chunks one prompt of ``isl`` tokens is prefilled in, beside
+    ``resident_rows`` decode rows, under a per-step budget of ``budget`` tokens (at least 1
+    token a step)."""
+    room = max(int(budget) - int(resident_rows), 1)
+    out, done = [], 0
+    while done < isl:
+        n = min(room, isl - done)
+        out.append((n, done))
+        done += n
+    return out
+
+
+def point_requests(dep: Deployment, p: Point, batch_rule: str = "anchor"):
+    """The batches one point's TPOT is priced from under ``batch_rule`` (see the module
+    docstring): (R, requests, weights), R the decode rows, ``requests`` a list of
+    (scheduled, computed) per-row token lists (the first the R decode rows), and
+    ``TPOT - host_output_token = sum_k weights[k] * S(requests[k])``. Refused (JaxpriceError)
+    where the rule cannot price the point."""
+    check_batch_rule(batch_rule)
+    ctx = p.context
+    if p.concurrency < 1:
+        refuse(f"concurrency must be >= 1 (got {p.concurrency})", field="concurrency", value=p.concurrency)
+    if ctx < 1:
+        refuse(f"context isl + osl // 2 must be >= 1 (isl {p.isl}, osl {p.osl})", field="context", value=ctx)
+    R = p.concurrency if batch_rule == "anchor" else resident_batch(dep, p.concurrency, ctx)
+    decode = ([1] * R, [ctx - 1] * R)
+    if batch_rule != "interleaved":
+        return R, [decode], [1.0]
+    if p.osl < 1:
+        refuse("the interleaved rule needs osl >= 1 (requests finish every osl steps)", field="osl", value=p.osl)
+    a = R / p.osl
+    chunks = prefill_chunks(p.isl, R, int(dep.scenario.engine.get("max_num_batched_tokens", 8192)))
+    requests = [decode] + [([1] * R + [tokens], [ctx - 1] * R + [done]) for tokens, done in chunks]
+    return R, requests, [1.0 - a * len(chunks)] + [a] * len(chunks)
+
+
 @dataclasses.dataclass
 class DeploymentPoints:
-    """The points of one deployment, ready to price: its Deployment, the stacked decode batches
-    (``batches``: [n, rows], rows = ``padding(max C)``), where each batch's point sits in the
-    point list (``index``), and the measured mean TPOT (seconds, [n])."""
+    """The points of one deployment, ready to price: its Deployment, the stacked batches
+    (``batches``: [batches, rows], rows = ``padding`` of its widest decode batch, plus one row
+    for the prefill chunk under the ``interleaved`` rule), where each point sits
+    in the point list (``index``), and the measured mean TPOT (seconds, [n]). Batch i < n is
+    point i's decode batch (R rows, ``resident[i]``); ``combine`` ([n, batches], rule
+    ``interleaved``; None: point i is batch i) gives each point's TPOT - host_output_token as a
+    linear combination of the batches' estimates."""
     name: str
     deployment: Deployment
     source: str
     index: np.ndarray           # int [n] into the point list
-    batches: Batch              # stacked [n, rows]
+    batches: Batch              # stacked [batches, rows]
     measured: np.ndarray        # seconds [n]
+    resident: np.ndarray | None = None   # int [n]: decode rows per point (None: the concurrency)
+    combine: np.ndarray | None = None    # [n, batches]
+    batch_rule: str = "anchor"
 
 
-def group_points(points, *, registry=None, scenario_dirs=None, extra_coefficient_files=(), source="columns"):
-    """Resolve each deployment once and stack its points' batches (one padding per deployment).
+def group_points(points, *, registry=None, scenario_dirs=None, extra_coefficient_files=(), source="columns",
+                 batch_rule="anchor"):
+    """Resolve each deployment once and stack its points' batches under ``batch_rule`` (one
+    padding per deployment; see ``point_requests``).
 
     Returns (groups, refused): groups a list of DeploymentPoints in order of first appearance,
     refused a list of (point index, reason) for points that cannot be priced."""
+    check_batch_rule(batch_rule)
     registry = registry or Registry()
     by_dep: dict[str, list[int]] = {}
     for i, p in enumerate(points):
@@ -279,22 +412,34 @@ def group_points(points, *, registry=None, scenario_dirs=None, extra_coefficient
         except JaxpriceError as err:
             refused.extend((i, f"deployment does not resolve: {err}") for i in idx)
             continue
-        ok = []
+        ok, specs = [], []
         for i in idx:
-            p = points[i]
-            if p.concurrency < 1:
-                refused.append((i, f"concurrency must be >= 1 (got {p.concurrency})"))
-            elif p.context < 1:
-                refused.append((i, f"context isl + osl // 2 must be >= 1 (isl {p.isl}, osl {p.osl})"))
-            else:
-                ok.append(i)
+            try:
+                specs.append(point_requests(dep, points[i], batch_rule))
+            except JaxpriceError as err:
+                refused.append((i, err.reason))
+                continue
+            ok.append(i)
         if not ok:
             continue
-        rows = padding(max(points[i].concurrency for i in ok))
-        batches = Batch.stack([Batch.decode(points[i].concurrency, points[i].context, pad_to=rows,
-                                            decode_threshold=DECODE_THRESHOLD) for i in ok])
+        # the next power of two of the widest decode batch, one more row for a prefill chunk
+        rows = padding(max(R for R, _, _ in specs)) + int(any(len(reqs) > 1 for _, reqs, _ in specs))
+        batches = [Batch.decode(R, points[i].context, pad_to=rows, decode_threshold=DECODE_THRESHOLD)
+                   for i, (R, _, _) in zip(ok, specs)]
+        combine = None
+        if any(len(reqs) > 1 for _, reqs, _ in specs):
+            extra = [(j, w, sched, comp) for j, (_, reqs, ws) in enumerate(specs)
+                     for (sched, comp), w in zip(reqs[1:], ws[1:])]
+            combine = np.zeros((len(ok), len(ok) + len(extra)))
+            combine[np.arange(len(ok)), np.arange(len(ok))] = [ws[0] for _, _, ws in specs]
+            for k, (j, w, sched, comp) in enumerate(extra):
+                combine[j, len(ok) + k] = w
+                batches.append(Batch.from_requests(sched, comp, pad_to=rows, decode_threshold=DECODE_THRESHOLD))
         groups.append(DeploymentPoints(name=name, deployment=dep, source=where, index=np.array(ok),
-                                       batches=batches, measured=np.array([points[i].measured for i in ok])))
+                                       batches=Batch.stack(batches),
+                                       measured=np.array([points[i].measured for i in ok]),
+                                       resident=np.array([R for R, _, _ in specs]), combine=combine,
+                                       batch_rule=batch_rule))
     return groups, refused
 
 
@@ -315,8 +460,10 @@ def predict_groups(groups, coefficients=None, *, temperature=None, callback=None
     """Price every group in one vmapped call each.
 
     Returns {group name: dict(no_overlap, overlap, bottleneck [n] arrays (seconds; bottleneck an
-    index into RESOURCES), host_output_token (seconds))}. ``coefficients`` optionally maps group
-    name -> Coefficients to use instead of the deployment's own (e.g. fitted values).
+    index into RESOURCES), host_output_token (seconds))}: per point, its TPOT less
+    host_output_token (a group's ``combine`` applied to its batches' estimates; the bottleneck
+    is that of the point's decode batch). ``coefficients`` optionally maps group name ->
+    Coefficients to use instead of the deployment's own (e.g. fitted values).
     ``temperature``: None for exact mode (the default; compiled with FAST_COMPILE), a float for
     smooth mode (``price_many``). ``callback(done, total, deployment=name)`` after each group."""
     from .step import price_many
@@ -328,6 +475,8 @@ def predict_groups(groups, coefficients=None, *, temperature=None, callback=None
         else:
             res = price_many(g.deployment.plan, coefs, g.batches, temperature=temperature)
             no, ov, bn = res.no_overlap, res.overlap, res.bottleneck
+        if g.combine is not None:
+            no, ov, bn = g.combine @ np.asarray(no), g.combine @ np.asarray(ov), np.asarray(bn)[:len(g.index)]
         out[g.name] = {"no_overlap": np.asarray(no), "overlap": np.asarray(ov), "bottleneck": np.asarray(bn),
                        "host_output_token": float(host_output_token(coefs))}
         if callback is not None:
@@ -433,8 +582,12 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
     bottleneck = [""] * n
     source = [""] * n
     hot = np.full(n, np.nan)
+    resident = np.array([p.concurrency for p in points])
     reasons = dict(refused)
+    rules = {g.batch_rule for g in groups}
     for g in groups:
+        if g.resident is not None:
+            resident[g.index] = g.resident
         pr = predictions[g.name]
         for e in ESTIMATES:
             step[e][g.index] = pr[e]
@@ -462,7 +615,8 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
         rec = {"row": p.row, "scenario": p.scenario, "deployment": p.deployment, "model": p.model,
                "hardware": p.hardware, "dtype": p.dtype, "tp": p.tp, "ep": p.ep, "dp": p.dp,
                "workload": p.workload, "isl": p.isl, "osl": p.osl, "concurrency": p.concurrency,
-               "context": p.context, "anchor": bool(anchor[i]), "anchor_concurrency": int(conc[a]),
+               "context": p.context, "batch_rule": next(iter(rules)) if len(rules) == 1 else "",
+               "resident": int(resident[i]), "anchor": bool(anchor[i]), "anchor_concurrency": int(conc[a]),
                "measured_us": p.measured * 1e6, "measured_rel": p.measured / meas[a],
                "status": "refused" if i in reasons else "priced", "reason": reasons.get(i, ""),
                "source": source[i], "bottleneck": bottleneck[i] if i not in reasons else "",
@@ -489,12 +643,15 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
 
 
 def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coefficient_files=(),
-                      deployments=None, temperature=None, callback=None) -> AccuracyReport:
+                      deployments=None, temperature=None, callback=None, batch_rule="anchor") -> AccuracyReport:
     """Price every mean-TPOT point of a measurement CSV and score it (see the module docstring).
 
     extra_coefficient_files: coefficient sets applied after each deployment's own, overriding by
     name (e.g. a set written by ``jaxprice fit``). deployments: keep only these deployment names
-    (None: all). callback(done, total, **info): progress, once per deployment priced."""
+    (None: all). batch_rule: 'anchor' (the anchor kernel's rule, the default), 'capped' or
+    'interleaved' (``BATCH_RULES``; see the module docstring). callback(done, total, **info):
+    progress, once per deployment priced."""
+    check_batch_rule(batch_rule)
     points, info = read_measurements(csv_path)
     if deployments is not None:
         keep = set(deployments)
@@ -504,7 +661,8 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
                    field="deployment", value=sorted(keep)[:3])
         info["points"] = len(points)
     groups, refused = group_points(points, registry=registry, scenario_dirs=scenario_dirs,
-                                   extra_coefficient_files=extra_coefficient_files, source=str(csv_path))
+                                   extra_coefficient_files=extra_coefficient_files, source=str(csv_path),
+                                   batch_rule=batch_rule)
     predictions = predict_groups(groups, temperature=temperature, callback=callback)
     notes = []
     for g in groups:
@@ -519,7 +677,9 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
                 from_scenario_files=sorted({g.name for g in groups if g.source != "columns"}),
                 from_columns=sorted({g.name for g in groups if g.source == "columns"}),
                 extra_coefficient_files=[str(f) for f in extra_coefficient_files], notes=notes,
-                temperature=temperature)
+                temperature=temperature, batch_rule=batch_rule,
+                resident_below_concurrency=sum(int(R < points[i].concurrency)
+                                               for g in groups for i, R in zip(g.index, g.resident)))
     return score(points, groups, refused, predictions, csv_path=csv_path, info=info)
 
 
@@ -545,6 +705,9 @@ def format_report(report: AccuracyReport, *, title="", markdown=False) -> str:
             f"{len(info.get('from_columns', []))} from columns); {len(report.refused)} refused")
     if info.get("extra_coefficient_files"):
         head += "; extra coefficients: " + ", ".join(info["extra_coefficient_files"])
+    if info.get("batch_rule", "anchor") != "anchor":
+        head += (f"; batch rule {info['batch_rule']} ({info.get('resident_below_concurrency', '?')} point(s) with a "
+                 f"resident batch below C)")
     cols = ("estimate", "model", "points", "priced", "refused", "shape mean", "shape median", "shape max",
             "shape mean (non-anchor)", "TPOT MAPE", "TPOT signed")
     rows = []
@@ -694,8 +857,10 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
     if any(r["status"] != "priced" for r in report.records):
         handles.append(Line2D([], [], color="k", marker="x", ls="", label="refused"))
     s = report.summary[estimate]["all"]
+    rule = report.info.get("batch_rule", "anchor")
     fig.suptitle(title or (f"{Path(report.csv).name}: mean TPOT (ms) against concurrency C; predicted = "
-                           f"{ESTIMATE_LABELS[estimate]} + host_output_token at context isl + osl/2. "
+                           f"{ESTIMATE_LABELS[estimate]} + host_output_token at context isl + osl/2"
+                           f"{'' if rule == 'anchor' else f' (batch rule {rule})'}. "
                            f"All {s['points']} points: TPOT MAPE {_pct(s['tpot_mape'])}, "
                            f"shape error {_pct(s['shape_mean'])} (mean)"), fontsize=9, y=1 - 0.06 / height)
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7, frameon=False,

@@ -5,7 +5,8 @@
     jaxprice fit steps.csv --target step --free 'attention_decode_rate*:3' --out fitted.yaml
 
 CSV: mean-TPOT measurements in the layout of shared/measured/inferencex_vllm_dev.csv (target
-``tpot``: NoOverlap of C decode rows at context isl + osl // 2, plus host_output_token), or
+``tpot``: NoOverlap of C decode rows at context isl + osl // 2, plus host_output_token; with
+``--batch-rule capped`` or ``interleaved`` the batches ``jaxprice accuracy --batch-rule`` prices), or
 step times with columns scenario, requests, context, value, unit (target ``step``). ``--free``
 takes ``PATTERN[@SCOPE][:BOUND]``: an fnmatch pattern over coefficient names, a scope of
 comma-separated hardware, model, tp, ep, nodes_spanned (or ``global``; default hardware) and
@@ -37,6 +38,10 @@ def add_parser(subparsers):
     p.add_argument("--target", choices=("auto", "tpot", "step"), default="auto",
                    help="what the CSV measures (default: from its columns)")
     p.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap")
+    p.add_argument("--batch-rule", metavar="RULE", default="anchor",
+                   help="TPOT layout: how each point's batches are built, as in 'jaxprice accuracy': anchor "
+                        "(default: C decode rows), capped (the engine's resident batch) or interleaved (the "
+                        "resident batch plus the steady-state prefill chunks)")
     p.add_argument("--holdout", default="0.25", help="fraction of deployments held out for early stopping")
     p.add_argument("--seed", default="0")
     p.add_argument("--steps", default="400")
@@ -73,8 +78,10 @@ def _mape(pred, meas):
 
 def run(args) -> int:
     from . import fit as F
+    from .accuracy import check_batch_rule
     from .cli_price import parse_float, parse_int
     from .progress import Progress
+    check_batch_rule(args.batch_rule, field="--batch-rule")
 
     if not args.free:
         refuse("give at least one --free PATTERN[@SCOPE][:BOUND] (e.g. --free hbm_derate)", field="--free")
@@ -110,7 +117,8 @@ def run(args) -> int:
     refused = []
     if layout == "tpot":
         obs, refused, points = F.observations_from_measurements(
-            args.csv, scenario_dirs=args.scenario_dir, estimate=args.estimate, deployments=args.deployment)
+            args.csv, scenario_dirs=args.scenario_dir, estimate=args.estimate, deployments=args.deployment,
+            batch_rule=args.batch_rule)
         if refused:
             print(f"{len(refused)} point(s) the kernel refused are left out of the fit:", file=sys.stderr)
             for i, reason in refused[:5]:
@@ -121,6 +129,9 @@ def run(args) -> int:
     else:
         if args.deployment:
             refuse("--deployment selects deployments of the mean-TPOT layout only", field="--deployment")
+        if args.batch_rule != "anchor":
+            refuse("--batch-rule applies to the mean-TPOT layout only (a step CSV gives its batches)",
+                   field="--batch-rule", value=args.batch_rule)
         obs = F.read_step_measurements(args.csv, estimate=args.estimate)
 
     bars = {}
@@ -149,7 +160,8 @@ def run(args) -> int:
           f"train {len(res.train)}, held out {len(res.held_out)} (by deployment, seed {seed})")
     print(f"fit: {res.settings['loss']} loss on log {what} ({args.estimate}, "
           f"{'exact mode' if temperature is None else f'temperature {temperature:g}'}), "
-          f"{len(res.keys)} free value(s); {res.stopped}; kept step {res.best_step}")
+          f"{len(res.keys)} free value(s); {res.stopped}; kept step {res.best_step}"
+          + (f"; batch rule {args.batch_rule}" if target == "tpot" else ""))
     print(f"{'split':<10}{'deployments':>12}{'points':>8}{'loss before':>13}{'loss after':>12}"
           f"{'MAPE before':>13}{'MAPE after':>12}")
     for split, names, key in (("train", res.train, "train"), ("held out", res.held_out, "held_out")):
@@ -171,6 +183,7 @@ def run(args) -> int:
     if hits:
         print("at a bound: " + ", ".join(f"{k} ({v})" for k, v in sorted(hits.items())))
     if args.out:
-        path = F.write_coefficient_set(res, args.out, name=args.name, data=str(args.csv))
+        data = f"{args.csv} (mean TPOT, batch rule '{args.batch_rule}')" if target == "tpot" else str(args.csv)
+        path = F.write_coefficient_set(res, args.out, name=args.name, data=data)
         print(f"wrote {path} (values in registry units; load with extra_coefficient_files=[...])")
     return 0

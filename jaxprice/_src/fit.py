@@ -194,18 +194,23 @@ class Observations:
 
 
 def observations_from_groups(groups, *, target="tpot", estimate="no_overlap"):
-    """Observations from ``jaxprice.accuracy.group_points`` groups (one per deployment)."""
-    return [Observations(g.name, g.deployment, g.batches, g.measured, target, estimate) for g in groups]
+    """Observations from ``jaxprice.accuracy.group_points`` groups (one per deployment): the
+    same stacked batches and, under the ``interleaved`` batch rule, the same ``combine``."""
+    return [Observations(g.name, g.deployment, g.batches, g.measured, target, estimate,
+                         combine=getattr(g, "combine", None)) for g in groups]
 
 
 def observations_from_measurements(csv_path, *, registry=None, scenario_dirs=None, estimate="no_overlap",
-                                   deployments=None, extra_coefficient_files=()):
-    """Mean-TPOT observations from a measurement CSV in the layout of inferencex_vllm_dev.csv
-    (see jaxprice.accuracy: batch = C decode rows at context isl + osl // 2, threshold 8).
+                                   deployments=None, extra_coefficient_files=(), batch_rule="anchor"):
+    """Mean-TPOT observations from a measurement CSV in the layout of inferencex_vllm_dev.csv,
+    each point's batches built by ``jaxprice.accuracy.group_points`` under ``batch_rule``
+    ('anchor': C decode rows at context isl + osl // 2, threshold 8; 'capped'; 'interleaved';
+    see jaxprice.accuracy), so a fit and an accuracy run price the same batches.
 
     Returns (observations, refused, points): refused lists (point index, reason) for points
     the kernel could not price (kept out of the fit, never silently: the caller reports them)."""
     from . import accuracy
+    accuracy.check_batch_rule(batch_rule)
     points, _ = accuracy.read_measurements(csv_path)
     if deployments is not None:
         keep = set(deployments)
@@ -214,7 +219,8 @@ def observations_from_measurements(csv_path, *, registry=None, scenario_dirs=Non
             refuse("no point of the CSV belongs to the selected deployments", file=str(csv_path),
                    field="deployment", value=sorted(keep)[:3])
     groups, refused = accuracy.group_points(points, registry=registry, scenario_dirs=scenario_dirs,
-                                            extra_coefficient_files=extra_coefficient_files, source=str(csv_path))
+                                            extra_coefficient_files=extra_coefficient_files, source=str(csv_path),
+                                            batch_rule=batch_rule)
     return observations_from_groups(groups, target="tpot", estimate=estimate), refused, points
 
 

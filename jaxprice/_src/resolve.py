@@ -713,6 +713,19 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     graph_mem = f"cudagraph_capture_bytes_{mode.lower()}"
     if graph_mem in scope.entries:
         memory["cudagraph_bytes"] = scope.value(graph_mem)
+    # CommBuffers (reference-kernel.md A.1): engine_workspace_bytes, plus the NCCL communicators of
+    # the widest declared width <= tp (else the narrowest declared) when any group is wider than 1
+    comm = float(scope.value("engine_workspace_bytes", 0.0))
+    nccl = [w for w in SNAP_WIDTHS if f"nccl_communicator_bytes_{w}rank" in scope.entries]
+    if max(tp, dp, expert_width) > 1 and nccl:
+        comm += scope.value(f"nccl_communicator_bytes_{max([w for w in nccl if w <= tp] or [min(nccl)])}rank")
+    memory["comm_buffer_bytes"] = comm
+    # KV-cache tokens one rank holds: its share of HBM (gpu_memory_utilization) less every fixed term
+    fixed = sum(memory.get(k, 0.0) for k in ("weights_bytes", "activation_bytes", "cudagraph_bytes",
+                                             "comm_buffer_bytes"))
+    budget = chip.memory_gib * 2 ** 30 * float(eng.get("gpu_memory_utilization", 0.9))
+    memory["kv_capacity_tokens"] = (max(budget - fixed, 0.0) / kv_bytes_per_token if kv_bytes_per_token > 0
+                                    else math.inf)
 
     # ---- arrays
     K = len(kinds)
