@@ -110,6 +110,13 @@ def test_no_retrace_when_only_values_change(traces):
         jp.price_many(plan, c.replace(hbm_derate=0.5 + 0.1 * k), batches())
     assert traces == {"exact": 1, "smooth": 0}
 
+    # the same names from another file (other cites and units, as a fitted set has): no retrace
+    refitted = jp.Coefficients(c.values * 1.01, c.names, ("fitted",) * len(c.names), ("fit.yaml",) * len(c.names))
+    out = jp.price_many(plan, refitted, batches())
+    assert traces == {"exact": 1, "smooth": 0}
+    assert jax.tree_util.tree_structure(refitted) == jax.tree_util.tree_structure(c)
+    assert out.no_overlap.shape == (5,)
+
     jp.price_many(plan, c, batches(), temperature=0.1)   # smooth mode: its own program, traced once
     after_smooth = dict(traces)
     assert after_smooth["smooth"] == 1 and after_smooth["exact"] == 2   # (the temperature-0 branch)

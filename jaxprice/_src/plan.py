@@ -32,6 +32,23 @@ INT_TOKEN_LIMIT = 2 ** 24
 # ----------------------------------------------------------------------------- coefficients
 
 
+class _Provenance:
+    """Units and citations riding along in a Coefficients' tree structure without being part of
+    its identity: a set loaded from another file (a fitted set, with other cites) has the same
+    structure, so jitted kernels do not recompile for it. Only the names are structure."""
+
+    __slots__ = ("units", "cites")
+
+    def __init__(self, units, cites):
+        self.units, self.cites = units, cites
+
+    def __eq__(self, other):
+        return isinstance(other, _Provenance)
+
+    def __hash__(self):
+        return 0
+
+
 @jax.tree_util.register_pytree_node_class
 class Coefficients:
     """Named coefficients in SI units (s, B/s, tokens/s, dimensionless) as one vector.
@@ -49,11 +66,12 @@ class Coefficients:
         self._index = {n: i for i, n in enumerate(self.names)}
 
     def tree_flatten(self):
-        return (self.values,), (self.names, self.units, self.cites)
+        return (self.values,), (self.names, _Provenance(self.units, self.cites))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(children[0], *aux)
+        names, prov = aux
+        return cls(children[0], names, prov.units, prov.cites)
 
     def index(self, name: str) -> int:
         try:
