@@ -12,7 +12,8 @@ with batches padded to 256 rows, it prints side by side:
   row, the differentiable form); both price bit for bit the same;
 * value_and_grad over the coefficients (of the summed NoOverlap, the shape of a fitting
   loss) at the same sizes, and its time as a ratio to the forward pass;
-* a warm single-batch call's latency (price; int32 and float64 counts), the plan-build time
+* a warm single-batch call's latency (price; int32 and float64 counts) beside JAX's own
+  dispatch floor on this machine (a trivial jitted function of the same arguments), the plan-build time
   (load_deployment, cold) and the first call's compile time;
 * the process's peak resident memory after the largest size;
 * for scale, the memory roofline: the time to just read what the kernel reads per row
@@ -128,6 +129,13 @@ def bench_deployment(label, name, sizes, rounds):
     warm64, warm64_best = timed(lambda: jax.block_until_ready(jp.price(plan, coefs, one64).no_overlap),
                                 round_s=0.3, rounds=rounds, best=True)
     out["warm_f64_us"], out["warm_f64_best_us"] = warm64 * 1e6, warm64_best * 1e6
+    # JAX's own floor for such a call: a trivial jitted function of the same arguments with
+    # the same output structure (a StepResult of five arrays)
+    trivial = jax.jit(lambda c, b: jp.StepResult(*(jnp.sum(b.scheduled) + jnp.sum(c.values),) * 5))
+    jax.block_until_ready(trivial(coefs, one))
+    floor, floor_best = timed(lambda: jax.block_until_ready(trivial(coefs, one).no_overlap),
+                              round_s=0.3, rounds=rounds, best=True)
+    out["dispatch_floor_us"], out["dispatch_floor_best_us"] = floor * 1e6, floor_best * 1e6
     # the two forms price bit for bit the same
     a, b = (jp.price_many(plan, coefs, jax.tree_util.tree_map(lambda v: v[:64], bs)) for bs in (largest, largest64))
     out["int32_equals_float64"] = bool(all(np.array_equal(np.asarray(x), np.asarray(y))
@@ -190,6 +198,8 @@ def table(results, sizes):
     row("warm single price() call", [f"{r['warm_us']:.1f} us (best {r['warm_best_us']:.0f})" for r in results],
         f"<= {GOALS['warm_us']:.0f} us")
     row("  same, float64 counts", [f"{r['warm_f64_us']:.1f} us (best {r['warm_f64_best_us']:.0f})" for r in results])
+    row("  JAX's floor: a trivial jit, same args", [f"{r['dispatch_floor_us']:.1f} us (best {r['dispatch_floor_best_us']:.0f})"
+                                                 for r in results], "(no kernel work)")
     row("plan build (load_deployment)", [f"{r['plan_build_s'] * 1e3:.0f} ms" for r in results])
     row("first price() compile", [f"{r['first_compile_s']:.2f} s" for r in results])
     row("plan build + first compile", [f"{r['plan_build_s'] + r['first_compile_s']:.2f} s" for r in results],
