@@ -642,6 +642,18 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
                           info=dict(info or {}))
 
 
+def select_deployments(points, deployments, csv_path):
+    """The points of the named deployments (all for None); refuses a selection matching none."""
+    if deployments is None:
+        return points
+    keep = set(deployments)
+    points = [p for p in points if p.deployment in keep]
+    if not points:
+        refuse("no point of the CSV belongs to the selected deployments", file=str(csv_path),
+               field="deployment", value=sorted(keep)[:3])
+    return points
+
+
 def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coefficient_files=(),
                       deployments=None, temperature=None, callback=None, batch_rule="anchor") -> AccuracyReport:
     """Price every mean-TPOT point of a measurement CSV and score it (see the module docstring).
@@ -653,13 +665,8 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     progress, once per deployment priced."""
     check_batch_rule(batch_rule)
     points, info = read_measurements(csv_path)
-    if deployments is not None:
-        keep = set(deployments)
-        points = [p for p in points if p.deployment in keep]
-        if not points:
-            refuse("no point of the CSV belongs to the selected deployments", file=str(csv_path),
-                   field="deployment", value=sorted(keep)[:3])
-        info["points"] = len(points)
+    points = select_deployments(points, deployments, csv_path)
+    info["points"] = len(points)
     groups, refused = group_points(points, registry=registry, scenario_dirs=scenario_dirs,
                                    extra_coefficient_files=extra_coefficient_files, source=str(csv_path),
                                    batch_rule=batch_rule)

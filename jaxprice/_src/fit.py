@@ -212,12 +212,7 @@ def observations_from_measurements(csv_path, *, registry=None, scenario_dirs=Non
     from . import accuracy
     accuracy.check_batch_rule(batch_rule)
     points, _ = accuracy.read_measurements(csv_path)
-    if deployments is not None:
-        keep = set(deployments)
-        points = [p for p in points if p.deployment in keep]
-        if not points:
-            refuse("no point of the CSV belongs to the selected deployments", file=str(csv_path),
-                   field="deployment", value=sorted(keep)[:3])
+    points = accuracy.select_deployments(points, deployments, csv_path)
     groups, refused = accuracy.group_points(points, registry=registry, scenario_dirs=scenario_dirs,
                                             extra_coefficient_files=extra_coefficient_files, source=str(csv_path),
                                             batch_rule=batch_rule)
