@@ -72,24 +72,23 @@ def _terms(x, axis):
     return [jax.lax.index_in_dim(x, i, axis, keepdims=False) for i in range(x.shape[axis])]
 
 
-def _hard_max(x, axis):
+def _fold(x, axis, pairwise, reduce):
+    """reduce(x, axis), unrolled into pairwise ops over the terms when there are few."""
     if x.shape[axis] > _UNROLL or x.shape[axis] == 0:
-        return jnp.max(x, axis=axis)
+        return reduce(x, axis=axis)
     terms = _terms(x, axis)
-    top = terms[0]
+    acc = terms[0]
     for t in terms[1:]:
-        top = jnp.maximum(top, t)
-    return top
+        acc = pairwise(acc, t)
+    return acc
+
+
+def _hard_max(x, axis):
+    return _fold(x, axis, jnp.maximum, jnp.max)
 
 
 def _hard_min(x, axis):
-    if x.shape[axis] > _UNROLL or x.shape[axis] == 0:
-        return jnp.min(x, axis=axis)
-    terms = _terms(x, axis)
-    low = terms[0]
-    for t in terms[1:]:
-        low = jnp.minimum(low, t)
-    return low
+    return _fold(x, axis, jnp.minimum, jnp.min)
 
 
 def _power_mean(x, p, axis):

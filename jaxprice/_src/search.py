@@ -384,9 +384,7 @@ class OptimizeResult:
     wall_s: float
 
     def as_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["best"], out["rounded"] = self.best.as_dict(), self.rounded.as_dict()
-        return out
+        return dataclasses.asdict(self)      # recursive: nested compositions become dicts too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,9 +398,7 @@ class GridResult:
     wall_s: float
 
     def as_dict(self) -> dict:
-        out = dataclasses.asdict(self)
-        out["best"] = self.best.as_dict()
-        return out
+        return dataclasses.asdict(self)      # recursive: nested compositions become dicts too
 
 
 class _Exact:
