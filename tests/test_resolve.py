@@ -68,6 +68,13 @@ def test_every_scenario_loads_and_resolves(path):
     assert 0 < plan.memory["weights_bytes"] < dep.chip.memory_gib * GiB
     assert plan.memory["kv_bytes_per_token"] > 0
     assert len(set(dep.coefficients.names)) == len(dep.coefficients.names) > 0
+    # every rate-class index points into the class tables (an index past the end would be
+    # clamped silently by the kernel's gather: prefill attention once ran at the FP8 peak so)
+    n_classes = len(plan.arrays["class_peak"])
+    assert n_classes == len(plan.coef["classes"]) == plan.scalars["n_classes"]
+    for key in ("gemm_class", "expert_class", "rec_scan_class", "mhc_mix_class"):
+        assert np.all(plan.arrays.get(key, np.zeros(0, int)) < n_classes), key
+    assert plan.scalars["bf16_class"] < n_classes and plan.scalars["head_class"] < n_classes
     assert np.all(np.isfinite(np.asarray(dep.coefficients.values)))
     assert dep.coefficients["hbm_derate"] > 0
     assert all(peak > 0 for _, _, peak in res["rate_classes"])
@@ -474,3 +481,58 @@ def test_served_format_from_quantization(quant, served):
 def test_mxfp8_on_hopper_runs_at_the_bf16_rate():
     dep = resolved(LLAMA70.format(8), engine={"quantization": "mxfp8"})
     assert {c[:2] for c in dep.resolution["rate_classes"]} == {("bf16", "bf16")}
+
+
+# ----------------------------------------------------------------------------- resolution stages
+
+
+# resolve()'s pipeline, in order (resolve.py's docstring names what each decides)
+STAGES = ("_check_coverage", "_documents", "_widths", "_coefficients_in_scope", "_served_formats",
+          "_speculation", "_host_modes", "_layer_stack", "_experts", "_kv_layout", "_graph_walk",
+          "_head", "_collectives", "_host_graph", "_weights", "_memory", "_prefill_attention",
+          "_kind_arrays", "_row_arrays", "_coefficient_roles", "_plan_scalars", "_resolution")
+# what the graph walk and the collectives stage call per kind, node or class
+NODE_STAGES = ("_walk_kind", "_gemm", "_grouped_gemm", "_attention", "_recurrent", "_hyper_connection",
+               "_collective_row")
+
+
+def _recording(monkeypatch, names):
+    import jaxprice._src.resolve as R
+    calls = []
+
+    def wrap(name, fn):
+        def recorded(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return recorded
+
+    for name in names:
+        monkeypatch.setattr(R, name, wrap(name, getattr(R, name)))
+    return calls
+
+
+def test_resolve_runs_each_stage_once_in_order_and_deterministically(monkeypatch):
+    # a MoE model with recurrent mixers and a drafter: every stage has work to do
+    s = scenario("qwen3.5-397b-a17b-b200-fp8-sglang-tp4", engine={"speculative": {"num_spec_tokens": 2}})
+    plain = resolve(s, REG)
+    calls = _recording(monkeypatch, STAGES + NODE_STAGES)
+    dep = resolve(s, REG)
+    assert [c for c in calls if c in STAGES] == list(STAGES)
+    assert calls.count("_walk_kind") == len(dep.plan.layer_kind_names)
+    assert any(n.startswith("drafter:") for n in dep.plan.layer_kind_names)
+    assert {"_gemm", "_grouped_gemm", "_attention", "_recurrent", "_collective_row"} <= set(calls)
+    # resolving again changes nothing: the plan, memory, provenance, coefficients, resolution
+    assert dep.plan.digest == plain.plan.digest
+    assert (dep.plan.memory, dep.plan.provenance, dep.resolution) == \
+        (plain.plan.memory, plain.plan.provenance, plain.resolution)
+    assert dep.coefficients.names == plain.coefficients.names
+    np.testing.assert_array_equal(dep.coefficients.values, plain.coefficients.values)
+
+
+def test_a_hyper_connection_resolves_through_its_stage(tmp_path, monkeypatch):
+    calls = _recording(monkeypatch, ("_hyper_connection",))
+    dep = _synthetic(tmp_path, "mhc", {"L": [NODES["HyperConnection"], NODES["GEMM"]]},
+                     {"pattern": ["L"], "repeat": 3})
+    assert calls == ["_hyper_connection"]        # once per distinct kind, not per layer
+    np.testing.assert_array_equal(dep.plan.arrays["mhc_bytes_per_token"], [4096])
+    assert dep.plan.coef["mhc_form"] == (None,)   # no measured mHC form in the llama sets

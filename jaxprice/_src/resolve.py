@@ -7,6 +7,30 @@ counts, node conditions (``emit``), GEMM fusion, kernel counts, KV and state geo
 graph modes and the capture ceiling, and every refusal. The step kernel (step.py) then only
 walks a handful of arrays.
 
+``resolve()`` is a pipeline of named stages, each a small function that takes and returns
+plain records (NamedTuples) and refuses what it cannot resolve before a later stage runs:
+
+1. the deployment: ``_check_coverage`` (pp, pcp, dcp), ``_documents`` (graph, chip, fabric),
+   ``_widths`` (tp, dp, the expert and MoE-group widths, the nodes spanned),
+   ``_coefficients_in_scope`` (the admitted entries; the HBM derate), ``_served_formats``
+   (weights, KV and mamba caches), ``_speculation`` (the drafter), ``_host_modes`` (graph
+   modes, max_num_seqs, the capture ceiling);
+2. layer kinds: ``_layer_stack`` (distinct kinds with counts), ``_experts`` (MoE constants),
+   ``_kv_layout`` (cache layout and block size);
+3. the graph walk: ``_graph_walk``, one ``_walk_kind`` per kind (emit conditions, GEMM
+   fusion, kernel counts, one row per attention, recurrent mixer and hyper-connection,
+   collective launches), then ``_head``;
+4. collectives, host and memory: ``_collectives`` (classes, snapping, placement, names),
+   ``_host_graph`` (kernels, segments, host coefficients), ``_weights`` and ``_memory``
+   (reported, not priced);
+5. the plan: ``_prefill_attention``, ``_kind_arrays``, ``_row_arrays``, ``_coefficient_roles``,
+   ``_plan_scalars``, ``_resolution``.
+
+Two ledgers run through the stages instead of being returned: the ``_Scope`` marks each
+coefficient a stage reads (what is marked becomes the Coefficients vector), and
+``_RateClasses`` registers each (peak, ramp) class a GEMM computes at, in order of first use
+(a row's rate class is its index there, so the order of the walk is part of the plan).
+
 Coverage limits (refused with a clear message rather than priced wrongly): pipeline
 parallelism (pp > 1) and context parallelism (pcp > 1, dcp > 1). Every place the code knowingly
 differs from the reference kernel carries a grep-able KNOWN DIVERGENCE or COVERAGE LIMIT
@@ -19,6 +43,7 @@ import dataclasses
 import difflib
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -216,7 +241,7 @@ class _RateClasses:
         return len(self.keys) - 1
 
 
-# ----------------------------------------------------------------------------- the walk
+# ----------------------------------------------------------------------------- emit conditions, width snapping
 
 
 def _emits(node, ctx) -> bool:
@@ -248,13 +273,263 @@ def _snap(width, measured, *, op, chip, file):
            value=f"collective_floor_{op}_fp16_{width}rank_{chip}")
 
 
-def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=()) -> Deployment:
-    """Resolve one deployment into a Plan and its Coefficients (see module docstring)."""
-    reg = registry or Registry()
-    file = scenario.path
-    par, eng = scenario.parallel, scenario.engine
-    tp, dp, pp = par.get("tp", 1), par.get("dp", 1), par.get("pp", 1)
-    pcp, dcp = par.get("pcp", 1), par.get("dcp", 1)
+# ----------------------------------------------------------------------------- stage records
+
+
+class Documents(NamedTuple):
+    """The documents a scenario names: its model graph, its chip and its fabric (or None)."""
+    graph: ModelGraph
+    chip: Chip
+    network: Network | None
+
+
+class Widths(NamedTuple):
+    """Group widths and where the groups sit (reference-kernel.md section 2)."""
+    tp: int
+    dp: int
+    expert_width: int      # ranks the experts are spread over: tp*dp with expert parallelism, else 1
+    moe_group: int         # ranks an MoE layer's tokens meet over: the expert collectives' width
+    sp_moe: bool           # sequence-parallel MoE: tensor_parallel_unless_sp_moe nodes drop out
+    routed: bool           # the All2All moves routed tokens (top_k copies of each)
+    gpus_per_node: int
+    rack: int
+    rack_domain: bool      # a rack-scale NVLink domain: a group within the rack crosses no node
+    nodes_spanned: int
+
+
+class Formats(NamedTuple):
+    """The served weight format and what the caches hold."""
+    served: str            # the quantization's format, else the checkpoint's
+    served_bytes: float
+    checkpoint_bytes: float
+    cache: str             # the engine's cache_dtype ("auto" when unset)
+    cache_bytes: float     # bytes per cached element ("auto": the served width, at least 2)
+    mamba_cache: str
+
+
+class Drafter(NamedTuple):
+    """A speculator's drafter, priced as extra layer kinds."""
+    method: str
+    kinds: tuple           # its layer kinds, in stack order
+    parallel_block: bool   # drafts every token in one pass
+    passes: int            # its forward passes per step
+
+
+class Speculation(NamedTuple):
+    """Speculative decoding: tokens per uniform decode row, and the drafter (None: none priced)."""
+    num_spec: int
+    uniform_width: int     # 1 + num_spec
+    drafter: Drafter | None
+
+
+class HostModes(NamedTuple):
+    """Graph modes and the capture ceiling (reference-kernel.md section 7.2)."""
+    mode: str              # the cudagraph mode in force
+    decode_mode: str       # host mode of a uniform-decode batch: full, piecewise or eager
+    other_mode: str        # host mode of any other batch
+    max_seqs: int
+    capture_tokens: int    # the largest captured batch, in tokens (0: none captured)
+    notes: tuple           # (what, how) provenance: what was assumed
+
+
+class LayerStack(NamedTuple):
+    """The distinct layer kinds to walk, with how many layers of each the stack holds."""
+    kind_ids: tuple        # the target's kinds present in its stack, in declaration order
+    kinds: tuple           # (kind id, layer count, is_drafter): the target's, then the drafter's
+
+
+class Experts(NamedTuple):
+    """MoE constants (reference-kernel.md section 6); zeros for a dense model."""
+    experts_max: int       # routed experts of the largest GroupedGEMM (0: a dense model)
+    redundant: int         # EPLB's redundant experts
+    experts_total: int
+    experts_per_rank: float
+    local_share: float     # experts_per_rank / experts_total
+    expert_shards: int     # ranks one expert's weights are split over: tp*dp without EP, else 1
+    dp_slice: float        # expert_shards / tp without EP, else 1
+    funnel: int            # dp ranks whose tokens meet in one MoE group (1: none)
+    imbalance: str | None  # the routing-imbalance coefficient read (None: a dense model)
+
+
+class KvLayout(NamedTuple):
+    """How the KV cache is laid out."""
+    latent_model: bool     # a primary attention of the target holds a latent (MLA) cache
+    dsa: bool              # sparse MLA over a 576-wide latent (DeepSeek sparse attention)
+    block: int             # tokens per cache block
+    layout: str            # the cache dtype, or the DS-MLA cell layout sparse MLA stores it in
+
+
+class GemmRow(NamedTuple):
+    """One dense GEMM of a layer kind (or a fused run of them), per layer."""
+    kind: int              # index of its layer kind
+    n: int
+    k: int
+    flops: float           # per token, before the tp split
+    shard_n: bool          # reads the hidden state (k = hidden) and shards n over tp
+    phase: int             # 0: every step, 1: prefill only
+    cls: int               # rate class
+    replicated: bool       # not split over tp
+    shape: bool            # n and k are its own (False: shared experts, no shape factor)
+
+
+class AttentionRow(NamedTuple):
+    """One attention node: a primary attention, or a secondary one (an indexer's scan)."""
+    kind: int
+    phase: int
+    secondary: bool
+    akind: str             # gqa, mla, sparse_mla, ...
+    window: float          # sliding window in tokens (0: none)
+    topk: float            # tokens a sparse attention selects (0: dense)
+    compress: float        # its compress_ratio (0: none)
+    sparse: bool
+    latent: bool
+    bytes_per_token: float  # KV bytes one rank reads per context token
+    flops_per_pair: float  # per (query, key) pair, per rank
+    dec_floor: str | None
+    dec_rate: str | None   # None: the KV bytes are read at HBM bandwidth
+    pre_form: tuple | None  # the measured prefill form's four names
+
+
+class RecurrentRow(NamedTuple):
+    """One recurrent mixer (a linear-attention or state-space update)."""
+    kind: int
+    phase: int
+    dec: tuple | None      # (floor, rate) names of its measured decode form
+    pre: tuple | None      # (floor, rate) names of its measured prefill form
+    scan_flops_per_token: float
+    scan_class: int
+
+
+class HyperRow(NamedTuple):
+    """One hyper-connection half."""
+    kind: int
+    phase: int
+    bytes_per_token: float
+    mix_flops: float
+    form: tuple | None     # (floor, rate) names of its measured form
+    mix_class: int
+
+
+class LayerKind(NamedTuple):
+    """One distinct layer kind after the walk: its terms per layer; pairs are per phase
+    (every step, prefill only)."""
+    id: str
+    count: float           # layers of this kind in its stack
+    drafter: bool
+    weight_bytes: tuple    # weight bytes a rank reads
+    elementwise: tuple     # elementwise bytes per token
+    kernels: tuple         # kernel launches
+    launches: dict         # ((op, group), phase) -> collective launches
+    splits: int            # piecewise capture breaks
+    dense_weight_mem: float
+    shared_weight_mem: float
+    moe: bool
+    expert_flops: float    # routed FLOPs per token and expert
+    expert_bytes: float    # one expert's weight bytes
+    expert_class: int
+    top_k: int
+
+
+class Walk(NamedTuple):
+    """The graph walk: every layer kind, and the rows the kernel sums per kind."""
+    kinds: tuple           # LayerKind, the target's then the drafter's
+    gemms: tuple
+    attentions: tuple
+    recurrents: tuple
+    hypers: tuple
+    kv_bytes_per_token: float  # the target's KV bytes per token, over all its layers
+    notes: tuple           # provenance: terms the walk found no coefficient for
+
+
+class Head(NamedTuple):
+    """The model head, priced once per step over all tokens."""
+    kernels: int
+    flops: float           # per token, per rank
+    weight_bytes: float    # per rank
+    cls: int               # rate class
+
+
+class _WalkContext(NamedTuple):
+    """What every node of the walk reads; scope and classes are the two ledgers."""
+    graph: ModelGraph
+    tp: int
+    emit: dict             # the emit conditions' context: tp, moe_group, sp_moe
+    served: str
+    cache_bytes: float
+    layout: str
+    scope: _Scope
+    classes: _RateClasses
+
+
+class _KindWalk(NamedTuple):
+    kind: LayerKind
+    gemms: tuple
+    attentions: tuple
+    recurrents: tuple
+    hypers: tuple
+    kv_terms: tuple        # per-token KV bytes of each primary target attention, times the count
+    notes: tuple
+
+
+class _ExpertNode(NamedTuple):
+    flops: float           # routed, per token and expert
+    bytes: float           # one expert's weights
+    top_k: int
+    cls: int
+    shared_bytes: float    # the shared experts' weight bytes per rank
+    shared: GemmRow | None  # the shared experts, a dense GEMM term
+
+
+class CollectiveRow(NamedTuple):
+    """One collective class: an op over a group, snapped to a measured width and placed."""
+    op: str
+    group: str             # tp or expert
+    width: int             # ranks in the group
+    snapped: int           # the measured width its coefficients are read at
+    nic: bool              # crosses nodes: priced on the NIC
+    span: float            # the span factor crossing nodes costs (1: within a node)
+    bytes_per_token: float
+    names: tuple | None    # (floor, transition_rate, peak_rate); None: no layer launches it
+
+
+class Collectives(NamedTuple):
+    """The collective classes, in class-index order."""
+    rows: tuple            # CollectiveRow
+    index: dict            # (op, group) -> class index
+
+
+class HostGraph(NamedTuple):
+    """Host terms: the host coefficients, and the kernels and graph pieces per step."""
+    replay: str | None
+    eager_layer: str | None
+    per_kernel: str | None
+    total_layers: float
+    kernels: tuple         # (every step, prefill only), the head's included
+    segments: float        # piecewise graph segments: 1 + the capture breaks
+    drafter_layers: float
+    drafter_kernels: tuple
+    drafter_segments: float
+
+
+class Weights(NamedTuple):
+    """Weight bytes one rank holds."""
+    target: float
+    drafter: float
+
+
+class PrefillAttention(NamedTuple):
+    """The part-wide prefill attention coefficients' names (None: not admitted)."""
+    floor: str | None
+    scale: str | None      # attention_prefill_work_scale
+
+
+# ----------------------------------------------------------------------------- stages: the deployment
+
+
+def _check_coverage(scenario: Scenario) -> None:
+    """Refuse what jaxprice does not price: pipeline and context parallelism."""
+    file, par, eng = scenario.path, scenario.parallel, scenario.engine
+    pp, pcp, dcp = par.get("pp", 1), par.get("pcp", 1), par.get("dcp", 1)
     if pp > 1:   # COVERAGE LIMIT [pipeline-parallel]: no pipeline-stage split is priced
         refuse("pipeline parallelism is not priced (no pipeline-stage split)", file=file,
                field="Deployment.pools[0].parallel.pp", value=pp)
@@ -269,14 +544,24 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     if dcp_backend not in (None, "", "ag_rs", "a2a"):
         refuse("unknown dcp_comm_backend (known: ag_rs, a2a)", file=file,
                field="Deployment.pools[0].engine.dcp_comm_backend", value=dcp_backend)
+
+
+def _documents(scenario: Scenario, reg: Registry) -> Documents:
+    """The model graph, chip and fabric the scenario names, read through the registry."""
+    file = scenario.path
     graph = reg.model(scenario.model, file=file, field="Scenario.model")
     chip = reg.chip(scenario.hardware, file=file, field="Scenario.cluster.hardware")
     network = None
     if scenario.fabric:
         network = reg.network(scenario.fabric, file=file, field="Scenario.cluster.fabric")
-    provenance = []
+    return Documents(graph, chip, network)
 
-    # ---- widths
+
+def _widths(scenario: Scenario, chip: Chip) -> Widths:
+    """tp and dp, the expert and MoE-group widths, the all2all backend's consequences, and how
+    many nodes the widest group spans (one, inside a rack-scale domain)."""
+    par, eng = scenario.parallel, scenario.engine
+    tp, dp = par.get("tp", 1), par.get("dp", 1)
     ep_on = bool(par.get("enable_expert_parallel", False))
     expert_width = tp * dp if ep_on else 1
     moe_group_width = expert_width if ep_on else (tp * dp if dp > 1 else expert_width)
@@ -292,18 +577,31 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
         nodes_spanned = 1
     else:
         nodes_spanned = math.ceil(widest / gpus_per_node)
+    return Widths(tp, dp, expert_width, moe_group, sp_moe, routed, gpus_per_node, rack,
+                  rack_domain, nodes_spanned)
 
-    # ---- coefficients in scope
+
+def _coefficients_in_scope(scenario: Scenario, reg: Registry, extra_sets, docs: Documents,
+                           widths: Widths) -> _Scope:
+    """The coefficient entries that apply to this deployment (later sets override earlier
+    ones), and the one every deployment reads: the HBM derate. The scope is the ledger the
+    later stages mark each coefficient they read on; what is marked becomes the vector."""
+    file, chip = scenario.path, docs.chip
     sets = [reg.coefficient_set(n, file=file, field="Scenario.coefficients") for n in scenario.coefficient_sets]
     sets += list(extra_sets)
-    scope = _Scope(sets, {"hardware": chip.name, "model": graph.name, "tp": tp, "ep": expert_width,
-                          "nodes_spanned": nodes_spanned}, file)
-    derate = scope.require("hbm_derate", "achieved HBM bandwidth")
+    scope = _Scope(sets, {"hardware": chip.name, "model": docs.graph.name, "tp": widths.tp,
+                          "ep": widths.expert_width, "nodes_spanned": widths.nodes_spanned}, file)
+    scope.require("hbm_derate", "achieved HBM bandwidth")
     if chip.hbm_tbs <= 0 or scope.value("hbm_derate") <= 0:
         refuse("HBM bandwidth resolved to a non-positive value", file=chip.source, field="hbm_tbs",
                value=chip.hbm_tbs * scope.value("hbm_derate"), has_value=True)
+    return scope
 
-    # ---- served format
+
+def _served_formats(scenario: Scenario, graph: ModelGraph) -> Formats:
+    """The served weight format (the quantization's, else the checkpoint's) and the KV and
+    mamba cache dtypes, each refused unless vLLM would serve it."""
+    file, eng = scenario.path, scenario.engine
     quant = eng.get("quantization", "") or ""
     if quant in QUANTIZATION:
         served = QUANTIZATION[quant]
@@ -313,9 +611,6 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
         refuse(f"unknown quantization (known: {', '.join(sorted(QUANTIZATION) + list(CHECKPOINT_QUANTIZATION))})",
                file=file, field="Deployment.pools[0].engine.quantization", value=quant)
     served_bytes = DTYPE_BYTES[served]
-    ckpt_bytes = DTYPE_BYTES[graph.weight_dtype]
-
-    # ---- cache
     cache = str(eng.get("cache_dtype", "auto") or "auto")
     if "turboquant" in cache or "per_token_head" in cache:
         refuse("this cache dtype's page is not sized by the kernel", file=file,
@@ -330,27 +625,40 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     if mamba_cache not in MAMBA_CACHE_DTYPES:
         refuse(f"not a mamba cache dtype (known: {', '.join(MAMBA_CACHE_DTYPES)})", file=file,
                field="Deployment.pools[0].engine.mamba_cache_dtype", value=mamba_cache)
+    cache_bytes = CACHE_DTYPES[cache]
+    if cache_bytes is None:
+        cache_bytes = 2.0 if served_bytes < 2 else served_bytes
+    return Formats(served, served_bytes, DTYPE_BYTES[graph.weight_dtype], cache, cache_bytes,
+                   mamba_cache)
 
-    # ---- speculation
-    spec = eng.get("speculative")
+
+def _speculation(scenario: Scenario, graph: ModelGraph) -> Speculation:
+    """Speculative tokens per step, and the drafter when the model graph has a speculator: its
+    layer kinds, and one pass (a parallel-block drafter) or one pass per drafted token."""
+    spec = scenario.engine.get("speculative")
     num_spec = int(spec["num_spec_tokens"]) if spec else 0
-    uniform_width = 1 + num_spec
     drafter = None
     if spec and graph.speculator:
         method = str(spec.get("method") or graph.speculator["method"])
         dstack = graph.speculator["stack"]
-        drafter = {"method": method, "kinds": list(dstack["prologue"]) + list(dstack["pattern"]) *
-                   max(int(dstack["repeat"]), 1) + list(dstack["epilogue"]),
-                   "parallel_block": method in PARALLEL_BLOCK_DRAFTERS}
-        drafter["passes"] = 1 if drafter["parallel_block"] else num_spec
+        kinds = list(dstack["prologue"]) + list(dstack["pattern"]) * max(int(dstack["repeat"]), 1) + \
+            list(dstack["epilogue"])
+        parallel_block = method in PARALLEL_BLOCK_DRAFTERS
+        drafter = Drafter(method, tuple(kinds), parallel_block, 1 if parallel_block else num_spec)
+    return Speculation(num_spec, 1 + num_spec, drafter)
 
-    # ---- graph modes and capture ceiling
+
+def _host_modes(scenario: Scenario, chip: Chip, uniform_width: int) -> HostModes:
+    """The cudagraph mode (enforce_eager: NONE; unset: vLLM's FULL_AND_PIECEWISE), the host
+    mode each kind of batch runs in, max_num_seqs and the capture ceiling in tokens."""
+    file, eng = scenario.path, scenario.engine
+    notes = []
     mode = str(eng.get("cudagraph_mode", "") or "").upper()
     if eng.get("enforce_eager"):
         mode = "NONE"
     if mode == "":
         mode = "FULL_AND_PIECEWISE"
-        provenance.append(("cudagraph_mode", "assumed FULL_AND_PIECEWISE (vLLM default)"))
+        notes.append(("cudagraph_mode", "assumed FULL_AND_PIECEWISE (vLLM default)"))
     if mode not in GRAPH_MODES:
         refuse(f"unknown cudagraph mode (known: {', '.join(GRAPH_MODES)})", file=file,
                field="Deployment.pools[0].engine.cudagraph_mode", value=eng.get("cudagraph_mode"))
@@ -359,32 +667,43 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     max_seqs = eng.get("max_num_seqs")
     if max_seqs is None:
         max_seqs = 1024 if chip.memory_gib >= 70 and "a100" not in chip.name else 256
-        provenance.append(("max_num_seqs", f"assumed {max_seqs} (vLLM default for this part)"))
+        notes.append(("max_num_seqs", f"assumed {max_seqs} (vLLM default for this part)"))
     if mode == "NONE":
         capture_tokens = 0
     elif "max_cudagraph_capture_size" in eng:
         capture_tokens = int(eng["max_cudagraph_capture_size"])
     else:
         capture_tokens = laws.capture_ceiling(max_seqs, uniform_width, four_native)
-        provenance.append(("capture ceiling", f"{capture_tokens} tokens (vLLM's default capture sizes)"))
+        notes.append(("capture ceiling", f"{capture_tokens} tokens (vLLM's default capture sizes)"))
+    return HostModes(mode, decode_mode, other_mode, max_seqs, capture_tokens, tuple(notes))
 
-    # ---- graph walk
-    expanded = graph.expanded_stack()
+
+def _layer_stack(graph: ModelGraph, drafter: Drafter | None) -> LayerStack:
+    """The target's stack expanded and counted by layer kind (in the order the kinds are
+    declared), then the drafter's kinds counted alike (in the order they first appear)."""
     counts = {}
-    for kid in expanded:
+    for kid in graph.expanded_stack():
         counts[kid] = counts.get(kid, 0) + 1
     kind_ids = [k for k in graph.layer_kinds if counts.get(k, 0) > 0]
-    ctx = {"tp": tp, "moe_group": moe_group, "sp_moe": sp_moe}
-    hidden = graph.hidden_size
-    classes = _RateClasses(chip, scope, file)
+    kinds = [(k, counts[k], False) for k in kind_ids]
+    if drafter is not None:
+        dcounts = {}
+        for k in drafter.kinds:
+            dcounts[k] = dcounts.get(k, 0) + 1
+        kinds += [(k, c, True) for k, c in dcounts.items()]
+    return LayerStack(tuple(kind_ids), tuple(kinds))
 
-    # MoE constants (reference-kernel.md section 6)
+
+def _experts(scenario: Scenario, graph: ModelGraph, widths: Widths, scope: _Scope) -> Experts:
+    """Experts per rank (EPLB's redundant ones included), how one expert's weights are sharded,
+    and the routing-imbalance coefficient; an EP width beyond the expert count is refused."""
+    file, eng = scenario.path, scenario.engine
+    tp, dp, ep = widths.tp, widths.dp, widths.expert_width
     experts_max = max([n["experts"] for nodes in graph.layer_kinds.values() for n in nodes
                        if n["op"] == "GroupedGEMM" and n["top_k"] > 0] or [0])
     eplb = eng.get("eplb") or {}
     redundant = int(eplb.get("num_redundant_experts", 0) or 0) if eplb.get("enable_eplb") else 0
     experts_total = experts_max + redundant
-    ep = expert_width
     experts_per_rank = local_share = 0.0
     if experts_max > 0:
         base = experts_total // ep
@@ -395,50 +714,24 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
         local_share = experts_per_rank / experts_total
     expert_shards = tp * max(dp, 1) if ep <= 1 else 1
     dp_slice = expert_shards / tp if ep <= 1 else 1.0
-    funnel = dp if (moe_group > 1 and dp > 1) else 1
+    funnel = dp if (widths.moe_group > 1 and dp > 1) else 1
     imbalance = scope.use("moe_routing_imbalance_median") if experts_max > 0 else None
+    return Experts(experts_max, redundant, experts_total, experts_per_rank, local_share,
+                   expert_shards, dp_slice, funnel, imbalance)
 
-    # collective classes
-    chip_sfx = chip.name.replace("-", "_")
-    widths = {"tp": tp, "expert": moe_group}
-    coll_keys = []           # (op, group)
-    coll_info = []
 
-    def collective_class(op, group):
-        key = (op, group)
-        if key in coll_keys:
-            return coll_keys.index(key)
-        coll_keys.append(key)
-        return len(coll_keys) - 1
-
-    for op, group in ALWAYS_RESOLVED:
-        collective_class(op, group)
-
-    # attention read configs and per-kind tables
-    cache_b = CACHE_DTYPES[cache]
-    if cache_b is None:
-        cache_b = 2.0 if served_bytes < 2 else served_bytes
-    attn_rows = []           # dicts, one per surviving Attention node (primary and secondary)
-    gemm_rows = []           # dicts, one per fused GEMM group
-    rec_rows, mhc_rows = [], []
-    kinds = []               # per-kind dicts
-    all_kinds = [(k, counts[k], False) for k in kind_ids]
-    if drafter:
-        dcounts = {}
-        for k in drafter["kinds"]:
-            dcounts[k] = dcounts.get(k, 0) + 1
-        all_kinds += [(k, c, True) for k, c in dcounts.items()]
-
-    kv_bytes_per_token = 0.0
+def _kv_layout(scenario: Scenario, docs: Documents, stack: LayerStack, cache: str) -> KvLayout:
+    """The cache layout the target's attentions take, refused where vLLM would not start: a
+    DS-MLA cache without sparse MLA, a plain nvfp4 cache under MLA, sparse MLA (DSA) on a block
+    that is not a multiple of 64 or on a part before Hopper."""
+    file, eng, chip = scenario.path, scenario.engine, docs.chip
+    nodes = [n for k in stack.kind_ids for n in docs.graph.layer_kinds[k] if n["op"] == "Attention"]
     # KNOWN DIVERGENCE [kv-geometry-per-kind]: latent/DSA/cache checks and KV bytes follow the
     # layer kinds in the stack, node by node; the reference takes one geometry and kind from the
     # last declared KV-holding kind, even one only a speculator uses (its section 3.13 quirk)
-    latent_model = any(n["op"] == "Attention" and n.get("role", "") == "" and n["kind"] in ("mla", "sparse_mla")
-                       for k in kind_ids for n in graph.layer_kinds[k])
-    dsa = any(n["op"] == "Attention" and n["kind"] == "sparse_mla" and n["d_h"] == 576
-              for k in kind_ids for n in graph.layer_kinds[k])
-    if cache.endswith("_ds_mla") and not any(n["op"] == "Attention" and n["kind"] == "sparse_mla"
-                                             for k in kind_ids for n in graph.layer_kinds[k]):
+    latent_model = any(n.get("role", "") == "" and n["kind"] in ("mla", "sparse_mla") for n in nodes)
+    dsa = any(n["kind"] == "sparse_mla" and n["d_h"] == 576 for n in nodes)
+    if cache.endswith("_ds_mla") and not any(n["kind"] == "sparse_mla" for n in nodes):
         refuse("vLLM would not start: a *_ds_mla cache needs a sparse_mla model", file=file,
                field="Deployment.pools[0].engine.cache_dtype", value=cache)
     if cache.startswith("nvfp4") and not cache.endswith("_ds_mla") and latent_model:
@@ -457,258 +750,353 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
             layout = "fp8_ds_mla"
         elif cache.startswith("nvfp4"):
             layout = "nvfp4_ds_mla"
+    return KvLayout(latent_model, dsa, block, layout)
 
-    def attention_coefs(kind):
-        """(decode floor, decode rate) names: the per-kind pair where a per-kind rate exists,
-        its floor inheriting the part-wide floor; else the part-wide pair. None rate: the KV
-        bytes are charged at HBM bandwidth instead, with no floor.
 
-        KNOWN DIVERGENCE [indexer-without-rate]: that fallback also prices a secondary
-        attention (an indexer's scan) with no rate, as the spec prices the scan in both phases;
-        the reference skips a secondary attention whose kind has no decode rate."""
-        if kind != "gqa" and scope.has(f"attention_decode_rate_{kind}"):
-            rate = scope.use(f"attention_decode_rate_{kind}")
-            floor = scope.use(f"attention_decode_floor_{kind}") if scope.has(f"attention_decode_floor_{kind}") \
-                else scope.use("attention_decode_floor")
-            return floor, rate
-        rate = scope.use("attention_decode_rate") if scope.has("attention_decode_rate") else None
-        floor = scope.use("attention_decode_floor") if rate else None
-        if rate is None:
-            provenance.append((f"attention decode ({kind})", "no measured rate: KV read at HBM bandwidth"))
-        return floor, rate
+# ----------------------------------------------------------------------------- stages: the graph walk
 
-    def measured_form(prefix, suffix=""):
-        """A model's measured prefill form (registry/EXTENSIONS.md): <prefix>_<term><suffix>
-        for the four terms, or None unless every one is admitted."""
-        names = [f"{prefix}_{t}{suffix}" for t in ("floor", "per_request", "per_token", "rate")]
-        if all(n in scope.entries for n in names):
-            return tuple(scope.use(n) for n in names)
-        return None
 
-    head_gemms = []
-    for kind_index, (kid, count, is_drafter) in enumerate(all_kinds):
-        nodes = [n for n in graph.layer_kinds[kid] if _emits(n, ctx)]
-        k = {"id": kid, "count": float(count), "drafter": is_drafter,
-             "weight_bytes": [0.0, 0.0], "elementwise": [0.0, 0.0], "kernels": [0.0, 0.0],
-             "launches": {}, "splits": 0, "dense_weight_mem": 0.0,
-             "expert_flops": 0.0, "expert_bytes": 0.0, "expert_class": 0, "top_k": 0,
-             "expert_weight_mem": 0.0, "shared_weight_mem": 0.0, "moe": False}
-        open_gemm = None
-        primary_seen = False
-        for node in nodes:
-            op = node["op"]
-            phase = 1 if node.get("phase") == "prefill" else 0
-            replicated = bool(node.get("replicated", False))
-            div = 1 if replicated else tp
-            k["kernels"][phase] += KERNELS_PER_OP[op]
-            fmt = node.get("weight_dtype", served)
-            w = DTYPE_BYTES[fmt]
-            if op != "GEMM":
-                open_gemm = None
-            if op == "GEMM":
-                n_, k_ = node["n"], node["k"]
-                flops = 2.0 * n_ * k_
-                wbytes = n_ * k_ * w
-                shard_n = hidden > 0 and k_ == hidden and n_ != hidden
-                cls = classes.for_format(fmt)
-                k["weight_bytes"][phase] += wbytes / div
-                k["dense_weight_mem"] += wbytes / div
-                if (open_gemm is not None and shard_n and open_gemm["shard_n"] and open_gemm["k"] == k_
-                        and open_gemm["phase"] == phase and open_gemm["class"] == cls
-                        and open_gemm["replicated"] == replicated):
-                    open_gemm["n"] += n_
-                    open_gemm["flops"] += flops
-                else:
-                    open_gemm = {"kind": kind_index, "n": n_, "k": k_, "flops": flops, "shard_n": shard_n,
-                                 "phase": phase, "class": cls, "replicated": replicated, "shape": True}
-                    gemm_rows.append(open_gemm)
-            elif op == "GroupedGEMM":
-                # COVERAGE LIMIT [prefill-only-experts]: phase: prefill on a GroupedGEMM gates its
-                # launches and shared experts; its routed experts are priced in every step
-                n_, k_ = node["n"], node["k"]
-                k["moe"] = True
-                k["expert_flops"] += 6.0 * n_ * k_
-                k["expert_bytes"] += 3.0 * n_ * k_ * w
-                k["top_k"] = node["top_k"]
-                k["expert_class"] = classes.for_format(fmt, grouped=True)
-                shared = node.get("shared_experts", 0) or 0
-                if shared > 0:
-                    inner = node.get("shared_intermediate_size") or n_
-                    sflops = 6.0 * inner * k_ * shared
-                    sbytes = 3.0 * inner * k_ * shared * w
-                    k["weight_bytes"][phase] += sbytes / div
-                    k["shared_weight_mem"] += sbytes / div
-                    gemm_rows.append({"kind": kind_index, "n": 0, "k": 0, "flops": sflops, "shard_n": False,
-                                      "phase": phase, "class": classes.for_format(fmt),
-                                      "replicated": replicated, "shape": False})
-            elif op == "Attention":
-                role = node.get("role", "") or ""
-                secondary = role != ""
-                akind = node["kind"]
-                # KNOWN DIVERGENCE [pieces-per-mixer]: one piece per attention node (an indexer
-                # too, whatever the layer's kind) and per recurrent mixer, as the spec says; the
-                # reference counts every layer plus one per sparse-MLA layer with an indexer
-                k["splits"] += 1
-                sparse = akind == "sparse_mla"
-                latent = akind in ("mla", "sparse_mla")
-                if secondary:
-                    # KNOWN DIVERGENCE [indexer-keys-only]: an indexer caches keys only, n_kv x d_h
-                    # at the cache width, not divided by tp; the reference scales the primary's
-                    # per-token bytes (tensors, tp, the DS-MLA cell) by n_kv d_h / primary n_kv d_h
-                    per_token = node["n_kv"] * node["d_h"] * cache_b
-                else:
-                    # KNOWN DIVERGENCE [kv-per-layer]: each layer reads its own KV bytes per token;
-                    # the reference reads the whole-model average kvBytesPerToken / kvLayers
-                    tensors = 1 if latent else 2
-                    # a replicated attention keeps every KV head on every rank
-                    per_token = tensors * max(1, node["n_kv"] // div) * node["d_h"] * cache_b
-                    if latent and layout in DS_MLA_CELL:
-                        per_token = DS_MLA_CELL[layout]
-                    if not is_drafter:
-                        kv_bytes_per_token += per_token * count
-                floor, rate = attention_coefs(akind)
-                row = {"kind": kind_index, "phase": phase, "secondary": secondary, "akind": akind,
-                       "window": float(node.get("window", 0) or 0),
-                       "topk": float(node.get("index_topk", 0) or 0),
-                       "compress": float(node.get("compress_ratio", 0) or 0),
-                       "sparse": sparse, "latent": latent,
-                       "bytes_per_token": per_token,
-                       "flops_per_pair": node["n_q"] * node["d_h"] / div * (0.5 if secondary else 1.0),
-                       "dec_floor": floor, "dec_rate": rate,
-                       "pre_form": measured_form("indexer_prefill") if secondary
-                       else measured_form("attention_prefill", f"_{akind}")}
-                if not secondary:
-                    primary_seen = True
-                attn_rows.append(row)
-            elif op == "RecurrentUpdate":
-                rk = node["recurrent_kind"]
-                k["splits"] += 1
-                heads = node["n_heads"] / div
-                d = node.get("d_h") or node["state_size"]
-                state = node["state_size"]
-                dec_f, dec_r = f"recurrent_decode_floor_{rk}", f"recurrent_decode_rate_{rk}"
-                pre_f, pre_r = f"recurrent_prefill_floor_{rk}", f"recurrent_prefill_rate_{rk}"
-                has_dec = scope.has(dec_f) and scope.has(dec_r)
-                has_pre = scope.has(pre_f) and scope.has(pre_r)
-                if not has_dec:
-                    provenance.append((f"recurrent {rk}", "no decode floor/rate: decode term is 0"))
-                rec_rows.append({"kind": kind_index, "phase": phase,
-                                 "dec": (scope.use(dec_f), scope.use(dec_r)) if has_dec else None,
-                                 "pre": (scope.use(pre_f), scope.use(pre_r)) if has_pre else None,
-                                 # chunked scan: intra-chunk attention (4*C*d) + state read/update (4*d*state)
-                                 "scan_flops_per_token": heads * (4.0 * SCAN_CHUNK * d + 4.0 * d * state),
-                                 "scan_class": classes.for_format("bf16")})
-            elif op == "Elementwise":
-                bpt = node.get("bytes_per_token") or 4.0 * hidden
-                k["elementwise"][phase] += bpt / div
-            elif op == "HyperConnection":
-                half = node["half"]
-                form = (f"mhc_floor_{half}", f"mhc_rate_{half}")
-                has = all(n in scope.entries for n in form)
-                mix = 2.0 * (node.get("mix_n", 0) or 0) * (node.get("mix_k", 0) or 0)
-                mhc_rows.append({"kind": kind_index, "phase": phase, "bytes_per_token": node["bytes_per_token"],
-                                 "mix_flops": mix, "form": tuple(scope.use(n) for n in form) if has else None,
-                                 "mix_class": classes.for_format(fmt)})
-            else:  # collectives
-                group = "expert" if op == "All2All" else "tp"
-                c = collective_class(op, group)
-                key = (c, phase)
-                k["launches"][key] = k["launches"].get(key, 0) + 1
-        if graph.capture_breaks.get(kid):
-            k["splits"] = graph.capture_breaks[kid]
-        kinds.append(k)
+def _attention_decode_coefs(kind: str, scope: _Scope) -> tuple:
+    """(decode floor, decode rate, notes): the per-kind pair where a per-kind rate exists, its
+    floor inheriting the part-wide floor; else the part-wide pair. None rate: the KV bytes are
+    charged at HBM bandwidth instead, with no floor.
 
-    # head: GEMMs priced once per step over all T tokens; its norm's bytes are not charged
-    head_kernels = 0
-    head_flops = head_weight = 0.0
-    head_class = None
+    KNOWN DIVERGENCE [indexer-without-rate]: that fallback also prices a secondary
+    attention (an indexer's scan) with no rate, as the spec prices the scan in both phases;
+    the reference skips a secondary attention whose kind has no decode rate."""
+    if kind != "gqa" and scope.has(f"attention_decode_rate_{kind}"):
+        rate = scope.use(f"attention_decode_rate_{kind}")
+        floor = scope.use(f"attention_decode_floor_{kind}") if scope.has(f"attention_decode_floor_{kind}") \
+            else scope.use("attention_decode_floor")
+        return floor, rate, ()
+    rate = scope.use("attention_decode_rate") if scope.has("attention_decode_rate") else None
+    floor = scope.use("attention_decode_floor") if rate else None
+    if rate is None:
+        return floor, rate, ((f"attention decode ({kind})", "no measured rate: KV read at HBM bandwidth"),)
+    return floor, rate, ()
+
+
+def _measured_form(scope: _Scope, prefix: str, suffix: str = ""):
+    """A model's measured prefill form (registry/EXTENSIONS.md): <prefix>_<term><suffix>
+    for the four terms, or None unless every one is admitted."""
+    names = [f"{prefix}_{t}{suffix}" for t in ("floor", "per_request", "per_token", "rate")]
+    if all(n in scope.entries for n in names):
+        return tuple(scope.use(n) for n in names)
+    return None
+
+
+def _gemm(node, kind_index: int, phase: int, replicated: bool, fmt: str, hidden: int,
+          classes: _RateClasses) -> GemmRow:
+    """A dense GEMM node's row: 2 n k FLOPs per token, at its weight format's rate class."""
+    n_, k_ = node["n"], node["k"]
+    return GemmRow(kind_index, n_, k_, 2.0 * n_ * k_, hidden > 0 and k_ == hidden and n_ != hidden,
+                   phase, classes.for_format(fmt), replicated, True)
+
+
+def _fuses(open_row: GemmRow, row: GemmRow) -> bool:
+    """Whether a GEMM fuses into the GEMM run just before it: both read the hidden state and
+    shard n, with one k, phase, rate class and replication."""
+    return bool(row.shard_n and open_row.shard_n and open_row.k == row.k and open_row.phase == row.phase
+                and open_row.cls == row.cls and open_row.replicated == row.replicated)
+
+
+def _grouped_gemm(node, kind_index: int, phase: int, replicated: bool, div: int, fmt: str,
+                  classes: _RateClasses) -> _ExpertNode:
+    """A GroupedGEMM node: its routed experts (6 n k FLOPs and 3 n k weights each, at the
+    grouped rate class of its format) and its shared experts, a dense term without a shape."""
+    # COVERAGE LIMIT [prefill-only-experts]: phase: prefill on a GroupedGEMM gates its
+    # launches and shared experts; its routed experts are priced in every step
+    n_, k_ = node["n"], node["k"]
+    w = DTYPE_BYTES[fmt]
+    cls = classes.for_format(fmt, grouped=True)
+    shared = node.get("shared_experts", 0) or 0
+    if shared <= 0:
+        return _ExpertNode(6.0 * n_ * k_, 3.0 * n_ * k_ * w, node["top_k"], cls, 0.0, None)
+    inner = node.get("shared_intermediate_size") or n_
+    sbytes = 3.0 * inner * k_ * shared * w
+    row = GemmRow(kind_index, 0, 0, 6.0 * inner * k_ * shared, False, phase, classes.for_format(fmt),
+                  replicated, False)
+    return _ExpertNode(6.0 * n_ * k_, 3.0 * n_ * k_ * w, node["top_k"], cls, sbytes / div, row)
+
+
+def _attention(node, kind_index: int, phase: int, div: int, ctx: _WalkContext) -> tuple:
+    """(row, notes) of an attention node: the KV bytes one rank reads per context token, the
+    FLOPs per (query, key) pair, and the decode and prefill coefficients it is priced by."""
+    secondary = (node.get("role", "") or "") != ""
+    akind = node["kind"]
+    latent = akind in ("mla", "sparse_mla")
+    if secondary:
+        # KNOWN DIVERGENCE [indexer-keys-only]: an indexer caches keys only, n_kv x d_h
+        # at the cache width, not divided by tp; the reference scales the primary's
+        # per-token bytes (tensors, tp, the DS-MLA cell) by n_kv d_h / primary n_kv d_h
+        per_token = node["n_kv"] * node["d_h"] * ctx.cache_bytes
+    else:
+        # KNOWN DIVERGENCE [kv-per-layer]: each layer reads its own KV bytes per token;
+        # the reference reads the whole-model average kvBytesPerToken / kvLayers
+        tensors = 1 if latent else 2
+        # a replicated attention keeps every KV head on every rank
+        per_token = tensors * max(1, node["n_kv"] // div) * node["d_h"] * ctx.cache_bytes
+        if latent and ctx.layout in DS_MLA_CELL:
+            per_token = DS_MLA_CELL[ctx.layout]
+    floor, rate, notes = _attention_decode_coefs(akind, ctx.scope)
+    row = AttentionRow(kind_index, phase, secondary, akind, float(node.get("window", 0) or 0),
+                       float(node.get("index_topk", 0) or 0), float(node.get("compress_ratio", 0) or 0),
+                       akind == "sparse_mla", latent, per_token,
+                       node["n_q"] * node["d_h"] / div * (0.5 if secondary else 1.0), floor, rate,
+                       _measured_form(ctx.scope, "indexer_prefill") if secondary
+                       else _measured_form(ctx.scope, "attention_prefill", f"_{akind}"))
+    return row, notes
+
+
+def _recurrent(node, kind_index: int, phase: int, div: int, scope: _Scope,
+               classes: _RateClasses) -> tuple:
+    """(row, notes) of a recurrent mixer: its measured decode and prefill forms where admitted,
+    and the chunked scan's FLOPs per token, intra-chunk attention (4 C d) plus the state's
+    read and update (4 d state), at the BF16 rate class."""
+    rk = node["recurrent_kind"]
+    heads = node["n_heads"] / div
+    d = node.get("d_h") or node["state_size"]
+    state = node["state_size"]
+    dec_f, dec_r = f"recurrent_decode_floor_{rk}", f"recurrent_decode_rate_{rk}"
+    pre_f, pre_r = f"recurrent_prefill_floor_{rk}", f"recurrent_prefill_rate_{rk}"
+    has_dec = scope.has(dec_f) and scope.has(dec_r)
+    has_pre = scope.has(pre_f) and scope.has(pre_r)
+    notes = () if has_dec else ((f"recurrent {rk}", "no decode floor/rate: decode term is 0"),)
+    row = RecurrentRow(kind_index, phase, (scope.use(dec_f), scope.use(dec_r)) if has_dec else None,
+                       (scope.use(pre_f), scope.use(pre_r)) if has_pre else None,
+                       heads * (4.0 * SCAN_CHUNK * d + 4.0 * d * state), classes.for_format("bf16"))
+    return row, notes
+
+
+def _hyper_connection(node, kind_index: int, phase: int, fmt: str, scope: _Scope,
+                      classes: _RateClasses) -> HyperRow:
+    """A hyper-connection half's row: its bytes per token, its mixing GEMM's FLOPs (at its
+    format's rate class) and its measured form where admitted."""
+    half = node["half"]
+    form = (f"mhc_floor_{half}", f"mhc_rate_{half}")
+    has = all(n in scope.entries for n in form)
+    mix = 2.0 * (node.get("mix_n", 0) or 0) * (node.get("mix_k", 0) or 0)
+    return HyperRow(kind_index, phase, node["bytes_per_token"], mix,
+                    tuple(scope.use(n) for n in form) if has else None, classes.for_format(fmt))
+
+
+def _walk_kind(kind_index: int, kid: str, count: int, is_drafter: bool, ctx: _WalkContext) -> _KindWalk:
+    """One layer kind, node by node over the nodes its emit conditions keep: per phase the
+    weight bytes a rank reads, the elementwise bytes per token and the kernel launches; the
+    GEMM rows (a run of GEMMs that fuse, fused); one row per attention, recurrent mixer and
+    hyper-connection; the collectives it launches; its piecewise capture breaks."""
+    tp, hidden = ctx.tp, ctx.graph.hidden_size
+    weight, elementwise, kernels = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
+    dense_mem = shared_mem = expert_flops = expert_bytes = 0.0
+    moe, top_k, expert_class, splits = False, 0, 0, 0
+    launches, gemms, attentions, recurrents, hypers, kv, notes = {}, [], [], [], [], [], []
+    fusing = False              # the last GEMM row is open: a GEMM node next may fuse into it
+    for node in [n for n in ctx.graph.layer_kinds[kid] if _emits(n, ctx.emit)]:
+        op = node["op"]
+        phase = 1 if node.get("phase") == "prefill" else 0
+        replicated = bool(node.get("replicated", False))
+        div = 1 if replicated else tp
+        kernels[phase] += KERNELS_PER_OP[op]
+        fmt = node.get("weight_dtype", ctx.served)
+        if op == "GEMM":
+            row = _gemm(node, kind_index, phase, replicated, fmt, hidden, ctx.classes)
+            wbytes = node["n"] * node["k"] * DTYPE_BYTES[fmt]
+            weight[phase] += wbytes / div
+            dense_mem += wbytes / div
+            if fusing and _fuses(gemms[-1], row):
+                gemms[-1] = gemms[-1]._replace(n=gemms[-1].n + row.n, flops=gemms[-1].flops + row.flops)
+            else:
+                gemms.append(row)
+        elif op == "GroupedGEMM":
+            e = _grouped_gemm(node, kind_index, phase, replicated, div, fmt, ctx.classes)
+            moe, top_k, expert_class = True, e.top_k, e.cls
+            expert_flops += e.flops
+            expert_bytes += e.bytes
+            if e.shared is not None:
+                weight[phase] += e.shared_bytes
+                shared_mem += e.shared_bytes
+                gemms.append(e.shared)
+        elif op in ("Attention", "RecurrentUpdate"):
+            # KNOWN DIVERGENCE [pieces-per-mixer]: one piece per attention node (an indexer
+            # too, whatever the layer's kind) and per recurrent mixer, as the spec says; the
+            # reference counts every layer plus one per sparse-MLA layer with an indexer
+            splits += 1
+            if op == "Attention":
+                row, row_notes = _attention(node, kind_index, phase, div, ctx)
+                attentions.append(row)
+                if not row.secondary and not is_drafter:
+                    kv.append(row.bytes_per_token * count)
+            else:
+                row, row_notes = _recurrent(node, kind_index, phase, div, ctx.scope, ctx.classes)
+                recurrents.append(row)
+            notes += row_notes
+        elif op == "Elementwise":
+            elementwise[phase] += (node.get("bytes_per_token") or 4.0 * hidden) / div
+        elif op == "HyperConnection":
+            hypers.append(_hyper_connection(node, kind_index, phase, fmt, ctx.scope, ctx.classes))
+        else:  # collectives
+            key = ((op, "expert" if op == "All2All" else "tp"), phase)
+            launches[key] = launches.get(key, 0) + 1
+        fusing = op == "GEMM"
+    if ctx.graph.capture_breaks.get(kid):
+        splits = ctx.graph.capture_breaks[kid]
+    kind = LayerKind(kid, float(count), is_drafter, tuple(weight), tuple(elementwise), tuple(kernels),
+                     launches, splits, dense_mem, shared_mem, moe, expert_flops, expert_bytes,
+                     expert_class, top_k)
+    return _KindWalk(kind, tuple(gemms), tuple(attentions), tuple(recurrents), tuple(hypers),
+                     tuple(kv), tuple(notes))
+
+
+def _graph_walk(stack: LayerStack, ctx: _WalkContext) -> Walk:
+    """Every layer kind of the stack walked in order (the target's, then the drafter's); each
+    row keeps its kind's index; the KV bytes per token add the target's primary attentions
+    up over its layers."""
+    walks = [_walk_kind(i, kid, count, drafter, ctx) for i, (kid, count, drafter) in enumerate(stack.kinds)]
+    kv_bytes_per_token = 0.0
+    for term in (t for w in walks for t in w.kv_terms):
+        kv_bytes_per_token += term
+    return Walk(tuple(w.kind for w in walks), tuple(r for w in walks for r in w.gemms),
+                tuple(r for w in walks for r in w.attentions), tuple(r for w in walks for r in w.recurrents),
+                tuple(r for w in walks for r in w.hypers), kv_bytes_per_token,
+                tuple(n for w in walks for n in w.notes))
+
+
+def _head(graph: ModelGraph, ctx: _WalkContext) -> Head:
+    """The head's GEMMs, priced once per step over all T tokens (its norm's bytes are not
+    charged); its rate class is its last GEMM's, else the served format's."""
+    kernels, flops, weight, cls = 0, 0.0, 0.0, None
     for node in graph.head:
-        if not _emits(node, ctx):
+        if not _emits(node, ctx.emit):
             continue
-        head_kernels += KERNELS_PER_OP[node["op"]]
+        kernels += KERNELS_PER_OP[node["op"]]
         if node["op"] == "GEMM":
-            fmt = node.get("weight_dtype", served)
-            div = 1 if node.get("replicated") else tp
-            head_flops += 2.0 * node["n"] * node["k"] / div
-            head_weight += node["n"] * node["k"] * DTYPE_BYTES[fmt] / div
-            head_class = classes.for_format(fmt)
-    if head_class is None:
-        head_class = classes.for_format(served)
+            fmt = node.get("weight_dtype", ctx.served)
+            div = 1 if node.get("replicated") else ctx.tp
+            flops += 2.0 * node["n"] * node["k"] / div
+            weight += node["n"] * node["k"] * DTYPE_BYTES[fmt] / div
+            cls = ctx.classes.for_format(fmt)
+    if cls is None:
+        cls = ctx.classes.for_format(ctx.served)
+    return Head(kernels, flops, weight, cls)
 
-    # ---- collectives: snapping, placement, coefficient names
-    intra = chip.nvlink_gbps or 0
-    inter = network.internode_gbps if network else 0
+
+# ----------------------------------------------------------------------------- stages: collectives, host, memory
+
+
+def _collective_row(op: str, group: str, widths: Widths, docs: Documents, ratio: float, top_k: int,
+                    hidden: int, scope: _Scope, file) -> CollectiveRow:
+    """One (op, group) class: its width snapped to a measured one; whether it crosses nodes
+    (not within a rack-scale domain; refused without a fabric) and the span that costs; its
+    bytes per token (an All2All over a routed backend moves top_k copies of each token)."""
+    chip_sfx = docs.chip.name.replace("-", "_")
+    opname = COLLECTIVE_NAMES[op]
+    measured = [n for n in SNAP_WIDTHS
+                if all(f"collective_{p}_{opname}_fp16_{n}rank_{chip_sfx}" in scope.entries
+                       for p in ("floor", "peak_rate", "transition_rate"))]
+    width = {"tp": widths.tp, "expert": widths.moe_group}[group]
+    snapped = _snap(width, measured, op=opname, chip=chip_sfx, file=file)
+    gpus_per_node, stride = widths.gpus_per_node, 1
+    per_node = max(gpus_per_node // stride, 1) if gpus_per_node > 0 else 0
+    crosses = gpus_per_node > 0 and width > per_node
+    if crosses and widths.rack_domain and width * stride <= widths.rack:
+        crosses = False
+    if crosses and docs.network is None:
+        refuse(f"a {op} group of {width} ranks crosses nodes but the cluster names no fabric",
+               file=file, field="Scenario.cluster.fabric")
+    route_bytes = op == "All2All" and widths.routed
+    if crosses:
+        sp = laws.all2all_span(width, per_node, ratio) if (op == "All2All" and (group != "expert" or widths.routed)) \
+            else laws.ring_span(width, per_node, ratio)
+    else:
+        sp = 1.0
+    return CollectiveRow(op, group, width, snapped, bool(crosses), sp,
+                         2.0 * hidden * (top_k if route_bytes else 1), None)
+
+
+def _collectives(walk: Walk, widths: Widths, docs: Documents, scope: _Scope, file) -> Collectives:
+    """The collective classes (reference-kernel.md section 5): the four always resolved, then
+    each (op, group) the walk launches, in order of first launch; every class a layer launches
+    reads its floor and rates at its snapped width."""
+    keys = list(ALWAYS_RESOLVED)
+    for k in walk.kinds:
+        for key, _phase in k.launches:
+            if key not in keys:
+                keys.append(key)
+    intra = docs.chip.nvlink_gbps or 0
+    inter = docs.network.internode_gbps if docs.network else 0
     ratio = intra / inter if intra > 0 and inter > 0 else 1.0
-    coll_rows = []
-    for op, group in coll_keys:
-        opname = COLLECTIVE_NAMES[op]
-        measured = [n for n in SNAP_WIDTHS
-                    if all(f"collective_{p}_{opname}_fp16_{n}rank_{chip_sfx}" in scope.entries
-                           for p in ("floor", "peak_rate", "transition_rate"))]
-        width = widths[group]
-        snapped = _snap(width, measured, op=opname, chip=chip_sfx, file=file)
-        stride = 1
-        per_node = max(gpus_per_node // stride, 1) if gpus_per_node > 0 else 0
-        crosses = gpus_per_node > 0 and width > per_node
-        if crosses and rack_domain and width * stride <= rack:
-            crosses = False
-        if crosses and network is None:
-            refuse(f"a {op} group of {width} ranks crosses nodes but the cluster names no fabric",
-                   file=file, field="Scenario.cluster.fabric")
-        route_bytes = op == "All2All" and routed
-        if crosses:
-            sp = laws.all2all_span(width, per_node, ratio) if (op == "All2All" and (group != "expert" or routed)) \
-                else laws.ring_span(width, per_node, ratio)
-        else:
-            sp = 1.0
-        coll_rows.append({"op": op, "group": group, "width": width, "snapped": snapped,
-                          "nic": bool(crosses), "span": sp,
-                          "bytes_per_token": 2.0 * hidden * (max(k_["top_k"] for k_ in kinds) if route_bytes and kinds else 1),
-                          "names": None})
-    used_classes = {c for k in kinds for (c, _ph) in k["launches"]}
-    for c in sorted(used_classes):
-        row = coll_rows[c]
-        opname = COLLECTIVE_NAMES[row["op"]]
-        row["names"] = tuple(scope.require(f"collective_{p}_{opname}_fp16_{row['snapped']}rank_{chip_sfx}",
-                                           f"{row['op']} over {row['width']} ranks")
-                             for p in ("floor", "transition_rate", "peak_rate"))
+    top_k = max((k.top_k for k in walk.kinds), default=1)
+    rows = [_collective_row(op, group, widths, docs, ratio, top_k, docs.graph.hidden_size, scope, file)
+            for op, group in keys]
+    index = {key: i for i, key in enumerate(keys)}
+    chip_sfx = docs.chip.name.replace("-", "_")
+    for c in sorted({index[key] for k in walk.kinds for key, _phase in k.launches}):
+        row = rows[c]
+        opname = COLLECTIVE_NAMES[row.op]
+        rows[c] = row._replace(names=tuple(
+            scope.require(f"collective_{p}_{opname}_fp16_{row.snapped}rank_{chip_sfx}",
+                          f"{row.op} over {row.width} ranks")
+            for p in ("floor", "transition_rate", "peak_rate")))
+    return Collectives(tuple(rows), index)
 
-    # ---- host
+
+def _host_graph(walk: Walk, head: Head, scope: _Scope) -> HostGraph:
+    """The host coefficients (graph replay per step, eager launch per layer, launch per kernel,
+    output token), and the layers, kernels and piecewise segments per step of the target (its
+    head's kernels included) and of the drafter."""
     replay = scope.use("host_replay_graph_per_step")
     eager_layer = scope.use("host_launch_eager_per_layer")
     per_kernel = scope.use("host_launch_per_kernel")
     scope.use("host_output_token")
-    target_kinds = [k for k in kinds if not k["drafter"]]
-    total_layers = float(sum(k["count"] for k in target_kinds))
-    kernels = [sum(k["kernels"][ph] * k["count"] for k in target_kinds) + (head_kernels if ph == 0 else 0)
-               for ph in (0, 1)]
-    segments = 1 + sum(k["splits"] * k["count"] for k in target_kinds)
-    drafter_kinds = [k for k in kinds if k["drafter"]]
-    drafter_layers = float(sum(k["count"] for k in drafter_kinds))
-    drafter_kernels = [sum(k["kernels"][ph] * k["count"] for k in drafter_kinds) for ph in (0, 1)]
-    drafter_segments = 1 + sum(k["splits"] * k["count"] for k in drafter_kinds)
+    target = [k for k in walk.kinds if not k.drafter]
+    drafter = [k for k in walk.kinds if k.drafter]
+    kernels = tuple(sum(k.kernels[ph] * k.count for k in target) + (head.kernels if ph == 0 else 0)
+                    for ph in (0, 1))
+    return HostGraph(replay, eager_layer, per_kernel, float(sum(k.count for k in target)), kernels,
+                     1 + sum(k.splits * k.count for k in target), float(sum(k.count for k in drafter)),
+                     tuple(sum(k.kernels[ph] * k.count for k in drafter) for ph in (0, 1)),
+                     1 + sum(k.splits * k.count for k in drafter))
 
-    # ---- memory (reported, not priced)
+
+def _weights(walk: Walk, head: Head, graph: ModelGraph, formats: Formats, widths: Widths,
+             experts: Experts) -> Weights:
+    """Weight bytes one rank holds: each layer's dense and shared weights and its experts, the
+    head and the embedding (at the checkpoint's width, split over tp), less the redundant
+    experts EPLB adds; the drafter's layers alike."""
+    per_rank, shards = experts.experts_per_rank, experts.expert_shards
+
+    def layers(k):
+        return k.count * (k.dense_weight_mem + k.shared_weight_mem +
+                          (k.expert_bytes * per_rank / shards if k.moe else 0.0))
+
+    target = [k for k in walk.kinds if not k.drafter]
     weights = 0.0
-    for k in target_kinds:
-        weights += k["count"] * (k["dense_weight_mem"] + k["shared_weight_mem"] +
-                                 (k["expert_bytes"] * experts_per_rank / expert_shards if k["moe"] else 0.0))
-    weights += head_weight + hidden * graph.vocab_size * ckpt_bytes / tp
-    eplb_bytes = sum(k["count"] * k["expert_bytes"] * redundant / max(ep, 1) / expert_shards
-                     for k in target_kinds if k["moe"])
+    for k in target:
+        weights += layers(k)
+    weights += head.weight_bytes + graph.hidden_size * graph.vocab_size * formats.checkpoint_bytes / widths.tp
+    eplb_bytes = sum(k.count * k.expert_bytes * experts.redundant / max(widths.expert_width, 1) / shards
+                     for k in target if k.moe)
     weights -= eplb_bytes
-    drafter_weights = sum(k["count"] * (k["dense_weight_mem"] + k["shared_weight_mem"] +
-                                        (k["expert_bytes"] * experts_per_rank / expert_shards if k["moe"] else 0.0))
-                          for k in drafter_kinds)
-    memory = {"weights_bytes": weights + drafter_weights, "target_weights_bytes": weights,
-              "drafter_weights_bytes": drafter_weights, "kv_bytes_per_token": kv_bytes_per_token,
-              "cache_layout": layout, "block_size": block}
+    return Weights(weights, sum(layers(k) for k in walk.kinds if k.drafter))
+
+
+def _memory(scenario: Scenario, docs: Documents, widths: Widths, stack: LayerStack, experts: Experts,
+            kv: KvLayout, mode: str, weights: Weights, kv_bytes_per_token: float, scope: _Scope) -> dict:
+    """What one rank holds (reported, not priced): weights, KV bytes per token and the cache
+    layout; the activation, cudagraph and communication buffers where measured; and the
+    KV-cache tokens its gpu_memory_utilization share of HBM holds beyond every fixed term."""
+    eng, graph, chip = scenario.engine, docs.graph, docs.chip
+    tp, hidden = widths.tp, graph.hidden_size
+    memory = {"weights_bytes": weights.target + weights.drafter, "target_weights_bytes": weights.target,
+              "drafter_weights_bytes": weights.drafter, "kv_bytes_per_token": kv_bytes_per_token,
+              "cache_layout": kv.layout, "block_size": kv.block}
     snap_tp = max([w for w in SNAP_WIDTHS if w <= min(tp, 8)] or [1])
-    act_name = f"activation_buffer_count_{'moe' if experts_max else 'dense'}_{snap_tp}rank"
+    act_name = f"activation_buffer_count_{'moe' if experts.experts_max else 'dense'}_{snap_tp}rank"
     if act_name in scope.entries and "activation_scratch_floor_bytes" in scope.entries:
         h_act = max([n["n_q"] * n["d_h"] if n["kind"] not in ("mla", "sparse_mla") else hidden
-                     for kk in kind_ids for n in graph.layer_kinds[kk] if n["op"] == "Attention"] or [hidden])
-        memory["activation_bytes"] = max(scope.value(act_name) * int(eng.get("max_num_batched_tokens", 8192)) * h_act * 2,
+                     for kk in stack.kind_ids for n in graph.layer_kinds[kk] if n["op"] == "Attention"] or [hidden])
+        tokens = int(eng.get("max_num_batched_tokens", 8192))
+        memory["activation_bytes"] = max(scope.value(act_name) * tokens * h_act * 2,
                                          scope.value("activation_scratch_floor_bytes"))
     graph_mem = f"cudagraph_capture_bytes_{mode.lower()}"
     if graph_mem in scope.entries:
@@ -717,7 +1105,7 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     # the widest declared width <= tp (else the narrowest declared) when any group is wider than 1
     comm = float(scope.value("engine_workspace_bytes", 0.0))
     nccl = [w for w in SNAP_WIDTHS if f"nccl_communicator_bytes_{w}rank" in scope.entries]
-    if max(tp, dp, expert_width) > 1 and nccl:
+    if max(tp, widths.dp, widths.expert_width) > 1 and nccl:
         comm += scope.value(f"nccl_communicator_bytes_{max([w for w in nccl if w <= tp] or [min(nccl)])}rank")
     memory["comm_buffer_bytes"] = comm
     # KV-cache tokens one rank holds: its share of HBM (gpu_memory_utilization) less every fixed term
@@ -726,114 +1114,180 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     budget = chip.memory_gib * 2 ** 30 * float(eng.get("gpu_memory_utilization", 0.9))
     memory["kv_capacity_tokens"] = (max(budget - fixed, 0.0) / kv_bytes_per_token if kv_bytes_per_token > 0
                                     else math.inf)
+    return memory
 
-    # ---- arrays
-    K = len(kinds)
-    C = len(coll_rows)
+
+# ----------------------------------------------------------------------------- stages: the plan
+
+
+def _column(rows, field: str, dtype=None) -> np.ndarray:
+    return np.array([getattr(r, field) for r in rows], dtype=dtype)
+
+
+def _kind_arrays(walk: Walk, colls: Collectives, experts: Experts, drafter: Drafter | None) -> dict:
+    """The plan's per-kind arrays: layer counts (a drafter's scaled by its passes), weight and
+    elementwise bytes per phase, the experts' FLOPs and bytes per rank, collective launches
+    [phase, kind, class], and each collective class's bytes per token and placement."""
+    kinds, rows = walk.kinds, colls.rows
+    K, C = len(kinds), len(rows)
     launches = np.zeros((2, K, C))
     for i, k in enumerate(kinds):
-        for (c, ph), n in k["launches"].items():
-            launches[ph, i, c] = n
-    arrays = {
-        "count": np.array([k["count"] for k in kinds]),
-        "drafter_count_scale": np.array([float(drafter["passes"]) if (k["drafter"] and drafter) else 1.0 for k in kinds]),
-        "weight_bytes": np.array([k["weight_bytes"] for k in kinds]).T.reshape(2, K),
-        "elementwise_bytes": np.array([k["elementwise"] for k in kinds]).T.reshape(2, K),
+        for (key, ph), n in k.launches.items():
+            launches[ph, i, colls.index[key]] = n
+    return {
+        "count": _column(kinds, "count"),
+        "drafter_count_scale": np.array([float(drafter.passes) if (k.drafter and drafter is not None) else 1.0
+                                         for k in kinds]),
+        "weight_bytes": np.array([k.weight_bytes for k in kinds]).T.reshape(2, K),
+        "elementwise_bytes": np.array([k.elementwise for k in kinds]).T.reshape(2, K),
         # KNOWN DIVERGENCE [routed-flops-not-over-tp]: routed FLOPs are not divided by tp (each
         # rank is charged whole experts' arithmetic), the reference's deliberate over-charge, kept
-        "expert_flops": np.array([k["top_k"] * local_share * k["expert_flops"] / dp_slice for k in kinds]),
-        "expert_bytes": np.array([k["expert_bytes"] / expert_shards for k in kinds]),
-        "expert_class": np.array([k["expert_class"] for k in kinds], dtype=np.int32),
-        "expert_topk": np.array([float(k["top_k"]) for k in kinds]),
+        "expert_flops": np.array([k.top_k * experts.local_share * k.expert_flops / experts.dp_slice for k in kinds]),
+        "expert_bytes": np.array([k.expert_bytes / experts.expert_shards for k in kinds]),
+        "expert_class": _column(kinds, "expert_class", np.int32),
+        "expert_topk": np.array([float(k.top_k) for k in kinds]),
         "launches": launches,
-        "coll_bytes_per_token": np.array([r["bytes_per_token"] * r["span"] for r in coll_rows]),
-        "coll_nic": np.array([r["nic"] for r in coll_rows], dtype=bool),
+        "coll_bytes_per_token": np.array([r.bytes_per_token * r.span for r in rows]),
+        "coll_nic": _column(rows, "nic", bool),
     }
 
-    def table(rows, fields, dtype=float):
-        return {f: np.array([r[f] for r in rows], dtype=dtype) for f in fields}
 
-    g = table(gemm_rows, ("kind", "flops", "phase", "class"), dtype=float)
-    arrays.update({
-        "gemm_kind": g["kind"].astype(np.int32), "gemm_class": g["class"].astype(np.int32),
-        "gemm_phase": g["phase"].astype(np.int32),
-        "gemm_flops": np.array([r["flops"] / (1 if r["replicated"] else tp) for r in gemm_rows]),
-        "gemm_n": np.array([(r["n"] / tp if r["shard_n"] and not r["replicated"] else r["n"]) if r["shape"] else 0.0
-                            for r in gemm_rows]),
-        "gemm_k": np.array([(r["k"] if (r["shard_n"] or r["replicated"]) else r["k"] / tp) if r["shape"] else 0.0
-                            for r in gemm_rows]),
-    })
-    arrays.update({f"attn_{f}": v for f, v in table(attn_rows, ("kind", "phase", "window", "topk", "compress",
-                                                                "bytes_per_token", "flops_per_pair")).items()})
-    arrays["attn_kind"] = arrays["attn_kind"].astype(np.int32)
-    arrays["attn_phase"] = arrays["attn_phase"].astype(np.int32)
-    arrays["attn_sparse"] = np.array([r["sparse"] for r in attn_rows], dtype=bool)
-    arrays["attn_secondary"] = np.array([r["secondary"] for r in attn_rows], dtype=bool)
-    arrays["attn_latent"] = np.array([r["latent"] for r in attn_rows], dtype=bool)
-    arrays.update({"rec_kind": np.array([r["kind"] for r in rec_rows], dtype=np.int32),
-                   "rec_phase": np.array([r["phase"] for r in rec_rows], dtype=np.int32),
-                   "rec_scan_flops": np.array([r["scan_flops_per_token"] for r in rec_rows]),
-                   "rec_scan_class": np.array([r["scan_class"] for r in rec_rows], dtype=np.int32)})
-    arrays.update({"mhc_kind": np.array([r["kind"] for r in mhc_rows], dtype=np.int32),
-                   "mhc_phase": np.array([r["phase"] for r in mhc_rows], dtype=np.int32),
-                   "mhc_bytes_per_token": np.array([r["bytes_per_token"] for r in mhc_rows]),
-                   "mhc_mix_flops": np.array([r["mix_flops"] for r in mhc_rows]),
-                   "mhc_mix_class": np.array([r["mix_class"] for r in mhc_rows], dtype=np.int32)})
-    arrays["class_peak"] = np.array(classes.peaks)
+def _row_arrays(walk: Walk, tp: int, prefill: PrefillAttention, chip: Chip) -> dict:
+    """The plan's per-row arrays: GEMMs (FLOPs, n and k per rank), attentions, recurrent mixers
+    and hyper-connections, each row naming its kind; and the one-launch correction."""
+    g, a, r, h = walk.gemms, walk.attentions, walk.recurrents, walk.hypers
+    four_native = (chip.nvfp4_tflops or 0) > 0
+    arrays = {
+        "gemm_kind": _column(g, "kind", np.int32), "gemm_class": _column(g, "cls", np.int32),
+        "gemm_phase": _column(g, "phase", np.int32),
+        "gemm_flops": np.array([x.flops / (1 if x.replicated else tp) for x in g]),
+        "gemm_n": np.array([(x.n / tp if x.shard_n and not x.replicated else x.n) if x.shape else 0.0 for x in g]),
+        "gemm_k": np.array([(x.k if (x.shard_n or x.replicated) else x.k / tp) if x.shape else 0.0 for x in g]),
+    }
+    arrays.update({f"attn_{f}": _column(a, f, float) for f in ("window", "topk", "compress", "bytes_per_token",
+                                                                "flops_per_pair")})
+    arrays.update({f"attn_{f}": _column(a, f, np.int32) for f in ("kind", "phase")})
+    arrays.update({f"attn_{f}": _column(a, f, bool) for f in ("sparse", "secondary", "latent")})
+    arrays.update({"rec_kind": _column(r, "kind", np.int32), "rec_phase": _column(r, "phase", np.int32),
+                   "rec_scan_flops": _column(r, "scan_flops_per_token"),
+                   "rec_scan_class": _column(r, "scan_class", np.int32)})
+    arrays.update({"mhc_kind": _column(h, "kind", np.int32), "mhc_phase": _column(h, "phase", np.int32),
+                   "mhc_bytes_per_token": _column(h, "bytes_per_token"), "mhc_mix_flops": _column(h, "mix_flops"),
+                   "mhc_mix_class": _column(h, "mix_class", np.int32)})
+    # the one-launch correction (FlashAttention serves a mixed non-latent batch in one launch)
+    arrays["attn_one_launch"] = np.array([bool((not x.latent) and not x.secondary and not four_native
+                                               and x.dec_rate and prefill.scale) for x in a], dtype=bool)
+    return arrays
 
+
+def _prefill_attention(scope: _Scope) -> PrefillAttention:
+    """The part-wide prefill attention coefficients, where admitted."""
     # KNOWN DIVERGENCE [prefill-floor-without-scale]: the measured prefill floor is charged even
     # without attention_prefill_work_scale; the reference charges neither then
-    pre_floor = scope.use("attention_prefill_floor") if scope.has("attention_prefill_floor") else None
-    pre_scale = scope.use("attention_prefill_work_scale") if scope.has("attention_prefill_work_scale") else None
-    coef = {
-        "hbm_derate": derate, "moe_imbalance": imbalance,
+    floor = scope.use("attention_prefill_floor") if scope.has("attention_prefill_floor") else None
+    scale = scope.use("attention_prefill_work_scale") if scope.has("attention_prefill_work_scale") else None
+    return PrefillAttention(floor, scale)
+
+
+def _coefficient_roles(walk: Walk, colls: Collectives, experts: Experts, hostg: HostGraph,
+                       prefill: PrefillAttention, classes: _RateClasses) -> dict:
+    """Each coefficient role the kernel reads, by name (None: the term is absent)."""
+    a = walk.attentions
+    return {
+        "hbm_derate": "hbm_derate", "moe_imbalance": experts.imbalance,
         "classes": tuple(tuple(sorted(r.items())) for r in classes.roles),
-        "attn_dec": tuple((r["dec_floor"], r["dec_rate"]) for r in attn_rows),
-        "attn_pre_form": tuple(r["pre_form"] for r in attn_rows),
-        "attn_pre_floor": pre_floor, "attn_pre_scale": pre_scale,
-        "rec_dec": tuple(r["dec"] for r in rec_rows), "rec_pre": tuple(r["pre"] for r in rec_rows),
-        "mhc_form": tuple(r["form"] for r in mhc_rows),
-        "coll": tuple(r["names"] for r in coll_rows),
-        "replay": replay, "eager_layer": eager_layer, "per_kernel": per_kernel,
+        "attn_dec": tuple((r.dec_floor, r.dec_rate) for r in a),
+        "attn_pre_form": tuple(r.pre_form for r in a),
+        "attn_pre_floor": prefill.floor, "attn_pre_scale": prefill.scale,
+        "rec_dec": tuple(r.dec for r in walk.recurrents), "rec_pre": tuple(r.pre for r in walk.recurrents),
+        "mhc_form": tuple(r.form for r in walk.hypers),
+        "coll": tuple(r.names for r in colls.rows),
+        "replay": hostg.replay, "eager_layer": hostg.eager_layer, "per_kernel": hostg.per_kernel,
     }
-    # the one-launch correction (FlashAttention serves a mixed non-latent batch in one launch)
-    one_launch = [bool((not r["latent"]) and not r["secondary"] and not four_native and r["dec_rate"]
-                       and pre_scale) for r in attn_rows]
-    arrays["attn_one_launch"] = np.array(one_launch, dtype=bool)
-    scalars = {
-        "tp": tp, "dp": dp, "expert_width": expert_width, "moe_group": moe_group, "funnel": float(funnel),
-        "hidden": hidden, "hbm_peak_bytes": chip.hbm_tbs * 1e12,
-        "experts_total": float(experts_total), "experts_per_rank": float(experts_per_rank),
+
+
+def _plan_scalars(docs: Documents, widths: Widths, experts: Experts, speculation: Speculation,
+                  host: HostModes, head: Head, hostg: HostGraph, walk: Walk, bf16_class: int,
+                  n_classes: int) -> dict:
+    """The plan's scalars: widths, peaks, expert counts, the head, host counts and modes, the
+    drafter's terms, and the rate classes' count."""
+    drafter = speculation.drafter
+    return {
+        "tp": widths.tp, "dp": widths.dp, "expert_width": widths.expert_width, "moe_group": widths.moe_group,
+        "funnel": float(experts.funnel), "hidden": docs.graph.hidden_size,
+        "hbm_peak_bytes": docs.chip.hbm_tbs * 1e12,
+        "experts_total": float(experts.experts_total), "experts_per_rank": float(experts.experts_per_rank),
         # KNOWN DIVERGENCE [prefill-attention-bf16]: prefill attention, the indexer scan and the
         # chunked recurrent scan compute at the BF16 peak and ramp (activations are 16-bit); the
         # reference prices prefill attention at the served format's peak and ramp
-        "bf16_class": classes.for_format("bf16"), "head_class": head_class,
-        "head_flops": head_flops, "head_weight_bytes": head_weight,
-        "total_layers": total_layers, "kernels": float(kernels[0]), "kernels_prefill": float(kernels[1]),
-        "segments": float(segments), "decode_mode": HOST_MODES.index(decode_mode),
-        "other_mode": HOST_MODES.index(other_mode), "capture_tokens": float(capture_tokens),
-        "uniform_width": float(uniform_width),
-        "drafter": bool(drafter), "drafter_parallel_block": bool(drafter and drafter["parallel_block"]),
-        "drafter_passes": float(drafter["passes"]) if drafter else 0.0,
-        "drafter_layers": drafter_layers, "drafter_kernels": float(drafter_kernels[0]),
-        "drafter_kernels_prefill": float(drafter_kernels[1]), "drafter_segments": float(drafter_segments),
-        "drafter_width": float(max(num_spec, 1)),
-        "has_moe": any(k["moe"] for k in kinds), "n_classes": len(classes.peaks),
+        "bf16_class": bf16_class, "head_class": head.cls,
+        "head_flops": head.flops, "head_weight_bytes": head.weight_bytes,
+        "total_layers": hostg.total_layers, "kernels": float(hostg.kernels[0]),
+        "kernels_prefill": float(hostg.kernels[1]), "segments": float(hostg.segments),
+        "decode_mode": HOST_MODES.index(host.decode_mode), "other_mode": HOST_MODES.index(host.other_mode),
+        "capture_tokens": float(host.capture_tokens), "uniform_width": float(speculation.uniform_width),
+        "drafter": drafter is not None, "drafter_parallel_block": bool(drafter and drafter.parallel_block),
+        "drafter_passes": float(drafter.passes) if drafter else 0.0,
+        "drafter_layers": hostg.drafter_layers, "drafter_kernels": float(hostg.drafter_kernels[0]),
+        "drafter_kernels_prefill": float(hostg.drafter_kernels[1]),
+        "drafter_segments": float(hostg.drafter_segments), "drafter_width": float(max(speculation.num_spec, 1)),
+        "has_moe": any(k.moe for k in walk.kinds), "n_classes": n_classes,
     }
-    coefficients = scope.vector()
+
+
+def _resolution(widths: Widths, formats: Formats, kv: KvLayout, host: HostModes, speculation: Speculation,
+                classes: _RateClasses, colls: Collectives, hostg: HostGraph) -> dict:
+    """What was decided, for people (Deployment.resolution)."""
+    return {"tp": widths.tp, "dp": widths.dp, "ep": widths.expert_width, "moe_group": widths.moe_group,
+            "served_dtype": formats.served, "cache_dtype": formats.cache, "cache_layout": kv.layout,
+            "nodes_spanned": widths.nodes_spanned, "cudagraph_mode": host.mode,
+            "capture_tokens": host.capture_tokens, "max_num_seqs": host.max_seqs,
+            "rate_classes": [(k_[0], k_[1], p) for k_, p in zip(classes.keys, classes.peaks)],
+            "collectives": [r._asdict() for r in colls.rows],
+            "decode_threshold": speculation.uniform_width, "sp_moe": widths.sp_moe,
+            "routed_all2all": widths.routed, "kernels_per_step": hostg.kernels[0],
+            "piecewise_segments": hostg.segments, "total_layers": hostg.total_layers}
+
+
+def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=()) -> Deployment:
+    """Resolve one deployment into a Plan and its Coefficients, stage by stage (see the module
+    docstring); each stage refuses what it cannot resolve before a later one runs."""
+    reg = registry or Registry()
+    _check_coverage(scenario)
+    docs = _documents(scenario, reg)
+    widths = _widths(scenario, docs.chip)
+    scope = _coefficients_in_scope(scenario, reg, extra_sets, docs, widths)
+    formats = _served_formats(scenario, docs.graph)
+    speculation = _speculation(scenario, docs.graph)
+    host = _host_modes(scenario, docs.chip, speculation.uniform_width)
+    stack = _layer_stack(docs.graph, speculation.drafter)
+    experts = _experts(scenario, docs.graph, widths, scope)
+    kv = _kv_layout(scenario, docs, stack, formats.cache)
+    classes = _RateClasses(docs.chip, scope, scenario.path)
+    ctx = _WalkContext(docs.graph, widths.tp, {"tp": widths.tp, "moe_group": widths.moe_group,
+                                               "sp_moe": widths.sp_moe},
+                       formats.served, formats.cache_bytes, kv.layout, scope, classes)
+    walk = _graph_walk(stack, ctx)
+    head = _head(docs.graph, ctx)
+    colls = _collectives(walk, widths, docs, scope, scenario.path)
+    hostg = _host_graph(walk, head, scope)
+    weights = _weights(walk, head, docs.graph, formats, widths, experts)
+    memory = _memory(scenario, docs, widths, stack, experts, kv, host.mode, weights,
+                     walk.kv_bytes_per_token, scope)
+    prefill = _prefill_attention(scope)
+    # the BF16 class (prefill attention, scans) must exist before the class tables are taken
+    bf16_class = classes.for_format("bf16")
+    arrays = {**_kind_arrays(walk, colls, experts, speculation.drafter),
+              **_row_arrays(walk, widths.tp, prefill, docs.chip), "class_peak": np.array(classes.peaks)}
+    coef = _coefficient_roles(walk, colls, experts, hostg, prefill, classes)
+    scalars = _plan_scalars(docs, widths, experts, speculation, host, head, hostg, walk, bf16_class,
+                            len(classes.peaks))
     plan = Plan(name=scenario.name, arrays=arrays, scalars=scalars, coef=coef, memory=memory,
-                provenance=tuple(provenance), layer_kind_names=tuple(
-                    (("drafter:" if k["drafter"] else "") + k["id"]) for k in kinds))
-    resolution = {"tp": tp, "dp": dp, "ep": expert_width, "moe_group": moe_group, "served_dtype": served,
-                  "cache_dtype": cache, "cache_layout": layout, "nodes_spanned": nodes_spanned,
-                  "cudagraph_mode": mode, "capture_tokens": capture_tokens, "max_num_seqs": max_seqs,
-                  "rate_classes": [(k_[0], k_[1], p) for k_, p in zip(classes.keys, classes.peaks)],
-                  "collectives": [{k_: v for k_, v in r.items()} for r in coll_rows],
-                  "decode_threshold": uniform_width, "sp_moe": sp_moe, "routed_all2all": routed,
-                  "kernels_per_step": kernels[0], "piecewise_segments": segments,
-                  "total_layers": total_layers}
-    return Deployment(scenario=scenario, graph=graph, chip=chip, plan=plan, coefficients=coefficients,
-                      resolution=resolution)
+                provenance=host.notes + walk.notes,
+                layer_kind_names=tuple(("drafter:" if k.drafter else "") + k.id for k in walk.kinds))
+    return Deployment(scenario=scenario, graph=docs.graph, chip=docs.chip, plan=plan,
+                      coefficients=scope.vector(),
+                      resolution=_resolution(widths, formats, kv, host, speculation, classes, colls, hostg))
 
 
 def testdata_root() -> Path:
