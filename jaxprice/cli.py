@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy")
+COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy", "size", "import-model")
 
 
 def main(argv=None) -> int:
@@ -20,9 +20,9 @@ def main(argv=None) -> int:
     modules = {}
     for name in COMMANDS:
         try:
-            mod = importlib.import_module(f"jaxprice._src.cli_{name}")
+            mod = importlib.import_module(f"jaxprice._src.cli_{name.replace('-', '_')}")
         except ModuleNotFoundError as err:
-            if err.name != f"jaxprice._src.cli_{name}":
+            if err.name != f"jaxprice._src.cli_{name.replace('-', '_')}":
                 raise
             continue
         mod.add_parser(sub)

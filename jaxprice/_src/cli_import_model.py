@@ -1,0 +1,49 @@
+"""`jaxprice import-model CONFIG.json`: write a Hugging Face config as a model graph.
+
+    jaxprice import-model testdata/hf/deepseek-ai--DeepSeek-V3 --out deepseek-v3.yaml
+    jaxprice import-model config.json --quant-config hf_quant_config.json --out graph.yaml
+
+CONFIG is a config.json or a folder holding one (an hf_quant_config.json beside it is read
+too, unless --quant-config names another). The graph is written in the project format
+(``format: jaxprice-model/1``) with the config's sha256, its hf_repo and, as comments, what was
+inferred (defaults taken, modules left unquantized, what is not priced). Without --out the
+graph goes to stdout. A config.json path or folder is also accepted wherever a model graph
+is (a scenario's ``model:``), so writing the file is optional.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_parser(sub):
+    p = sub.add_parser("import-model", help="write a Hugging Face config.json as a model graph",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("config", metavar="CONFIG.json", help="a config.json, or a folder holding one")
+    p.add_argument("--quant-config", metavar="hf_quant_config.json", default=None,
+                   help="the checkpoint's ModelOpt quantization file (default: one beside the config)")
+    p.add_argument("--out", metavar="graph.yaml", default=None, help="where to write the graph (default stdout)")
+    p.add_argument("--name", default=None, help="the graph's name (default: the bundled name or the repo's)")
+    p.add_argument("--hf-repo", default=None, help="the Hugging Face repository (default: from the path)")
+    return p
+
+
+def run(args) -> int:
+    from .errors import refuse
+    from .hf import graph_from_doc, graph_yaml, import_result
+    res = import_result(args.config, args.quant_config, name=args.name, hf_repo=args.hf_repo)
+    graph_from_doc(res.doc, res.config_path)          # validated as a graph file is
+    text = graph_yaml(res)
+    if args.out is None:
+        sys.stdout.write(text)
+        return 0
+    out = Path(args.out)
+    try:
+        out.write_text(text)
+    except OSError as err:
+        refuse(f"cannot write the graph ({err.strerror})", file=str(out))
+    layers = len(graph_from_doc(res.doc, res.config_path).expanded_stack())
+    print(f"{out}: {res.doc['name']} ({res.architecture}, {layers} layers, weights {res.doc['weight_dtype']}); "
+          f"{len(res.inferred)} inferred notes as comments", file=sys.stderr)
+    return 0
