@@ -25,6 +25,7 @@ import csv
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 
 import numpy as np
@@ -273,7 +274,8 @@ def test_written_set_loads_like_any_other_and_prices_identically(recovered, tmp_
     assert doc["fit"]["train_deployments"] == sorted(DEPLOYMENTS)
     assert {e["name"] for e in doc["entries"]} == set(PERTURB)
     for e in doc["entries"]:
-        assert e["method"] == "fitted" and e["scope"] == {"hardware": ["h200"]} and e["cite"] == doc["source"]
+        assert e["method"] == "fitted" and e["cite"] == doc["source"]
+        assert e["scope"] == {"hardware": ["h200"], "model": ["llama-3.1-70b-instruct"]}
     assert jp.load_coefficient_set(path).name == "fitted"
     for o in obs:
         loaded = jp.load_deployment(o.name, extra_coefficient_files=[path])
@@ -285,7 +287,8 @@ def test_written_set_loads_like_any_other_and_prices_identically(recovered, tmp_
     # a deployment on another chip is outside every entry's scope: unchanged
     other = "llama-3.1-70b-instruct-h100-fp8-vllm-tp2"
     with_set = jp.load_deployment(other, extra_coefficient_files=[path]).coefficients
-    np.testing.assert_array_equal(np.asarray(with_set.values), np.asarray(jp.load_deployment(other).coefficients.values))
+    np.testing.assert_array_equal(np.asarray(with_set.values),
+                                  np.asarray(jp.load_deployment(other).coefficients.values))
 
 
 def test_entries_narrow_the_scope_where_starting_values_differ(truth):
@@ -349,6 +352,10 @@ def test_cli_fits_a_tiny_tpot_csv(truth, tmp_path, capsys):
     (["--free", "nothing_matches_*"], "matches this free pattern"),
     (["--free", "hbm_derate", "--holdout", "1.5"], "--holdout"),
     (["--free", "hbm_derate", "--target", "step"], "--target step needs the step layout"),
+    (["--free", "hbm_derate", "--prior", "cv"], "--prior cv needs a cross-validating --holdout"),
+    (["--free", "hbm_derate", "--holdout", "engine"], "--holdout"),
+    (["--free", "hbm_derate", "--batch-rule", "simulate"], "not built yet"),
+    (["--free", "hbm_derate", "--holdout", "model"], "leaving one model out needs at least two"),
 ])
 def test_cli_refuses_bad_input_with_one_line(truth, tmp_path, capsys, argv, words):
     src = _tpot_csv(tmp_path / "tiny.csv", truth)
@@ -407,8 +414,9 @@ def test_cli_batch_rule_reaches_the_observations_and_the_written_set(truth, tmp_
     rc = cli_main(["fit", str(src), "--free", "hbm_derate", "--batch-rule", "fifo", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1
+    from jaxprice._src.accuracy import BATCH_RULES
     assert err == ("jaxprice fit: error: field '--batch-rule', value 'fifo': unknown batch rule "
-                   "(known: anchor, capped, interleaved)\n")
+                   f"(known: {', '.join(BATCH_RULES)})\n")
 
 
 def test_cli_refuses_a_missing_file(tmp_path, capsys):
@@ -500,3 +508,165 @@ def test_gpu_microbench_refuses_without_a_gpu(capsys):
     assert mb.main([]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpu_microbench: error: no NVIDIA GPU") and "--cpu-dry-run" in err
+
+
+# ----------------------------------------------------------------------------- transfer (issue 12)
+
+
+def test_a_strong_prior_returns_the_registry(truth, recovered):
+    obs, free_fit = recovered
+    res = F.fit_coefficients(obs, list(PERTURB), steps=300, eval_every=10, patience=10, prior=1e4)
+    assert res.prior == 1e4 and res.settings["prior"] == 1e4
+    for label, m in res.multipliers().items():
+        assert m == pytest.approx(1.0, abs=2e-3), label                 # the starting (perturbed) values stand
+    assert max(abs(m - 1) for m in free_fit.multipliers().values()) > 0.15  # while prior 0 moved them
+    # Gauss-Newton: the same, to 1e-5, in a few iterations; and in between, the prior trades
+    # data fit for a shorter log-multiplier vector
+    gn = {p: F.fit_coefficients(obs, list(PERTURB), steps=50, prior=p, method="gauss-newton") for p in (0, 1e-3, 1e4)}
+    assert all(m == pytest.approx(1.0, abs=1e-5) for m in gn[1e4].multipliers().values())
+    for k, m in free_fit.multipliers().items():
+        assert gn[0].multipliers()[k] == pytest.approx(m, rel=1e-4), k
+    norms = [float(np.linalg.norm(gn[p].theta)) for p in (0, 1e-3, 1e4)]
+    losses = [gn[p].final["train"] for p in (0, 1e-3, 1e4)]
+    assert norms[0] > norms[1] > norms[2] and losses[0] < losses[1] < losses[2]
+    assert "converged" in gn[0].stopped and gn[0].settings["method"] == "gauss-newton"
+
+
+def test_physical_bound_stops_a_rate_at_the_chips_hbm_peak(truth):
+    obs = []
+    for name, (dep, batches, _) in truth.items():
+        c = _plain(dep.coefficients)
+        fast = c.replace(attention_decode_rate=c["attention_decode_rate"] * 3.0)
+        obs.append(F.Observations(name, dep, batches, np.asarray(jp.price_many(dep.plan, fast, batches).no_overlap),
+                                  target="step"))
+    dep = truth[DEPLOYMENTS[0]][0]
+    peak = dep.chip.hbm_tbs * 1e12
+    rate = float(dep.coefficients["attention_decode_rate"])
+    assert 3.0 * rate > peak > rate
+    res = F.fit_coefficients(obs, ["attention_decode_rate:4"], steps=100)
+    (e,) = res.entries()
+    assert e["value"] == pytest.approx(peak, rel=1e-9)
+    (hit,) = res.bound_hits()
+    assert hit["key"] == "attention_decode_rate@hardware=h200" and hit["side"] == "upper"
+    assert hit["why"].startswith("physical") and "HBM peak" in hit["why"] and "physics rules out" in hit["meaning"]
+    assert F.physical_range("hbm_derate", dep.chip)[1] == 1.0
+    assert F.physical_range("host_output_token", dep.chip) == (None, None, None)
+
+
+def test_identifiability_flags_a_constructed_degenerate_pair():
+    rng = np.random.default_rng(0)
+    a, c = rng.normal(size=40), rng.normal(size=40)
+    J = np.stack([a, -2.0 * a + 1e-4 * rng.normal(size=40), c, np.zeros(40)], axis=1)   # b ~ -2a; d inert
+    ident = F.identifiability(J, ["a", "b", "c", "d"], tol=0.1)
+    assert set(ident.frozen) == {"a", "d"}           # b is the more sensitive of the pair: kept
+    assert ident.partners["a"] == ["b"] and "not separable from b" in ident.frozen["a"]
+    assert "do not depend" in ident.frozen["d"]
+    assert ident.independence[0] < 1e-3 and ident.independence[2] > 0.9
+    assert ident.fisher_eigenvalues[0] < 1e-6 * ident.fisher_eigenvalues[-1]
+    ok = F.identifiability(J[:, [0, 2]], ["a", "c"], tol=0.1)
+    assert ok.frozen == {}
+
+
+def test_identifiability_on_the_kernel_freezes_what_decode_steps_cannot_separate(truth):
+    # decode-only step times: the GEMM ramp's intercept and the weight reads are both per-step constants
+    obs = _observations(truth, {})
+    res = F.fit_coefficients(obs, ["hbm_derate", "gemm_eps_max_fp8", "gemm_m_half_fp8"], steps=0)
+    frozen = res.frozen
+    assert frozen, res.identifiability.independence
+    assert set(frozen) <= {"hbm_derate@hardware=h200", "gemm_eps_max_fp8@hardware=h200",
+                           "gemm_m_half_fp8@hardware=h200"}
+    assert all("not separable" in w or "do not depend" in w for w in frozen.values())
+    # a frozen key is held at its start and not written
+    assert all(res.theta[res.layout.index(k)] == 0.0 for k in res.layout.keys if F.key_label(k) in frozen)
+    assert not any(e["frozen"] is False and F.key_label((e["name"], (("hardware", "h200"),))) in frozen
+                   for e in res.entries())
+    # the recovery set is identifiable: nothing frozen there
+    assert F.fit_coefficients(obs, list(PERTURB), steps=0).frozen == {}
+
+
+def test_a_set_scoped_to_one_chip_leaves_another_chips_prices_bit_for_bit(recovered, tmp_path):
+    _, res = recovered
+    path = F.write_coefficient_set(res, tmp_path / "fitted.yaml", engines=["vllm"])
+    doc = yaml.safe_load(path.read_text())
+    assert doc["fit"]["train_chips"] == ["h200"] and doc["fit"]["engines"] == ["vllm"]
+    other = "llama-3.1-70b-instruct-h100-fp8-vllm-tp2"
+    with_set, plain = jp.load_deployment(other, extra_coefficient_files=[path]), jp.load_deployment(other)
+    batches = _batches(GRID[:4], rows=64)
+    a = jp.price_many(with_set.plan, _plain(with_set.coefficients), batches)
+    b = jp.price_many(plain.plan, _plain(plain.coefficients), batches)
+    np.testing.assert_array_equal(np.asarray(a.no_overlap), np.asarray(b.no_overlap))
+    np.testing.assert_array_equal(np.asarray(a.overlap), np.asarray(b.overlap))
+    applies = F.set_applies(path, plain)
+    assert applies["applied"] == [] and all("hardware=h100" in why for _, why in applies["outside"])
+    # another model on the same chip is outside the model scope too; --scope-to hardware widens it
+    dep8 = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
+    assert F.set_applies(path, dep8)["applied"] == []
+    wide = F.write_coefficient_set(res, tmp_path / "wide.yaml", scope_to=("hardware",))
+    assert set(F.set_applies(wide, dep8)["applied"]) <= set(PERTURB)
+
+
+def _fake(name, model, chip):
+    from types import SimpleNamespace
+    return SimpleNamespace(name=name, dims={"model": model, "hardware": chip})
+
+
+def test_cv_folds_never_share_a_deployment_nor_under_model_a_model():
+    obs = [_fake(f"{m}-{c}-{i}", m, c) for m in ("a", "b", "c") for c in ("h100", "b200") for i in range(3)]
+    names = sorted(o.name for o in obs)
+    dims = {o.name: o.dims for o in obs}
+    folds = F.cv_folds(obs, "model")
+    assert [f.label for f in folds] == ["a", "b", "c"]
+    for f in folds:
+        assert not set(f.train) & set(f.test) and sorted(f.train + f.test) == names
+        assert {dims[n]["model"] for n in f.test} == {f.label}
+        assert f.label not in {dims[n]["model"] for n in f.train}
+    chips = F.cv_folds(obs, "chip")
+    assert [f.label for f in chips] == ["b200", "h100"]
+    for f in chips:
+        assert {dims[n]["hardware"] for n in f.test} == {f.label}
+        assert f.label not in {dims[n]["hardware"] for n in f.train}
+    seeds = F.cv_folds(obs, "deployment", seeds=(0, 1, 2))
+    assert len({f.test for f in seeds}) > 1
+    for f in seeds:
+        assert not set(f.train) & set(f.test) and sorted(f.train + f.test) == names
+        assert {dims[n]["model"] for n in f.test} == {"a", "b", "c"}           # stratified by model
+    with pytest.raises(jp.JaxpriceError, match="at least two"):
+        F.cv_folds([o for o in obs if o.dims["model"] == "a"], "model")
+    with pytest.raises(jp.JaxpriceError, match="unknown hold-out"):
+        F.cv_folds(obs, "engine")
+
+
+def test_cross_validate_scores_registry_and_fit_on_held_out_deployments(truth):
+    # the two deployments want the same 1.25x slower KV read: the fit on one transfers to the other
+    obs = _observations(truth, {}, scale={n: 1.25 for n in DEPLOYMENTS})
+    cv = F.cross_validate(obs, ["attention_decode_rate:3", "hbm_derate"], by="deployment", priors=(0.0, 1e4),
+                          test_fraction=0.5, seeds=(0,), steps=150)
+    (fold,) = cv.folds
+    assert len(fold.train) == len(fold.test) == 1
+    weak, strong = cv.scores[(fold.label, 0.0)]["test"], cv.scores[(fold.label, 1e4)]["test"]
+    assert weak["fitted"]["tpot_mape"] < 0.5 * weak["registry"]["tpot_mape"]
+    assert strong["fitted"]["tpot_mape"] == pytest.approx(strong["registry"]["tpot_mape"], rel=1e-2)
+    assert cv.criterion[0.0] < cv.criterion[1e4] and cv.best_prior == 0.0
+    assert cv.chosen[fold.label] == 1e4         # one training deployment: too few for an inner split
+    assert cv.scores[(fold.label, 0.0)]["applied"] == 2
+    assert math.isnan(weak["registry"]["shape_mean"])     # step observations carry no sweeps
+
+
+def test_cli_cross_validates_by_deployment_and_scopes_the_written_set(truth, tmp_path, capsys):
+    src = _tpot_csv(tmp_path / "tiny.csv", truth)
+    out = tmp_path / "fitted.yaml"
+    rc = cli_main(["fit", str(src), "--free", "hbm_derate", "--free", "attention_decode_rate", "--holdout",
+                   "deployment", "--cv-seeds", "0", "--priors", "0,100", "--method", "gauss-newton", "--steps", "20",
+                   "--quiet", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    text = cap.out
+    assert "cross-validation by deployment: 1 fold(s)" in text and "seed 0" in text
+    assert "TPOT MAPE reg -> fit" in text and "chosen for the final fit: " in text
+    import re
+    strong = float(re.search(r"\b100: ([0-9.]+)", text).group(1))
+    assert strong == pytest.approx(1.0, abs=0.01)       # the strong prior is the registry on held-out data
+    doc = yaml.safe_load(out.read_text())
+    assert doc["fit"]["engines"] == ["vllm"] and doc["fit"]["train_models"] == ["llama-3.1-70b-instruct"]
+    assert all(e["scope"]["model"] == ["llama-3.1-70b-instruct"] for e in doc["entries"])
+    assert "any other deployment loading it keeps the registry's values" in text

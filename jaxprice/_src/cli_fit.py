@@ -2,6 +2,7 @@
 
     jaxprice fit measured.csv --free hbm_derate --free 'gemm_m_half_*@hardware:2' \\
         --free host_output_token@global --holdout 0.25 --seed 0 --steps 400 --out fitted.yaml
+    jaxprice fit measured.csv --free ... --holdout model --prior cv --out fitted.yaml
     jaxprice fit steps.csv --target step --free 'attention_decode_rate*:3' --out fitted.yaml
 
 CSV: mean-TPOT measurements in the layout of shared/measured/inferencex_vllm_dev.csv (target
@@ -10,10 +11,20 @@ CSV: mean-TPOT measurements in the layout of shared/measured/inferencex_vllm_dev
 step times with columns scenario, requests, context, value, unit (target ``step``). ``--free``
 takes ``PATTERN[@SCOPE][:BOUND]``: an fnmatch pattern over coefficient names, a scope of
 comma-separated hardware, model, tp, ep, nodes_spanned (or ``global``; default hardware) and
-a factor bound (default 2). Deployments are held out whole for early stopping. Prints the
-loss and TPOT/step MAPE before and after, per split, and every fitted multiplier; writes the
-set with ``--out`` (load it with ``load_deployment(..., extra_coefficient_files=[path])``).
-A progress bar goes to stderr.
+a factor bound (default 2); physical bounds apply on top (a derate or GEMM efficiency at most
+1, a KV read rate at most the chip's HBM peak).
+
+``--holdout FRACTION`` holds that share of the deployments out for early stopping.
+``--holdout model`` (leave one model out, each in turn), ``chip`` or ``deployment`` (seeded
+splits, ``--cv-seeds``) cross-validates instead: per held-out group, TPOT MAPE and shape error
+with the bundled registry and with the fit, on the held-out deployments and in sample; then
+fits on every deployment. ``--prior`` is the strength of the prior that pulls each free
+coefficient toward its registry value in log space (``cv``: chosen among ``--priors`` by the
+cross-validation; the default with a cross-validating --holdout, else 0). Coefficients the data
+cannot separate (near-null directions of the Fisher matrix) are frozen and listed. The written
+set (``--out``) is scoped to the chips and models it was fitted on (``--scope-to hardware``
+widens it to every model of those chips): another deployment loading it keeps the registry's
+values. A progress bar goes to stderr.
 """
 
 from __future__ import annotations
@@ -42,7 +53,23 @@ def add_parser(subparsers):
                    help="TPOT layout: how each point's batches are built, as in 'jaxprice accuracy': anchor "
                         "(default: C decode rows), capped (the engine's resident batch) or interleaved (the "
                         "resident batch plus the steady-state prefill chunks)")
-    p.add_argument("--holdout", default="0.25", help="fraction of deployments held out for early stopping")
+    p.add_argument("--holdout", default="0.25",
+                   help="a fraction of deployments held out for early stopping, or model / chip / deployment: "
+                        "cross-validate by leaving one out (deployment: seeded splits, --cv-seeds)")
+    p.add_argument("--cv-seeds", default="0,1,2", help="--holdout deployment: the seeds of its splits")
+    p.add_argument("--prior", default=None,
+                   help="prior strength (>= 0) pulling each free coefficient toward its registry value in log "
+                        "space, or 'cv' to choose it by the cross-validation (default: cv with a "
+                        "cross-validating --holdout, else 0)")
+    p.add_argument("--priors", default=None, help="comma-separated strengths --prior cv tries")
+    p.add_argument("--identify-tol", default="0.1",
+                   help="freeze a coefficient when less than this share of its effect is independent of the "
+                        "others' (0: never)")
+    p.add_argument("--scope-to", default="hardware,model", choices=("hardware,model", "hardware"),
+                   help="what the written entries are scoped to besides their own scope")
+    p.add_argument("--method", choices=("adam", "gauss-newton"), default="adam",
+                   help="the solver: projected Adam (default) or damped Gauss-Newton (converges in tens of "
+                        "iterations, one compilation per deployment)")
     p.add_argument("--seed", default="0")
     p.add_argument("--steps", default="400")
     p.add_argument("--learning-rate", default="0.05")
@@ -76,34 +103,63 @@ def _mape(pred, meas):
     return float(np.mean(np.abs(pred / meas - 1.0)))
 
 
-def run(args) -> int:
+def _floats(text, flag):
+    from .cli_price import parse_float
+    vals = [parse_float(x.strip(), flag=flag, minimum=0.0) for x in str(text).split(",") if x.strip()]
+    if not vals:
+        refuse("give at least one number", field=flag, value=text)
+    return vals
+
+
+def _options(args) -> dict:
+    """Every numeric option, checked, and the hold-out kind."""
     from . import fit as F
     from .accuracy import check_batch_rule
     from .cli_price import parse_float, parse_int
-    from .progress import Progress
     check_batch_rule(args.batch_rule, field="--batch-rule")
-
+    if args.batch_rule not in ("anchor", "capped", "interleaved"):
+        refuse("the fit prices fixed batches per point (anchor, capped or interleaved); fitting through the "
+               "serving simulation's schedules is not built yet", field="--batch-rule", value=args.batch_rule)
     if not args.free:
         refuse("give at least one --free PATTERN[@SCOPE][:BOUND] (e.g. --free hbm_derate)", field="--free")
-    free = [F.Free.parse(f) for f in args.free]
-    holdout = parse_float(args.holdout, flag="--holdout", minimum=0.0)
-    if holdout >= 1:
-        refuse("must be below 1", field="--holdout", value=holdout)
-    seed = parse_int(args.seed, flag="--seed", minimum=0)
+    o = {"free": [F.Free.parse(f) for f in args.free]}
+    if args.holdout in F.HOLDOUTS:
+        o["cv"], o["holdout"] = args.holdout, 0.0
+    else:
+        o["cv"], o["holdout"] = None, parse_float(args.holdout, flag="--holdout", minimum=0.0)
+        if o["holdout"] >= 1:
+            refuse("must be below 1 (or one of model, chip, deployment)", field="--holdout", value=o["holdout"])
+    o["cv_seeds"] = [parse_int(x.strip(), flag="--cv-seeds", minimum=0) for x in args.cv_seeds.split(",") if x.strip()]
+    prior = args.prior if args.prior is not None else ("cv" if o["cv"] else "0")
+    if prior == "cv" and not o["cv"]:
+        refuse("--prior cv needs a cross-validating --holdout (model, chip or deployment)", field="--prior")
+    o["prior"] = prior if prior == "cv" else parse_float(prior, flag="--prior", minimum=0.0)
+    o["priors"] = _floats(args.priors, "--priors") if args.priors else list(F.DEFAULT_PRIORS)
+    o["identify_tol"] = parse_float(args.identify_tol, flag="--identify-tol", minimum=0.0)
+    if o["identify_tol"] >= 1:
+        refuse("must be below 1", field="--identify-tol", value=o["identify_tol"])
+    o["seed"] = parse_int(args.seed, flag="--seed", minimum=0)
     steps = parse_int(args.steps, flag="--steps", minimum=0)
     lr = parse_float(args.learning_rate, flag="--learning-rate", minimum=0.0)
     if lr <= 0:
         refuse("must be positive", field="--learning-rate", value=lr)
-    patience = parse_int(args.patience, flag="--patience", minimum=1)
-    eval_every = parse_int(args.eval_every, flag="--eval-every", minimum=1)
     delta = parse_float(args.huber_delta, flag="--huber-delta", minimum=0.0)
     if delta <= 0:
         refuse("must be positive", field="--huber-delta", value=delta)
     temperature = None if args.temperature is None else parse_float(args.temperature, flag="--temperature",
                                                                      minimum=0.0)
+    o["fit"] = dict(steps=steps, learning_rate=lr, patience=parse_int(args.patience, flag="--patience", minimum=1),
+                    eval_every=parse_int(args.eval_every, flag="--eval-every", minimum=1), temperature=temperature,
+                    loss=args.loss, huber_delta=delta, weighting=args.weighting,
+                    identify=o["identify_tol"] > 0, identify_tol=o["identify_tol"], method=args.method)
     if args.out is not None and Path(args.out).is_dir():
         refuse("is a folder; give a file name for the fitted set", field="--out", value=args.out)
+    return o
 
+
+def _observations(args):
+    """(target, observations, engines) from the CSV, refused points reported on stderr."""
+    from . import fit as F
     header = _header(args.csv)
     layout = "step" if "requests" in header else "tpot" if "quantity" in header else None
     target = layout if args.target == "auto" else args.target
@@ -113,55 +169,82 @@ def run(args) -> int:
     if target != layout:
         refuse(f"--target {target} needs the {target} layout, but this CSV has the {layout} layout",
                file=args.csv, field="--target", value=target)
-
-    refused = []
-    if layout == "tpot":
-        obs, refused, points = F.observations_from_measurements(
-            args.csv, scenario_dirs=args.scenario_dir, estimate=args.estimate, deployments=args.deployment,
-            batch_rule=args.batch_rule)
-        if refused:
-            print(f"{len(refused)} point(s) the kernel refused are left out of the fit:", file=sys.stderr)
-            for i, reason in refused[:5]:
-                print(f"  line {points[i].row} ({points[i].deployment}, C={points[i].concurrency}): {reason}",
-                      file=sys.stderr)
-        if not obs:
-            refuse("no point of the CSV could be priced", file=args.csv)
-    else:
+    if layout == "step":
         if args.deployment:
             refuse("--deployment selects deployments of the mean-TPOT layout only", field="--deployment")
         if args.batch_rule != "anchor":
             refuse("--batch-rule applies to the mean-TPOT layout only (a step CSV gives its batches)",
                    field="--batch-rule", value=args.batch_rule)
-        obs = F.read_step_measurements(args.csv, estimate=args.estimate)
+        return target, F.read_step_measurements(args.csv, estimate=args.estimate), []
+    obs, refused, points = F.observations_from_measurements(
+        args.csv, scenario_dirs=args.scenario_dir, estimate=args.estimate, deployments=args.deployment,
+        batch_rule=args.batch_rule)
+    if refused:
+        print(f"{len(refused)} point(s) the kernel refused are left out of the fit:", file=sys.stderr)
+        for i, reason in refused[:5]:
+            print(f"  line {points[i].row} ({points[i].deployment}, C={points[i].concurrency}): {reason}",
+                  file=sys.stderr)
+    if not obs:
+        refuse("no point of the CSV could be priced", file=args.csv)
+    return target, obs, sorted({p.engine for p in points if p.engine})
 
-    bars = {}
 
-    def progress(done, total, stage="descent", **info):
-        if args.quiet:
+class _Bars:
+    """One progress bar per stage (stderr), or none with --quiet."""
+
+    def __init__(self, quiet):
+        self.quiet, self.bars = quiet, {}
+
+    def __call__(self, done, total, stage="descent", **info):
+        from .progress import Progress
+        if self.quiet or total is None:
             return
-        if stage not in bars:
-            for b in bars.values():
-                b.close()
-            bars[stage] = Progress(total, "compile" if stage == "compile" else "fit")
-        bars[stage].update(done, total, **info)
+        if stage not in self.bars:
+            self.close()
+            self.bars[stage] = Progress(total, "compile" if stage == "compile" else "fit")
+        self.bars[stage].update(done, total, **info)
 
-    try:
-        res = F.fit_coefficients(obs, free, holdout=holdout, seed=seed, steps=steps, learning_rate=lr,
-                                 eval_every=eval_every, patience=patience, temperature=temperature,
-                                 loss=args.loss, huber_delta=delta, weighting=args.weighting,
-                                 callback=progress)
-    finally:
-        for b in bars.values():
+    def close(self):
+        for b in self.bars.values():
             b.close()
+        self.bars = {}
 
+
+def _pct(x):
+    return "n/a" if not np.isfinite(x) else f"{x:.1%}"
+
+
+def print_cv(cv, what="TPOT"):
+    """The cross-validation table: per held-out group, registry -> fit on the held-out and the
+    training deployments."""
+    print(f"cross-validation by {cv.by}: {len(cv.folds)} fold(s); prior per fold chosen by an inner "
+          f"cross-validation on its training deployments")
+    print(f"{'held out':<24}{'deps':>5}{'points':>7}{'prior':>8}{'keys':>6}  {what + ' MAPE reg -> fit':<22}"
+          f"{'shape reg -> fit':<20}{'in-sample MAPE':<18}{'in-sample shape':<18}")
+    for r in cv.rows():
+        te, tr = r["test"], r["train"]
+        print(f"{r['fold']:<24}{len(r['test_deployments']):>5}{te['registry']['points']:>7}{r['prior']:>8g}"
+              f"{r['applied']:>6}  {_pct(te['registry']['tpot_mape']) + ' -> ' + _pct(te['fitted']['tpot_mape']):<22}"
+              f"{_pct(te['registry']['shape_mean']) + ' -> ' + _pct(te['fitted']['shape_mean']):<20}"
+              f"{_pct(tr['registry']['tpot_mape']) + ' -> ' + _pct(tr['fitted']['tpot_mape']):<18}"
+              f"{_pct(tr['registry']['shape_mean']) + ' -> ' + _pct(tr['fitted']['shape_mean']):<18}")
+    print("(keys: fitted coefficients that reach the held-out deployments; the rest keep the registry's values)")
+    print("prior strength -> mean over folds of fit/registry error (TPOT MAPE and shape): " +
+          ", ".join(f"{p:g}: {c:.3f}" for p, c in cv.criterion.items()) + f"; chosen for the final fit: "
+          f"{cv.best_prior:g}")
+
+
+def print_fit(res, obs, target, args, seed):
+    from .resolve import si_factor
     what = "TPOT" if target == "tpot" else "step time"
     by_name = {o.name: o for o in obs}
+    temperature = res.settings["temperature"]
     print(f"{args.csv}: {sum(o.points for o in obs)} points in {len(obs)} deployment(s); "
           f"train {len(res.train)}, held out {len(res.held_out)} (by deployment, seed {seed})")
     print(f"fit: {res.settings['loss']} loss on log {what} ({args.estimate}, "
           f"{'exact mode' if temperature is None else f'temperature {temperature:g}'}), "
-          f"{len(res.keys)} free value(s); {res.stopped}; kept step {res.best_step}"
-          + (f"; batch rule {args.batch_rule}" if target == "tpot" else ""))
+          f"{len(res.keys)} free value(s), prior {res.prior:g}; {res.stopped}; kept step {res.best_step}"
+          + (f"; batch rule {args.batch_rule}" if target == "tpot" else "") + f"; {res.compiled} compilation(s)")
     print(f"{'split':<10}{'deployments':>12}{'points':>8}{'loss before':>13}{'loss after':>12}"
           f"{'MAPE before':>13}{'MAPE after':>12}")
     for split, names, key in (("train", res.train, "train"), ("held out", res.held_out, "held_out")):
@@ -173,17 +256,45 @@ def run(args) -> int:
         after = np.concatenate([res.predict(o) for o in sel])
         print(f"{split:<10}{len(names):>12}{len(meas):>8}{res.initial[key]:>13.5f}{res.final[key]:>12.5f}"
               f"{_mape(before, meas):>13.1%}{_mape(after, meas):>12.1%}")
-    hits = res.at_bound()
-    from .resolve import si_factor
     print(f"{'coefficient @ scope':<56}{'start':>12}{'fitted':>12}{'x':>8}  units")
     for e in sorted(res.entries(), key=lambda e: (e["name"], sorted((k, str(v)) for k, v in e["scope"].items()))):
         label = e["name"] + "@" + ",".join(f"{k}={v}" for k, v in e["scope"].items())
         f = si_factor(e["name"], e["units"])
-        print(f"{label:<56}{e['start'] / f:>12.6g}{e['value'] / f:>12.6g}{e['multiplier']:>8.3f}  {e['units']}")
-    if hits:
-        print("at a bound: " + ", ".join(f"{k} ({v})" for k, v in sorted(hits.items())))
+        note = "  frozen" if e["frozen"] else ""
+        print(f"{label:<56}{e['start'] / f:>12.6g}{e['value'] / f:>12.6g}{e['multiplier']:>8.3f}  {e['units']}{note}")
+    for lab, why in res.frozen.items():
+        print(f"frozen {lab}: {why}")
+    for h in res.bound_hits():
+        print(f"at a bound: {h['key']} ({h['side']}: {h['why']}): {h['meaning']}")
+
+
+def run(args) -> int:
+    from . import fit as F
+    o = _options(args)
+    target, obs, engines = _observations(args)
+    bars = _Bars(args.quiet)
+    try:
+        prior = o["prior"]
+        if o["cv"]:
+            priors = o["priors"] if prior == "cv" else [prior]
+            cv = F.cross_validate(obs, o["free"], by=o["cv"], priors=priors, seeds=o["cv_seeds"],
+                                  callback=bars, **o["fit"])
+            bars.close()
+            print_cv(cv, "TPOT" if target == "tpot" else "step")
+            prior = cv.best_prior
+        res = F.fit_coefficients(obs, o["free"], holdout=o["holdout"], seed=o["seed"], prior=prior, callback=bars,
+                                 **o["fit"])
+    finally:
+        bars.close()
+    print_fit(res, obs, target, args, o["seed"])
     if args.out:
         data = f"{args.csv} (mean TPOT, batch rule '{args.batch_rule}')" if target == "tpot" else str(args.csv)
-        path = F.write_coefficient_set(res, args.out, name=args.name, data=data)
-        print(f"wrote {path} (values in registry units; load with extra_coefficient_files=[...])")
+        scope_to = tuple(args.scope_to.split(","))
+        path = F.write_coefficient_set(res, args.out, name=args.name, data=data, scope_to=scope_to, engines=engines)
+        models = res.settings["train_models"] if "model" in scope_to else ["every model"]
+        print(f"wrote {path} (values in registry units; load with extra_coefficient_files=[...]); its entries apply "
+              f"to chips {', '.join(res.settings['train_chips'])} and models {', '.join(models)}"
+              + (f" (fitted on engine {', '.join(engines)}; scenarios do not name their engine, so that is recorded, "
+                 "not enforced)" if engines else "")
+              + ": any other deployment loading it keeps the registry's values")
     return 0

@@ -1,29 +1,38 @@
-"""Fit: gradient-based calibration of registry coefficients against measurements.
+"""Fit: gradient-based calibration of registry coefficients against measurements, built to
+transfer (issue 12: a fitted set must not make unseen models or chips worse).
 
 The model is the step kernel itself. The free parameters are log-multipliers on chosen
 coefficients, shared over a chosen scope:
 
 * ``Free("gemm_m_half_*", scope=("hardware",), bound=2.0)``: every coefficient whose name matches
   the pattern (``fnmatch``; the first matching ``Free`` wins) gets one multiplier per chip;
-  ``scope=()`` ("global") shares one multiplier over every deployment. The parameter vector
-  theta holds ``log(multiplier)``, projected after each step onto ``[-log(bound), log(bound)]``
-  (the value stays within a factor ``bound`` of where it started) and, for fractions of a peak
-  (``*eps_max*``, ``*derate*``), onto values of at most 1.
-* The loss is a weighted mean over points of a per-point loss of the residual
-  ``log(pred) - log(measured)``: on mean TPOT (``target="tpot"``: the step estimate plus
-  ``host_output_token``) or on step times (``target="step"``). ``loss="l2"`` squares it,
-  ``loss="huber"`` is quadratic within ``huber_delta`` and linear beyond. ``weighting="point"``
-  weighs every point alike, ``"deployment"`` every deployment alike.
+  ``scope=()`` ("global") shares one multiplier over every deployment. theta holds
+  ``log(multiplier)``, projected after each step onto its range: within a factor ``bound`` of
+  the start, tightened to what is physical on every deployment the key lands on
+  (``physical_range``: a fraction of a peak at most 1, a KV read rate at most the chip's HBM
+  peak, a collective's rate at most its NVLink peak).
+* The objective is a weighted mean over points of a per-point loss of the residual
+  ``log(pred) - log(measured)`` (on mean TPOT, ``target="tpot"``: the step estimate plus
+  ``host_output_token``; or on step times, ``target="step"``; ``loss`` l2 or huber), plus a
+  prior ``prior * sum(theta ** 2)`` pulling every free coefficient toward its starting
+  (registry) value in log space. ``cross_validate`` / ``choose_prior`` pick its strength by
+  holding out whole models, chips or deployments (``cv_folds``: folds never share a deployment,
+  nor under 'model' a model).
+* Identifiability (``identifiability``): the per-point Jacobian of log(prediction) over theta
+  (its J'J is the Gauss-Newton Fisher matrix) is checked before the descent; keys in its
+  near-null directions, which the data cannot tell from a combination of the others, or on
+  which the data do not depend, are frozen at their starting value, and the result says which
+  and why (``FitResult.frozen``). Keys stopped by a bound are listed with the bound and what
+  that means (``FitResult.bound_hits``).
 * Deployments differ in plan and in coefficient names, so each has its own jitted
-  ``value_and_grad`` (compiled once per plan; its batches are stacked and priced with vmap)
-  and maps the shared theta onto its own names. The kernel is priced in exact mode by
-  default: NoOverlap is a sum of piecewise-smooth laws of the coefficients, so exact-mode
-  gradients exist almost everywhere. ``temperature`` switches to smooth mode.
-* optax Adam with a cosine-decayed learning rate; early stopping on the held-out loss (the
-  split is by deployment, never by point), keeping the best theta.
-* ``write_coefficient_set`` writes the result as a ``jaxprice-coefficients/1`` set whose
-  ``source`` records the data and the loss; ``load_deployment(..., extra_coefficient_files=
-  [path])`` then loads it like any other set.
+  ``value_and_grad`` (compiled once per plan, names and batch shape, whatever the free
+  coefficients; its batches are stacked and priced with vmap) and maps theta onto its own
+  names. Exact mode by default (gradients exist almost everywhere); ``temperature`` switches
+  to smooth mode. optax Adam with a cosine-decayed learning rate; early stopping on a held-out
+  split by deployment (or on the training objective), keeping the best theta.
+* ``write_coefficient_set`` writes the result as a ``jaxprice-coefficients/1`` set whose entries
+  are scoped to the chips and models they were fitted on: loading it with another deployment
+  leaves that deployment on the registry's values (``set_applies`` says what reaches it).
 
 ``fit_law`` is the same descent for any small jittable law (e.g. a GEMM efficiency ramp
 against microbenchmark timings), in log space with bounds.
@@ -57,6 +66,7 @@ TARGETS = ("tpot", "step")
 ESTIMATES = ("no_overlap", "overlap")
 LOSSES = ("l2", "huber")
 WEIGHTINGS = ("point", "deployment")
+METHODS = ("adam", "gauss-newton")
 
 
 # ----------------------------------------------------------------------------- free parameters
@@ -150,7 +160,9 @@ class Observations:
     alone. ``name`` is the unit of every train/held-out split. ``weights`` (optional, [n])
     scale each point's loss. ``combine`` (optional, [n, batches]): each point is this linear
     combination of the batches' estimates (e.g. a mean TPOT averaged over decode-only steps and
-    steps that carry a prefill chunk); without it, point i is batch i."""
+    steps that carry a prefill chunk); without it, point i is batch i. ``sweeps`` and
+    ``concurrency`` (optional, [n]): each point's sweep and client concurrency, for the shape
+    error of cross-validation (``score_points``)."""
     name: str
     deployment: Deployment
     batches: Batch
@@ -159,6 +171,8 @@ class Observations:
     estimate: str = "no_overlap"
     weights: np.ndarray | None = None
     combine: np.ndarray | None = None
+    sweeps: np.ndarray | None = None
+    concurrency: np.ndarray | None = None
 
     def __post_init__(self):
         self.measured = np.asarray(self.measured, dtype=float).reshape(-1)
@@ -183,6 +197,13 @@ class Observations:
             self.weights = np.asarray(self.weights, dtype=float).reshape(-1)
             if self.weights.shape != (n,) or not np.all(np.isfinite(self.weights) & (self.weights >= 0)):
                 refuse("weights must be n non-negative numbers", field=f"{self.name}.weights")
+        if (self.sweeps is None) != (self.concurrency is None):
+            refuse("sweeps and concurrency come together", field=f"{self.name}.sweeps")
+        if self.sweeps is not None:
+            self.sweeps = np.asarray(self.sweeps).reshape(-1)
+            self.concurrency = np.asarray(self.concurrency, dtype=float).reshape(-1)
+            if self.sweeps.shape != (n,) or self.concurrency.shape != (n,):
+                refuse(f"sweeps and concurrency need one value per point ({n})", field=f"{self.name}.sweeps")
 
     @property
     def points(self) -> int:
@@ -193,11 +214,19 @@ class Observations:
         return deployment_dims(self.deployment)
 
 
-def observations_from_groups(groups, *, target="tpot", estimate="no_overlap"):
+def observations_from_groups(groups, *, target="tpot", estimate="no_overlap", points=None):
     """Observations from ``jaxprice.accuracy.group_points`` groups (one per deployment): the
-    same stacked batches and, under the ``interleaved`` batch rule, the same ``combine``."""
-    return [Observations(g.name, g.deployment, g.batches, g.measured, target, estimate,
-                         combine=getattr(g, "combine", None)) for g in groups]
+    same stacked batches and, under the ``interleaved`` batch rule, the same ``combine``.
+    ``points`` (the point list the groups index) adds each point's sweep and concurrency."""
+    out = []
+    for g in groups:
+        extra = {}
+        if points is not None:
+            extra = {"sweeps": np.array([points[i].sweep for i in g.index]),
+                     "concurrency": np.array([points[i].concurrency for i in g.index])}
+        out.append(Observations(g.name, g.deployment, g.batches, g.measured, target, estimate,
+                                combine=getattr(g, "combine", None), **extra))
+    return out
 
 
 def observations_from_measurements(csv_path, *, registry=None, scenario_dirs=None, estimate="no_overlap",
@@ -216,7 +245,7 @@ def observations_from_measurements(csv_path, *, registry=None, scenario_dirs=Non
     groups, refused = accuracy.group_points(points, registry=registry, scenario_dirs=scenario_dirs,
                                             extra_coefficient_files=extra_coefficient_files, source=str(csv_path),
                                             batch_rule=batch_rule)
-    return observations_from_groups(groups, target="tpot", estimate=estimate), refused, points
+    return observations_from_groups(groups, target="tpot", estimate=estimate, points=points), refused, points
 
 
 STEP_COLUMNS = ("scenario", "requests", "context", "value", "unit")
@@ -306,12 +335,33 @@ def split_by_deployment(names, test_fraction=0.25, *, seed=0, stratify=None):
     return sorted(train), sorted(test)
 
 
+# ----------------------------------------------------------------------------- physical bounds
+
+
+def physical_range(name: str, chip) -> tuple:
+    """(lo, hi, why): the SI range physics allows a coefficient on a chip, whatever the data
+    (None: that side is open). A fraction of a peak (``*eps_max*``, ``*derate*``) is at most 1;
+    a KV read rate (``attention_decode_rate*``) at most the chip's HBM peak; a collective's
+    rate at most the chip's NVLink peak (both directions)."""
+    if is_fraction(name):
+        return None, 1.0, "a fraction of the chip's peak is at most 1"
+    if fnmatch.fnmatchcase(name, "attention_decode_rate*") and chip is not None and chip.hbm_tbs > 0:
+        return None, chip.hbm_tbs * 1e12, f"a KV read rate is at most {chip.name}'s HBM peak ({chip.hbm_tbs:g} TB/s)"
+    if fnmatch.fnmatchcase(name, "collective_*_rate_*") and chip is not None and (chip.nvlink_gbps or 0) > 0:
+        return (None, 2e9 * chip.nvlink_gbps,
+                f"a collective's rate is at most {chip.name}'s NVLink peak (2 x {chip.nvlink_gbps:g} GB/s)")
+    return None, None, None
+
+
 # ----------------------------------------------------------------------------- layout
 
 
 class Layout:
-    """The free keys (coefficient name + scope values) and where each lands in each
-    deployment's coefficient vector."""
+    """The free keys (coefficient name + scope values), where each lands in each deployment's
+    coefficient vector, and each key's range for theta = log(multiplier): the ``Free`` factor
+    bound, tightened by ``physical_range`` on every deployment the key lands on. ``lo_why`` /
+    ``hi_why`` say which bound is which; ``frozen`` maps a key index to why it is held at its
+    starting value (identifiability)."""
 
     def __init__(self, free):
         self.free = tuple(_as_free(f) for f in free)
@@ -322,16 +372,41 @@ class Layout:
         self.records: list = []      # per (key, training deployment): key, name, dims, base SI, units
         self.lo: list = []
         self.hi: list = []
+        self.lo_why: list = []
+        self.hi_why: list = []
+        self.frozen: dict = {}
         self.matched = {f: 0 for f in self.free}
 
     def spec_for(self, name):
         return next((f for f in self.free if fnmatch.fnmatchcase(name, f.pattern)), None)
 
+    def _add_key(self, key, spec):
+        self._index[key] = len(self.keys)
+        self.keys.append(key)
+        why = f"the fit's range, a factor {spec.bound:g} from the starting value ({spec.label()})"
+        self.lo.append(-math.log(spec.bound))
+        self.hi.append(math.log(spec.bound))
+        self.lo_why.append(why)
+        self.hi_why.append(why)
+        return self._index[key]
+
+    def _tighten(self, k, name, base, chip):
+        """Narrow key k's range so that the value stays physical on this deployment too."""
+        p_lo, p_hi, why = physical_range(name, chip)
+        if p_hi is not None:
+            h = max(math.log(p_hi / base), self.lo[k])
+            if h < self.hi[k]:
+                self.hi[k], self.hi_why[k] = h, f"physical: {why}"
+        if p_lo is not None:
+            lo = min(math.log(p_lo / base), self.hi[k])
+            if lo > self.lo[k]:
+                self.lo[k], self.lo_why[k] = lo, f"physical: {why}"
+
     def kmap(self, dep: Deployment, *, create: bool, record: bool = False, tighten: bool = False) -> np.ndarray:
         """Per name of the deployment's coefficient vector, the index of its key (-1: not free).
         ``create`` adds keys the deployment brings; ``record`` notes its starting values (for
-        writing the set); ``tighten`` lowers a fraction's upper bound so that it stays <= 1 on
-        this deployment too."""
+        writing the set); ``tighten`` narrows each key's range to what is physical on this
+        deployment too (``physical_range``)."""
         dims = deployment_dims(dep)
         coefs = dep.coefficients
         vals = np.asarray(coefs.values, dtype=float)
@@ -344,17 +419,14 @@ class Layout:
             if key not in self._index:
                 if not create:
                     continue
-                self._index[key] = len(self.keys)
-                self.keys.append(key)
-                self.lo.append(-math.log(spec.bound))
-                self.hi.append(math.log(spec.bound))
+                self._add_key(key, spec)
             k = self._index[key]
             base = float(vals[i])
             if not (math.isfinite(base) and base > 0):
                 refuse("a free coefficient must start positive (it is fitted in log space)",
                        file=dep.scenario.path, field=name, value=base, has_value=True)
-            if tighten and is_fraction(name):     # a fraction of a peak stays <= 1 on every deployment it lands on
-                self.hi[k] = min(self.hi[k], max(-math.log(base), self.lo[k]))
+            if tighten:
+                self._tighten(k, name, base, getattr(dep, "chip", None))
             if record:
                 self.matched[spec] += 1
                 self.records.append({"key": k, "name": name, "dims": dims, "base": base,
@@ -362,8 +434,16 @@ class Layout:
             out[i] = k
         return out
 
+    def freeze(self, k, reason):
+        """Hold key k at its starting value (theta 0), saying why."""
+        self.frozen[k] = reason
+        self.lo[k] = self.hi[k] = 0.0
+
     def index(self, key):
         return self._index.get(key)
+
+    def labels(self) -> list:
+        return [key_label(k) for k in self.keys]
 
 
 # ----------------------------------------------------------------------------- the loss, jitted per plan
@@ -415,9 +495,22 @@ def _objective(u, values, batches, combine, log_meas, weights, delta, *, plan, n
     return jnp.sum(weights * _residual_loss(r, loss, delta))
 
 
+def _log_jacobian(u, values, batches, combine, log_meas, weights, delta, *, plan, names, target, estimate, loss,
+                  smooth, tau):
+    """(log(prediction) [points], d log(prediction) / d u [points, names]): the Gauss-Newton
+    solver's, the identifiability check's and cross-validation's one compiled function."""
+    def logpred(uu):
+        lp = jnp.log(_predict(plan, Coefficients(values * jnp.exp(uu), names), batches, combine, tau, target,
+                              estimate, smooth))
+        return lp, lp
+    jac, lp = jax.jacfwd(logpred, has_aux=True)(u)
+    return lp, jac
+
+
 _STATIC = ("plan", "names", "target", "estimate", "loss", "smooth", "tau")   # tau static: no cond
-_value_and_grad = jax.jit(jax.value_and_grad(_objective), static_argnames=_STATIC)
-_value = jax.jit(_objective, static_argnames=_STATIC)
+_KINDS = {"grad": jax.jit(jax.value_and_grad(_objective), static_argnames=_STATIC),
+          "value": jax.jit(_objective, static_argnames=_STATIC),
+          "jac": jax.jit(_log_jacobian, static_argnames=_STATIC)}
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "names", "target", "estimate", "smooth", "tau"))
@@ -425,19 +518,22 @@ def _predict_u(u, values, batches, combine, *, plan, names, target, estimate, sm
     return _predict(plan, Coefficients(values * jnp.exp(u), names), batches, combine, tau, target, estimate, smooth)
 
 
-_COMPILED: dict = {}         # (grad, plan, names, batch shape, settings) -> compiled executable
-_COMPILED_MAX = 256
+_COMPILED: dict = {}         # (kind, plan, names, batch shape, settings) -> compiled executable
+_COMPILED_MAX = 512
 
 
 class _Term:
-    """One deployment's share of a loss: its arguments on device and its compiled function."""
+    """One deployment's share of a loss: its arguments on device and its compiled function.
+    kind 'grad': (loss, gradient over theta); 'value': loss only; 'jac': the per-point
+    Jacobian of log(prediction) over u (its raw output)."""
 
-    def __init__(self, obs: Observations, kmap, weight_total, weighting, n_deployments, settings, grad):
+    def __init__(self, obs: Observations, kmap, weight_total, weighting, n_deployments, settings, kind):
         self.obs = obs
         self.kmap = np.asarray(kmap)
         w = np.asarray(obs.weights, dtype=float) if obs.weights is not None else np.ones(obs.points)
         w = w / (w.sum() * n_deployments) if weighting == "deployment" else w / weight_total
-        self.grad = grad
+        self.weights = w
+        self.kind = kind
         coefs = obs.deployment.coefficients
         combine = None if obs.combine is None else jnp.asarray(obs.combine, dtype=float)
         self.args = (jnp.asarray(coefs.values, dtype=float), obs.batches, combine, jnp.asarray(np.log(obs.measured)),
@@ -445,29 +541,48 @@ class _Term:
         self.kw = {"plan": obs.deployment.plan, "names": tuple(coefs.names), "target": obs.target,
                    "estimate": obs.estimate, "loss": settings["loss"], "smooth": bool(settings["smooth"]),
                    "tau": float(settings["tau"]) if settings["smooth"] else 0.0}
-        self.cache_key = (grad, self.kw["plan"], self.kw["names"], tuple(np.shape(obs.batches.scheduled)),
+        self.cache_key = (kind, self.kw["plan"], self.kw["names"], tuple(np.shape(obs.batches.scheduled)),
                           None if obs.combine is None else np.shape(obs.combine),
-                          *(self.kw[k] for k in ("target", "estimate", "loss", "smooth", "tau")))
+                          *(self.kw[k] for k in ("target", "estimate", "smooth", "tau")),
+                          None if kind == "jac" else self.kw["loss"])       # the Jacobian ignores the loss
+        self.log_meas = np.log(obs.measured)
         self.fn = _COMPILED.get(self.cache_key)
 
     def compile(self):
         """Lower and compile (thread-safe: called from a pool; the cache is filled by the caller)."""
-        fn = _value_and_grad if self.grad else _value
         u = jnp.zeros(len(self.kw["names"]))
-        return fn.lower(u, *self.args, **self.kw).compile()
+        return _KINDS[self.kind].lower(u, *self.args, **self.kw).compile()
 
     def __call__(self, theta):
         u = jnp.asarray(log_multipliers(theta, self.kmap))
-        if self.grad:
+        if self.kind == "grad":
             v, gu = self.fn(u, *self.args)
             gu = np.asarray(gu)
             mapped = self.kmap >= 0
             return float(v), np.bincount(self.kmap[mapped], weights=gu[mapped], minlength=len(theta))
+        if self.kind == "jac":
+            lp, ju = self.fn(u, *self.args)
+            return np.asarray(lp), np.asarray(ju)
         return float(self.fn(u, *self.args)), None
+
+    def pred_jac(self, theta, n_keys):
+        """(log(prediction) [points], d log(prediction) / d theta [points, keys])."""
+        lp, ju = self(theta)
+        out = np.zeros((ju.shape[0], n_keys))
+        for i, k in enumerate(self.kmap):
+            if k >= 0:
+                out[:, k] += ju[:, i]
+        return lp, out
+
+    def jacobian_theta(self, theta, n_keys) -> np.ndarray:
+        """Rows sqrt(weight) * d log(prediction) / d theta: [points, keys]."""
+        return self.pred_jac(theta, n_keys)[1] * np.sqrt(self.weights)[:, None]
 
 
 def _compile_terms(terms, workers, callback=None):
-    """Compile every term not compiled yet, in a thread pool (XLA compiles outside the GIL)."""
+    """Compile every term not compiled yet, in a thread pool (XLA compiles outside the GIL).
+    Returns how many executables were compiled (terms sharing a plan, names, shapes and
+    settings share one)."""
     todo = {}
     for t in terms:
         if t.fn is None:
@@ -491,12 +606,12 @@ def _compile_terms(terms, workers, callback=None):
     return len(todo)
 
 
-def _terms(observations, layout, settings, weighting, *, record, grad):
+def _terms(observations, layout, settings, weighting, *, record, kind):
     total_w = sum(float(np.sum(o.weights)) if o.weights is not None else o.points for o in observations)
     if total_w <= 0 and observations:
         refuse("every weight is zero", field="weights")
     return [_Term(o, layout.kmap(o.deployment, create=record, record=record, tighten=True), total_w, weighting,
-                  len(observations), settings, grad) for o in observations]
+                  len(observations), settings, kind) for o in observations]
 
 
 def _total(terms, theta):
@@ -510,6 +625,195 @@ def _total(terms, theta):
         raise JaxpriceError("the loss is not finite (a prediction is zero or negative, or a coefficient "
                             "left its physical range)", field="loss", value=val)
     return val, g
+
+
+def _workers(n=None):
+    import os
+    return n or min(4, os.cpu_count() or 1)
+
+
+# ----------------------------------------------------------------------------- identifiability
+
+
+@dataclasses.dataclass
+class Identifiability:
+    """Which free keys the training data can tell apart, from the Jacobian J of log(prediction)
+    over theta (rows weighted as the loss weighs points; J'J is the Gauss-Newton Fisher matrix).
+
+    ``sensitivity[k]``: the weighted RMS change of log(prediction) per unit of theta_k.
+    ``independence[k]``: the share (0..1, as a norm) of key k's normalised Jacobian column that
+    no combination of the other kept keys' columns reproduces, i.e. 1/sqrt(variance inflation);
+    a key below ``tol`` lies in a near-null direction of the Fisher matrix. Keys are kept by a
+    greedy pivoted Gram-Schmidt (the most sensitive unexplained direction first); every key
+    whose remaining share falls below ``tol``, or whose sensitivity is below ``inert``, is
+    frozen at its starting value. ``frozen``: label -> why; ``partners``: label -> the kept
+    keys whose combination reproduces it; ``fisher_eigenvalues``: of the normalised Fisher
+    matrix over every sensitive key, ascending (near-zero ones are the null directions)."""
+    labels: list
+    sensitivity: np.ndarray
+    independence: np.ndarray
+    frozen: dict
+    partners: dict
+    fisher_eigenvalues: np.ndarray
+    tol: float
+    inert: float
+
+    def lines(self) -> list:
+        out = []
+        for lab, why in self.frozen.items():
+            out.append(f"frozen {lab}: {why}")
+        return out
+
+
+def identifiability(jacobian, labels, *, tol=0.1, inert=1e-4) -> Identifiability:
+    """Detect the keys a Jacobian ([points, keys], rows weighted) cannot separate (see
+    ``Identifiability``). Pure NumPy; ``tol`` and ``inert`` as there."""
+    J = np.asarray(jacobian, dtype=float)
+    labels = list(labels)
+    K = J.shape[1]
+    s = np.linalg.norm(J, axis=0)
+    frozen, partners = {}, {}
+    indep = np.zeros(K)
+    active = [k for k in range(K) if s[k] > inert]
+    for k in range(K):
+        if k not in active:
+            frozen[labels[k]] = (f"the training data do not depend on it (RMS sensitivity {s[k]:.1e} per unit "
+                                 f"log-multiplier, below {inert:g})")
+    Jn = J[:, active] / s[active] if active else np.zeros((J.shape[0], 0))
+    resid = Jn.copy()
+    kept, rest = [], list(range(len(active)))
+    while rest:
+        norms = np.linalg.norm(resid[:, rest], axis=0)
+        if norms.max() < tol:
+            break
+        raw = np.where(norms >= tol, norms * s[[active[r] for r in rest]], -1.0)
+        j = rest[int(np.argmax(raw))]
+        nj = float(np.linalg.norm(resid[:, j]))
+        q = resid[:, j] / nj
+        kept.append(j)
+        rest.remove(j)
+        if rest:
+            resid[:, rest] -= np.outer(q, q @ resid[:, rest])
+    for j in rest:                          # none of these is separable from the kept ones
+        k = active[j]
+        indep[k] = float(np.linalg.norm(resid[:, j]))
+        coef, *_ = np.linalg.lstsq(Jn[:, kept], Jn[:, j], rcond=None) if kept else (np.zeros(0),)
+        big = [active[kept[i]] for i in np.argsort(-np.abs(coef)) if abs(coef[i]) >= 0.1 * np.max(np.abs(coef))]
+        partners[labels[k]] = [labels[b] for b in big]
+        frozen[labels[k]] = (f"not separable from {', '.join(partners[labels[k]]) or 'the others'}: only "
+                             f"{indep[k]:.1%} of its effect on the data is independent of theirs (below {tol:.0%}, "
+                             f"a near-null direction of the Fisher matrix); held at its starting value")
+    if kept:
+        G = Jn[:, kept].T @ Jn[:, kept]
+        vif = np.diag(np.linalg.pinv(G))
+        for i, j in enumerate(kept):
+            indep[active[j]] = float(1.0 / math.sqrt(max(vif[i], 1.0)))
+    eig = np.linalg.eigvalsh(Jn.T @ Jn) if active else np.zeros(0)
+    order = [labels[k] for k in range(K)]
+    frozen = {lab: frozen[lab] for lab in order if lab in frozen}
+    return Identifiability(labels=labels, sensitivity=s, independence=indep, frozen=frozen, partners=partners,
+                           fisher_eigenvalues=eig, tol=tol, inert=inert)
+
+
+def _identify(obs, layout, settings, weighting, tol, workers, callback, terms=None):
+    """Compile the training deployments' Jacobians (unless ``terms`` has them), detect what they
+    cannot separate, freeze it."""
+    n = 0
+    if terms is None:
+        terms = _terms(obs, layout, settings, weighting, record=False, kind="jac")
+        n = _compile_terms(terms, workers, callback)
+    theta0 = np.zeros(len(layout.keys))
+    J = np.concatenate([t.jacobian_theta(theta0, len(layout.keys)) for t in terms], axis=0)
+    ident = identifiability(J, layout.labels(), tol=tol)
+    index = {lab: k for k, lab in enumerate(layout.labels())}
+    for lab, why in ident.frozen.items():
+        layout.freeze(index[lab], why)
+    return ident, n
+
+
+# ----------------------------------------------------------------------------- Gauss-Newton
+
+
+def _gn_evaluate(terms, theta, K, loss, delta):
+    """Residuals, Jacobian over theta and weights, stacked over the terms, and the data loss."""
+    rs, Js, ws = [], [], []
+    for t in terms:
+        lp, J = t.pred_jac(theta, K)
+        rs.append(lp - t.log_meas)
+        Js.append(J)
+        ws.append(t.weights)
+    r, J, w = np.concatenate(rs), np.concatenate(Js, axis=0), np.concatenate(ws)
+    a = np.abs(r)
+    per = r * r if loss == "l2" else np.where(a <= delta, r * r, 2.0 * delta * a - delta * delta)
+    val = float(np.sum(w * per))
+    if not math.isfinite(val):
+        raise JaxpriceError("the loss is not finite (a prediction is zero or negative, or a coefficient "
+                            "left its physical range)", field="loss", value=val)
+    return r, J, w, val
+
+
+def _gn_step(r, J, w, theta, lo, hi, prior, loss, delta, mu):
+    """One damped (Levenberg-Marquardt) Gauss-Newton step on the keys not held by a bound, with
+    iteratively reweighted Huber weights; the step is projected onto [lo, hi]."""
+    a = np.abs(r)
+    wi = w if loss == "l2" else w * np.where(a <= delta, 1.0, delta / np.maximum(a, 1e-300))
+    g = J.T @ (wi * r) + prior * theta
+    H = J.T @ (wi[:, None] * J) + prior * np.eye(len(theta))
+    free = (lo < hi) & ~((theta <= lo + 1e-12) & (g > 0)) & ~((theta >= hi - 1e-12) & (g < 0))
+    new = theta.copy()
+    if free.any():
+        Hf = H[np.ix_(free, free)]
+        A = Hf + mu * (np.diag(np.diag(Hf)) + 1e-12 * np.eye(int(free.sum())))
+        new[free] = theta[free] + np.linalg.lstsq(A, -g[free], rcond=None)[0]
+    return np.clip(new, lo, hi)
+
+
+def _gauss_newton(train_terms, held_terms, theta0, lo, hi, *, prior, loss, delta, steps, callback, tol=1e-10):
+    """Minimise the same objective as ``_descend`` (data loss + prior * |theta|^2 on [lo, hi])
+    by damped Gauss-Newton: at most ``steps`` accepted iterations, stopping when the objective's
+    relative decrease falls below ``tol``. With held-out terms the iterate with the lowest
+    held-out loss is kept (early stopping). Returns (theta, history, best step, why it stopped)."""
+    K = len(theta0)
+    lo, hi = np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+    theta = np.clip(np.asarray(theta0, dtype=float), lo, hi)
+    r, J, w, val = _gn_evaluate(train_terms, theta, K, loss, delta)
+    history, mu, stopped = [], 1e-3, f"ran all {steps} iterations"
+
+    def record(step, theta, val):
+        held = _gn_evaluate(held_terms, theta, K, loss, delta)[3] if held_terms else None
+        obj = val + prior * float(theta @ theta)
+        monitored = held if held is not None else obj
+        best = min([h["monitored"] for h in history] + [monitored])
+        history.append({"step": step, "train": val, "held_out": held, "best": best, "objective": obj,
+                        "monitored": monitored, "theta": theta.copy()})
+        if callback:
+            callback(step, steps, stage="descent", **({"train": val} if held is None else {"train": val,
+                                                                                           "held_out": held}))
+    record(0, theta, val)
+    for step in range(1, steps + 1):
+        obj = val + prior * float(theta @ theta)
+        while True:
+            cand = _gn_step(r, J, w, theta, lo, hi, prior, loss, delta, mu)
+            r2, J2, w2, val2 = _gn_evaluate(train_terms, cand, K, loss, delta)
+            obj2 = val2 + prior * float(cand @ cand)
+            if obj2 <= obj:
+                break
+            mu *= 4.0
+            if mu > 1e10:
+                break
+        if obj2 > obj:
+            stopped = f"converged after {step - 1} iterations (no step lowers the objective)"
+            break
+        decrease = (obj - obj2) / max(obj, 1e-300)
+        theta, r, J, w, val, mu = cand, r2, J2, w2, val2, max(mu / 3.0, 1e-9)
+        record(step, theta, val)
+        if decrease < tol:
+            stopped = f"converged after {step} iterations (relative decrease {decrease:.1e})"
+            break
+    best = min(history, key=lambda h: (h["monitored"], -h["step"] if not held_terms else h["step"]))
+    for h in history:
+        h.pop("monitored")
+    return best.pop("theta"), [{k: v for k, v in h.items() if k != "theta"} for h in history], best["step"], stopped
 
 
 # ----------------------------------------------------------------------------- the descent
@@ -528,14 +832,7 @@ def _update(grad, state, theta, lo, hi, *, learning_rate, steps):
     return jnp.clip(optax.apply_updates(theta, updates), lo, hi), state
 
 
-def _descend(value_and_grad, held_out, theta0, lo, hi, *, steps, learning_rate, eval_every, patience, min_delta,
-             callback, label="loss"):
-    """Projected Adam on theta in [lo, hi] with a cosine-decayed learning rate.
-
-    value_and_grad(theta) -> (loss, grad); held_out(theta) -> loss or None. Every
-    ``eval_every`` steps the monitored loss (held-out, else training) is compared with the
-    best so far; after ``patience`` evaluations without a relative improvement of ``min_delta``
-    the descent stops. Returns (best theta, history, best step, why it stopped)."""
+def _check_descent(steps, learning_rate, eval_every, patience):
     if not (isinstance(steps, int) and steps >= 0):
         refuse("steps must be a non-negative integer", field="steps", value=steps)
     if not (learning_rate > 0 and math.isfinite(learning_rate)):
@@ -544,27 +841,39 @@ def _descend(value_and_grad, held_out, theta0, lo, hi, *, steps, learning_rate, 
         refuse("eval_every must be a positive integer", field="eval_every", value=eval_every)
     if not (isinstance(patience, int) and patience >= 1):
         refuse("patience must be a positive integer", field="patience", value=patience)
+
+
+def _descend(value_and_grad, held_out, theta0, lo, hi, *, steps, learning_rate, eval_every, patience, min_delta,
+             callback, label="loss", prior=0.0):
+    """Projected Adam on theta in [lo, hi] with a cosine-decayed learning rate.
+
+    value_and_grad(theta) -> (loss, grad); held_out(theta) -> loss or None. ``prior`` adds
+    prior * sum(theta ** 2) to the objective (a Gaussian prior on the log-multipliers, centred
+    on the starting values). Every ``eval_every`` steps the monitored loss (held-out, else the
+    training objective) is compared with the best so far; after ``patience`` evaluations
+    without a relative improvement of ``min_delta`` the descent stops. Returns (best theta,
+    history, best step, why it stopped); history's 'train' is the data term alone."""
+    _check_descent(steps, learning_rate, eval_every, patience)
     opt = _adam(learning_rate, steps)
     lo_j, hi_j = jnp.asarray(lo, dtype=float), jnp.asarray(hi, dtype=float)
     theta = np.clip(np.asarray(theta0, dtype=float), lo, hi)
     state = opt.init(jnp.asarray(theta))
     best_theta, best, best_step, bad = theta.copy(), math.inf, 0, 0
     history, stopped = [], f"ran all {steps} steps"
-    held = None
     for step in range(steps + 1):
         train_loss, grad = value_and_grad(theta)
+        penalty = prior * float(theta @ theta)
         if step % eval_every == 0 or step == steps:
             held = held_out(theta)
-            monitored = held if held is not None else train_loss
+            monitored = held if held is not None else train_loss + penalty
             if monitored < best * (1 - min_delta) or not math.isfinite(best):
                 best, best_theta, best_step, bad = monitored, theta.copy(), step, 0
             else:
                 bad += 1
-            history.append({"step": step, "train": train_loss, "held_out": held, "best": best})
+            history.append({"step": step, "train": train_loss, "held_out": held, "best": best,
+                            "objective": train_loss + penalty})
             if callback:
-                info = {"train": train_loss}
-                if held is not None:
-                    info["held_out"] = held
+                info = {"train": train_loss} if held is None else {"train": train_loss, "held_out": held}
                 callback(step, steps, stage="descent", **info)
             if bad >= patience:
                 stopped = (f"stopped early at step {step}: the {'held-out' if held is not None else 'training'} "
@@ -572,20 +881,21 @@ def _descend(value_and_grad, held_out, theta0, lo, hi, *, steps, learning_rate, 
                 break
         if step == steps:
             break
-        theta, state = _update(jnp.asarray(grad, dtype=float), state, jnp.asarray(theta, dtype=float), lo_j, hi_j,
+        grad = np.asarray(grad, dtype=float) + 2.0 * prior * theta
+        theta, state = _update(jnp.asarray(grad), state, jnp.asarray(theta, dtype=float), lo_j, hi_j,
                                learning_rate=float(learning_rate), steps=steps)
         theta = np.asarray(theta)
     return best_theta, history, best_step, stopped
-
-
 # ----------------------------------------------------------------------------- result
 
 
 @dataclasses.dataclass
 class FitResult:
     """A finished fit. ``theta`` is the best log-multiplier per key (``keys``: coefficient
-    name and scope values); ``history`` one dict per evaluation (step, train, held_out, best),
-    the first at the starting values. ``train``/``held_out`` name the deployments."""
+    name and scope values); ``history`` one dict per evaluation (step, train, held_out, best,
+    objective), the first at the starting values. ``train``/``held_out`` name the deployments.
+    ``identifiability``: what the data could not separate (None: not checked); ``compiled``:
+    executables compiled for this fit (0 when every one was cached)."""
     layout: Layout
     theta: np.ndarray
     history: list
@@ -594,10 +904,21 @@ class FitResult:
     train: list
     held_out: list
     settings: dict
+    identifiability: Identifiability | None = None
+    compiled: int = 0
 
     @property
     def keys(self):
         return list(self.layout.keys)
+
+    @property
+    def prior(self) -> float:
+        return float(self.settings.get("prior", 0.0))
+
+    @property
+    def frozen(self) -> dict:
+        """{key label: why it was held at its starting value}."""
+        return {key_label(self.layout.keys[k]): why for k, why in self.layout.frozen.items()}
 
     @property
     def initial(self) -> dict:
@@ -616,13 +937,26 @@ class FitResult:
         return {key_label(k): float(math.exp(t)) for k, t in zip(self.layout.keys, self.theta)}
 
     def at_bound(self) -> dict:
-        """{key label: 'lower' | 'upper'} for keys the bounds stopped."""
-        out = {}
-        for k, t, lo, hi in zip(self.layout.keys, self.theta, self.layout.lo, self.layout.hi):
-            if t <= lo + 1e-9:
-                out[key_label(k)] = "lower"
-            elif t >= hi - 1e-9:
-                out[key_label(k)] = "upper"
+        """{key label: 'lower' | 'upper'} for keys the bounds stopped (frozen keys excluded)."""
+        return {h["key"]: h["side"] for h in self.bound_hits()}
+
+    def bound_hits(self) -> list:
+        """One dict per key a bound stopped: key (label), side ('lower'/'upper'), why (the
+        bound: physical, or the fit's factor range) and meaning (what it says about the fit)."""
+        out = []
+        lay = self.layout
+        for k, (key, t) in enumerate(zip(lay.keys, self.theta)):
+            if k in lay.frozen:
+                continue
+            side = "lower" if t <= lay.lo[k] + 1e-9 else "upper" if t >= lay.hi[k] - 1e-9 else None
+            if side is None:
+                continue
+            why = lay.lo_why[k] if side == "lower" else lay.hi_why[k]
+            meaning = ("the data ask for a value physics rules out: the misfit lies in a term this coefficient "
+                       "does not price" if why.startswith("physical") else
+                       "the data would move it further than the fit's range allows: an effective correction, "
+                       "not a measurement")
+            out.append({"key": key_label(key), "side": side, "why": why, "meaning": meaning})
         return out
 
     def coefficients_for(self, dep: Deployment) -> Coefficients:
@@ -637,20 +971,13 @@ class FitResult:
         starting values with ``fitted=False``)."""
         kmap = self.layout.kmap(obs.deployment, create=False)
         theta = self.theta if fitted else np.zeros(len(self.theta))
-        smooth = self.settings["temperature"] is not None
-        coefs = obs.deployment.coefficients
-        combine = None if obs.combine is None else jnp.asarray(obs.combine, dtype=float)
-        return np.asarray(_predict_u(jnp.asarray(log_multipliers(theta, kmap)), jnp.asarray(coefs.values, dtype=float),
-                                     obs.batches, combine,
-                                     plan=obs.deployment.plan, names=tuple(coefs.names),
-                                     target=obs.target, estimate=obs.estimate, smooth=smooth,
-                                     tau=float(self.settings["temperature"] or 0.0)))
+        return predict_observations(obs, log_multipliers(theta, kmap), temperature=self.settings["temperature"])
 
     def entries(self) -> list:
         """Fitted values per registry entry: dicts name, scope ({dim: value}), start, value (SI),
-        units, multiplier, deployments. The scope is the key's own plus the chip, narrowed by
-        model, tp, ep or nodes_spanned only where the training deployments started the same
-        key from different values (a registry entry scoped more finely than the fit)."""
+        units, multiplier, deployments, models. The scope is the key's own plus the chip,
+        narrowed by model, tp, ep or nodes_spanned only where the training deployments started
+        the same key from different values (a registry entry scoped more finely than the fit)."""
         groups: dict = {}
         for rec in self.layout.records:
             name, scope = self.layout.keys[rec["key"]]
@@ -672,26 +999,32 @@ class FitResult:
                 base = rs[0]["base"]
                 out.append({"name": rs[0]["name"], "scope": {**scope, **dict(zip(split, vals))}, "start": base,
                             "value": base * mult, "units": rs[0]["units"], "multiplier": mult,
-                            "deployments": sorted({r["deployment"] for r in rs})})
+                            "deployments": sorted({r["deployment"] for r in rs}),
+                            "models": sorted({r["dims"]["model"] for r in rs}),
+                            "frozen": k in self.layout.frozen})
         return out
 
 
-def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=400, learning_rate=0.05,
-                     eval_every=5, patience=10, min_delta=1e-5, temperature=None, loss="l2", huber_delta=0.1,
-                     weighting="point", callback=None, compile_workers=None) -> FitResult:
-    """Fit the ``free`` coefficients (Free objects or 'PATTERN[@SCOPE][:BOUND]' strings) to the
-    ``train`` observations (a list of Observations, one per deployment).
+def predict_observations(obs: Observations, u=None, *, temperature=None) -> np.ndarray:
+    """Predicted times (seconds) of an Observations' points with log-multipliers ``u`` on the
+    deployment's own coefficient names (None: its values as they are)."""
+    coefs = obs.deployment.coefficients
+    u = np.zeros(len(coefs.names)) if u is None else np.asarray(u, dtype=float)
+    settings = {"tau": float(temperature or 0.0), "delta": 0.1, "loss": "l2", "smooth": temperature is not None}
+    term = _Term(obs, np.full(len(coefs.names), -1), max(obs.points, 1), "point", 1, settings, "jac")
+    if term.fn is not None:          # a fit on this deployment compiled its Jacobian: reuse it
+        return np.exp(np.asarray(term.fn(jnp.asarray(u), *term.args)[0]))
+    combine = None if obs.combine is None else jnp.asarray(obs.combine, dtype=float)
+    return np.asarray(_predict_u(jnp.asarray(u), jnp.asarray(coefs.values, dtype=float), obs.batches, combine,
+                                 plan=obs.deployment.plan, names=tuple(coefs.names), target=obs.target,
+                                 estimate=obs.estimate, smooth=temperature is not None,
+                                 tau=float(temperature or 0.0)))
 
-    held_out: observations for early stopping (no deployment in both); or holdout: the
-    fraction of the train deployments to hold out (split by deployment, seeded, stratified by
-    model where every model has two or more deployments). Every ``eval_every`` steps the
-    held-out loss (the training loss when nothing is held out) is evaluated; the fit stops
-    after ``patience`` evaluations without a relative improvement of ``min_delta`` and keeps
-    the best values. temperature: None fits in exact mode; a float >= 0 prices in smooth mode.
-    callback(done, total, stage=..., **info) reports compilation (stage 'compile', once per
-    deployment plan; compile_workers threads, default min(4, CPUs)) and then every evaluation
-    of the descent (stage 'descent', with train= and held_out= losses).
-    """
+
+# ----------------------------------------------------------------------------- the fit, in stages
+
+
+def _check_fit_options(loss, weighting, huber_delta, temperature, prior, identify_tol):
     if loss not in LOSSES:
         refuse(f"unknown loss (known: {', '.join(LOSSES)})", field="loss", value=loss)
     if weighting not in WEIGHTINGS:
@@ -701,6 +1034,14 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
     if temperature is not None and not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
                                         and temperature >= 0):
         refuse("must be None (exact mode) or a number >= 0", field="temperature", value=temperature)
+    if isinstance(prior, bool) or not (isinstance(prior, (int, float)) and math.isfinite(prior) and prior >= 0):
+        refuse("the prior strength must be a number >= 0", field="prior", value=prior, has_value=True)
+    if not (isinstance(identify_tol, (int, float)) and 0 <= identify_tol < 1):
+        refuse("the identifiability tolerance must be in [0, 1)", field="identify_tol", value=identify_tol)
+
+
+def _split_for_early_stopping(train, held_out, holdout, seed):
+    """(train, held_out) lists of Observations, split by deployment, never sharing one."""
     train = list(train)
     if not train:
         refuse("no training observations", field="train")
@@ -721,37 +1062,300 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
     if overlap:
         refuse("a deployment is in both the training and the held-out observations", field="held_out",
                value=sorted(overlap)[0])
+    return train, held_out
+
+
+def _build_layout(train, held_out, free, settings, weighting, workers, callback, kinds=("grad", "value")):
+    """The layout (keys, physical ranges), the compiled training and held-out terms."""
     layout = Layout(free)
-    settings = {"tau": float(temperature or 0.0), "delta": float(huber_delta), "loss": loss,
-                "smooth": temperature is not None}
-    train_terms = _terms(train, layout, settings, weighting, record=True, grad=True)
+    train_terms = _terms(train, layout, settings, weighting, record=True, kind=kinds[0])
     unmatched = [f.label() for f, n in layout.matched.items() if n == 0]
     if unmatched:
         refuse("no coefficient of the training deployments matches this free pattern (patterns match the "
                "names the deployments' kernels read, e.g. hbm_derate, gemm_eps_max_fp8)", field="free",
                value=unmatched[0])
-    held_terms = _terms(held_out, layout, settings, weighting, record=False, grad=False)
-    lo, hi = np.array(layout.lo), np.array(layout.hi)
-    import os
-    workers = compile_workers or min(4, os.cpu_count() or 1)
-    _compile_terms(train_terms + held_terms, workers, callback)
+    held_terms = _terms(held_out, layout, settings, weighting, record=False, kind=kinds[1])
+    compiled = _compile_terms(train_terms + held_terms, workers, callback)
+    return layout, train_terms, held_terms, compiled
 
-    theta, history, best_step, stopped = _descend(
-        lambda th: _total(train_terms, th),
-        lambda th: _total(held_terms, th)[0] if held_terms else None,
-        np.zeros(len(layout.keys)), lo, hi, steps=steps, learning_rate=learning_rate, eval_every=eval_every,
-        patience=patience, min_delta=min_delta, callback=callback)
-    settings = {"loss": loss, "huber_delta": huber_delta if loss == "huber" else None,
-                "target": sorted({o.target for o in train}), "estimate": sorted({o.estimate for o in train}),
-                "temperature": temperature, "weighting": weighting, "learning_rate": learning_rate,
-                "steps": steps, "eval_every": eval_every, "patience": patience,
-                "free": [f.label() for f in layout.free], "train_points": sum(o.points for o in train),
-                "held_out_points": sum(o.points for o in held_out), "seed": seed, "holdout": holdout}
+
+def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=400, learning_rate=0.05,
+                     eval_every=5, patience=10, min_delta=1e-5, temperature=None, loss="l2", huber_delta=0.1,
+                     weighting="point", prior=0.0, identify=True, identify_tol=0.1, method="adam", callback=None,
+                     compile_workers=None) -> FitResult:
+    """Fit the ``free`` coefficients (Free objects or 'PATTERN[@SCOPE][:BOUND]' strings) to the
+    ``train`` observations (a list of Observations, one per deployment).
+
+    held_out: observations for early stopping (no deployment in both); or holdout: the
+    fraction of the train deployments to hold out (split by deployment, seeded, stratified by
+    model where every model has two or more deployments). Every ``eval_every`` steps the
+    held-out loss (the training objective when nothing is held out) is evaluated; the fit stops
+    after ``patience`` evaluations without a relative improvement of ``min_delta`` and keeps
+    the best values. temperature: None fits in exact mode; a float >= 0 prices in smooth mode.
+
+    prior: strength of a Gaussian prior on every log-multiplier, centred on the starting
+    (registry) value: the objective is the weighted mean loss over points plus
+    ``prior * sum(log(multiplier) ** 2)`` (0: none; ``choose_prior`` picks it by
+    cross-validation). Every key's range is the ``Free`` factor bound, tightened to what is
+    physical (``physical_range``). identify: check which keys the training data can separate
+    (``identifiability``, tolerance ``identify_tol``) and hold the others at their starting
+    values (``FitResult.frozen`` says which and why).
+
+    method: 'adam' (projected Adam, ``steps`` steps, ``learning_rate``, early stopping every
+    ``eval_every`` steps after ``patience`` evaluations) or 'gauss-newton' (damped Gauss-Newton
+    with Huber reweighting and the same bounds and prior: at most ``steps`` iterations, usually
+    converging in tens; one compiled Jacobian per deployment serves the solver, the
+    identifiability check and predictions, so it compiles once per deployment where Adam
+    compiles twice).
+
+    callback(done, total, stage=..., **info) reports compilation (stage 'compile'; compile_workers
+    threads, default min(4, CPUs)) and then every evaluation of the descent (stage 'descent',
+    with train= and held_out= losses).
+    """
+    _check_fit_options(loss, weighting, huber_delta, temperature, prior, identify_tol)
+    _check_descent(steps, learning_rate, eval_every, patience)
+    if method not in METHODS:
+        refuse(f"unknown method (known: {', '.join(METHODS)})", field="method", value=method)
+    gn = method == "gauss-newton"
+    train, held_out = _split_for_early_stopping(train, held_out, holdout, seed)
+    settings = {"tau": float(temperature or 0.0), "delta": float(huber_delta), "loss": loss,
+                "smooth": temperature is not None}
+    workers = _workers(compile_workers)
+    kinds = ("jac", "jac") if gn else ("grad", "value")
+    layout, train_terms, held_terms, compiled = _build_layout(train, held_out, free, settings, weighting, workers,
+                                                              callback, kinds=kinds)
+    ident = None
+    if identify:
+        ident, n = _identify(train, layout, settings, weighting, identify_tol, workers, callback,
+                             terms=train_terms if gn else None)
+        compiled += n
+    theta0, lo, hi = np.zeros(len(layout.keys)), np.array(layout.lo), np.array(layout.hi)
+    if gn:
+        theta, history, best_step, stopped = _gauss_newton(train_terms, held_terms, theta0, lo, hi,
+                                                           prior=float(prior), loss=loss, delta=float(huber_delta),
+                                                           steps=steps, callback=callback)
+    else:
+        theta, history, best_step, stopped = _descend(
+            lambda th: _total(train_terms, th), lambda th: _total(held_terms, th)[0] if held_terms else None,
+            theta0, lo, hi, steps=steps, learning_rate=learning_rate, eval_every=eval_every, patience=patience,
+            min_delta=min_delta, callback=callback, prior=float(prior))
+    meta = {"loss": loss, "huber_delta": huber_delta if loss == "huber" else None,
+            "target": sorted({o.target for o in train}), "estimate": sorted({o.estimate for o in train}),
+            "temperature": temperature, "weighting": weighting, "learning_rate": learning_rate,
+            "steps": steps, "eval_every": eval_every, "patience": patience, "prior": float(prior), "method": method,
+            "identify_tol": identify_tol if identify else None,
+            "free": [f.label() for f in layout.free], "train_points": sum(o.points for o in train),
+            "held_out_points": sum(o.points for o in held_out), "seed": seed, "holdout": holdout,
+            "train_models": sorted({o.dims["model"] for o in train}),
+            "train_chips": sorted({o.dims["hardware"] for o in train})}
     return FitResult(layout=layout, theta=theta, history=history, best_step=best_step, stopped=stopped,
                      train=sorted(o.name for o in train), held_out=sorted(o.name for o in held_out),
-                     settings=settings)
+                     settings=meta, identifiability=ident, compiled=compiled)
+# ----------------------------------------------------------------------------- cross-validation
 
 
+HOLDOUTS = ("model", "chip", "deployment")
+DEFAULT_PRIORS = (0.0, 1e-3, 1e-2, 3e-2, 0.1, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fold:
+    """One cross-validation fold: ``train`` and ``test`` deployment names (never sharing one,
+    nor, under ``by`` model or chip, a model or chip). ``label``: the held-out group (a model
+    or chip name) or 'seed N'."""
+    by: str
+    label: str
+    train: tuple
+    test: tuple
+
+
+def _group_of(o: Observations, by: str) -> str:
+    return o.dims["model"] if by == "model" else o.dims["hardware"]
+
+
+def cv_folds(observations, by="model", *, seeds=(0,), test_fraction=0.25) -> list:
+    """Folds over Observations (one per deployment): by 'model' (leave one model out, each in
+    turn), 'chip' (leave one chip out) or 'deployment' (one seeded split per seed, by
+    deployment, stratified by model, ``test_fraction`` of each model's deployments held out)."""
+    obs = list(observations)
+    if by not in HOLDOUTS:
+        refuse(f"unknown hold-out (known: {', '.join(HOLDOUTS)}, or a fraction)", field="holdout", value=by)
+    names = sorted({o.name for o in obs})
+    if by == "deployment":
+        model = {o.name: o.dims["model"] for o in obs}
+        folds = []
+        for seed in seeds:
+            train, test = split_by_deployment(names, test_fraction, seed=seed, stratify=model)
+            if not test:
+                train, test = split_by_deployment(names, test_fraction, seed=seed)
+            if not test or not train:
+                refuse("too few deployments to hold any out", field="holdout", value=by)
+            folds.append(Fold(by, f"seed {seed}", tuple(train), tuple(test)))
+        return folds
+    group = {o.name: _group_of(o, by) for o in obs}
+    values = sorted(set(group.values()))
+    if len(values) < 2:
+        refuse(f"leaving one {by} out needs at least two (the observations have {values})", field="holdout",
+               value=by)
+    return [Fold(by, v, tuple(n for n in names if group[n] != v), tuple(n for n in names if group[n] == v))
+            for v in values]
+
+
+def score_points(observations, predictions) -> dict:
+    """TPOT (or step) MAPE, mean signed error and mean shape error over the points of some
+    Observations, given {name: predicted seconds}. The shape error is the accuracy harness's
+    (``accuracy.shape_errors``, per sweep relative to its lowest concurrency) where the
+    Observations know their sweeps, else NaN."""
+    from . import accuracy
+    obs = list(observations)
+    pred = np.concatenate([np.asarray(predictions[o.name], dtype=float) for o in obs])
+    meas = np.concatenate([o.measured for o in obs])
+    if all(o.sweeps is not None for o in obs):
+        sweeps = np.concatenate([[f"{o.name}|{s}" for s in o.sweeps] for o in obs])
+        conc = np.concatenate([o.concurrency for o in obs])
+        shape, anchor = accuracy.shape_errors(sweeps, conc, pred, meas)
+    else:
+        shape, anchor = np.full(len(meas), np.nan), np.zeros(len(meas), dtype=bool)
+    s = accuracy.summarize(shape, anchor, pred, meas)
+    return {"points": s["points"], "tpot_mape": s["tpot_mape"], "tpot_signed": s["tpot_mean_signed"],
+            "shape_mean": s["shape_mean"]}
+
+
+def relative_error(fitted: dict, registry: dict) -> float:
+    """The mean over TPOT MAPE and shape error (where known, and where the registry's is at
+    least 0.1%: a ratio to ~0 says nothing) of fitted / registry: below 1 the fit is better,
+    1 the same."""
+    r = [fitted[k] / registry[k] for k in ("tpot_mape", "shape_mean")
+         if math.isfinite(fitted[k]) and math.isfinite(registry[k]) and registry[k] >= 1e-3]
+    return float(np.mean(r)) if r else float("nan")
+
+
+@dataclasses.dataclass
+class CVResult:
+    """Cross-validation of one free set over priors. ``scores[(fold label, prior)]``: dicts
+    test/train -> registry/fitted -> score_points, plus applied (keys of the fit that land on
+    the test deployments). ``chosen[fold label]``: the prior an inner cross-validation on the
+    fold's own training deployments picked (nested: the fold's test deployments play no part);
+    ``inner[fold label]``: {prior: inner criterion}. ``criterion[prior]``: the mean over
+    folds of ``relative_error`` on the test deployments; ``best_prior`` its argmin (the prior
+    for a final fit on everything)."""
+    by: str
+    folds: list
+    priors: tuple
+    scores: dict
+    chosen: dict
+    inner: dict
+    criterion: dict
+    best_prior: float
+    fits: dict
+
+    def rows(self, prior=None) -> list:
+        """Per fold at its chosen prior (or the given one): label, prior, test/train scores."""
+        out = []
+        for f in self.folds:
+            p = self.chosen[f.label] if prior is None else prior
+            out.append({"fold": f.label, "prior": p, "test_deployments": list(f.test), **self.scores[(f.label, p)]})
+        return out
+
+
+def _choose(criteria: dict) -> float:
+    """The prior with the lowest criterion; the strongest among those within 1e-3 of it."""
+    finite = {p: c for p, c in criteria.items() if math.isfinite(c)}
+    if not finite:
+        return max(criteria)
+    best = min(finite.values())
+    return max(p for p, c in finite.items() if c <= best + 1e-3)
+
+
+class _FitCache:
+    """Fits by (training deployments, prior), shared by the outer and inner folds."""
+
+    def __init__(self, obs, free, fit_kw, callback):
+        self.obs = {o.name: o for o in obs}
+        self.free, self.fit_kw, self.callback = free, fit_kw, callback
+        self.fits: dict = {}
+        self.registry: dict = {}
+
+    def fit(self, train, prior):
+        key = (tuple(sorted(train)), float(prior))
+        if key not in self.fits:
+            self.fits[key] = fit_coefficients([self.obs[n] for n in key[0]], self.free, prior=prior, **self.fit_kw)
+            if self.callback:
+                self.callback(len(self.fits), None, stage="cv", prior=prior)
+        return self.fits[key]
+
+    def registry_preds(self, names):
+        for n in names:
+            if n not in self.registry:
+                self.registry[n] = predict_observations(self.obs[n], temperature=self.fit_kw.get("temperature"))
+        return {n: self.registry[n] for n in names}
+
+    def score(self, res, names):
+        obs = [self.obs[n] for n in names]
+        fitted = {o.name: res.predict(o) for o in obs}
+        return {"registry": score_points(obs, self.registry_preds(names)), "fitted": score_points(obs, fitted)}
+
+
+def _inner_folds(fold, obs_by_name, by):
+    train = [obs_by_name[n] for n in fold.train]
+    inner_by = by
+    if by in ("model", "chip") and len({_group_of(o, by) for o in train}) < 2:
+        inner_by = "deployment"
+    seed = int(fold.label.split()[-1]) if by == "deployment" else 0
+    return cv_folds(train, inner_by, seeds=(seed,))
+
+
+def cross_validate(observations, free, *, by="model", priors=(0.0,), seeds=(0,), test_fraction=0.25, nested=True,
+                   callback=None, cache=None, **fit_kw) -> CVResult:
+    """Cross-validate ``fit_coefficients(train, free, prior=p, **fit_kw)`` over ``priors``,
+    holding out by model, chip or deployment (``cv_folds``). Every fold is scored on its test
+    deployments with the registry and with the fit (``score_points``); with ``nested`` each
+    fold's prior is chosen by an inner cross-validation of the same kind on its training
+    deployments alone (the strongest prior where they are too few to split). ``cache``: a
+    ``_FitCache`` shared between calls (fits by training set and prior).
+    callback(done, None, stage='cv', prior=...) after each new fit."""
+    obs = list(observations)
+    priors = tuple(float(p) for p in priors)
+    if not priors:
+        refuse("no prior strengths to try", field="priors")
+    folds = cv_folds(obs, by, seeds=seeds, test_fraction=test_fraction)
+    fc = cache if isinstance(cache, _FitCache) else _FitCache(obs, free, fit_kw, callback)
+    scores, fits = {}, {}
+    for f in folds:
+        for p in priors:
+            res = fc.fit(f.train, p)
+            fits[(f.label, p)] = res
+            applied = {int(k) for n in f.test for k in res.layout.kmap(fc.obs[n].deployment, create=False) if k >= 0}
+            scores[(f.label, p)] = {"test": fc.score(res, f.test), "train": fc.score(res, f.train),
+                                    "applied": len(applied), "frozen": sorted(res.frozen)}
+    criterion = {p: float(np.mean([relative_error(scores[(f.label, p)]["test"]["fitted"],
+                                                  scores[(f.label, p)]["test"]["registry"]) for f in folds]))
+                 for p in priors}
+    chosen, inner = {}, {}
+    for f in folds:
+        if not nested or len(priors) == 1:
+            chosen[f.label] = _choose(criterion) if not nested else priors[0]
+            continue
+        try:
+            ifolds = _inner_folds(f, fc.obs, by)
+        except JaxpriceError:            # too few training deployments to hold any out: the strongest prior
+            chosen[f.label] = max(priors)
+            continue
+        inner[f.label] = {}
+        for p in priors:
+            rel = [relative_error(s["fitted"], s["registry"]) for s in (fc.score(fc.fit(i.train, p), i.test)
+                                                                        for i in ifolds)]
+            inner[f.label][p] = float(np.mean(rel))
+        chosen[f.label] = _choose(inner[f.label])
+    return CVResult(by=by, folds=folds, priors=priors, scores=scores, chosen=chosen, inner=inner,
+                    criterion=criterion, best_prior=_choose(criterion), fits=fits)
+
+
+def choose_prior(observations, free, *, by="model", priors=DEFAULT_PRIORS, **kw):
+    """The prior strength with the lowest mean ``relative_error`` on held-out groups
+    (``cross_validate`` without nesting). Returns (prior, CVResult)."""
+    cv = cross_validate(observations, free, by=by, priors=priors, nested=False, **kw)
+    return cv.best_prior, cv
 # ----------------------------------------------------------------------------- small laws
 
 
@@ -834,35 +1438,74 @@ def fit_law(law, init: dict, inputs, measured, *, bounds=None, steps=2000, learn
 # ----------------------------------------------------------------------------- writing
 
 
+SCOPE_TO = ("hardware", "model")
+
+
 def default_source(result: FitResult, data="") -> str:
     s = result.settings
     held = (f"{len(result.held_out)} held out by deployment ({s['held_out_points']} points)"
             if result.held_out else "none held out")
+    prior = f", prior {s['prior']:g}" if s.get("prior") else ""
     return (f"jaxprice.fit on {data or 'the given observations'}: {s['loss']} loss on log "
             f"{'/'.join(s['target'])} ({'/'.join(s['estimate'])}, "
             f"{'exact mode' if s['temperature'] is None else 'temperature %g' % s['temperature']}, "
-            f"{s['weighting']} weighting), {len(result.train)} training deployments ({s['train_points']} points), "
-            f"{held}; {result.stopped}; kept step {result.best_step}")
+            f"{s['weighting']} weighting{prior}), {len(result.train)} training deployments ({s['train_points']} "
+            f"points), {held}; {result.stopped}; kept step {result.best_step}")
 
 
-def write_coefficient_set(result: FitResult, path, *, name=None, data="", source=None) -> Path:
+def _set_meta(result: FitResult, data, scope_to, engines) -> dict:
+    s = result.settings
+    fin, ini = result.final, result.initial
+    return {"data": str(data), "loss": s["loss"], "target": s["target"], "estimate": s["estimate"],
+            "temperature": s["temperature"], "weighting": s["weighting"], "free": s["free"],
+            "prior": s.get("prior", 0.0), "steps": s["steps"], "best_step": result.best_step,
+            "stopped": result.stopped,
+            "train_loss": {"start": ini["train"], "fitted": fin["train"]},
+            "held_out_loss": {"start": ini["held_out"], "fitted": fin["held_out"]},
+            "train_deployments": result.train, "held_out_deployments": result.held_out,
+            "scope_to": list(scope_to), "train_chips": s.get("train_chips", []),
+            "train_models": s.get("train_models", []), "engines": sorted(engines or []),
+            "frozen": result.frozen, "at_bound": {h["key"]: f"{h['side']}: {h['why']}" for h in result.bound_hits()}}
+
+
+def _set_entries(result: FitResult, source, scope_to) -> list:
+    """The written entries: each fitted key's value within its scope, narrowed to the models
+    it was fitted on when ``scope_to`` names 'model'. Frozen keys are not written (the
+    registry's value stands)."""
+    out = []
+    order = sorted(result.entries(), key=lambda e: (e["name"], sorted((k, str(v)) for k, v in e["scope"].items())))
+    for e in order:
+        if e["frozen"]:
+            continue
+        scope = {k: [v] for k, v in e["scope"].items()}
+        if "model" in scope_to and "model" not in scope:
+            scope["model"] = list(e["models"])
+        f = si_factor(e["name"], e["units"])
+        out.append({"name": e["name"], "value": float(e["value"] / f), "units": e["units"], "method": "fitted",
+                    "fitted": True, "scope": scope, "cite": source,
+                    "fit": {"start": float(e["start"] / f), "multiplier": float(e["multiplier"])}})
+    return out
+
+
+def write_coefficient_set(result: FitResult, path, *, name=None, data="", source=None, scope_to=SCOPE_TO,
+                          engines=None) -> Path:
     """Write the fitted values as a ``jaxprice-coefficients/1`` set (values in registry units,
     ``method: fitted``, each entry's ``fit`` giving its start and multiplier); ``source`` (the
     set's and every entry's cite) defaults to a line naming the data, the loss and the split.
     Load it with ``load_deployment(..., extra_coefficient_files=[path])``: it overrides the
-    registry by name, within each entry's scope."""
+    registry by name, within each entry's scope.
+
+    Every entry is scoped to the chips it was fitted on and, with 'model' in ``scope_to`` (the
+    default), to the models: a deployment of another chip or model loading the set keeps the
+    registry's values (``set_applies`` says which entries reach a deployment). ``engines``
+    (e.g. ['vllm']) is recorded in the set's ``fit`` block: scenarios do not name their engine,
+    so the loader cannot scope by it. Frozen keys are not written."""
     import yaml
+    if any(d not in ("hardware", "model") for d in scope_to) or "hardware" not in scope_to:
+        refuse("scope_to takes 'hardware' and optionally 'model'", field="scope_to", value=list(scope_to))
     path = Path(path)
     name = name or path.stem
     source = source or default_source(result, data)
-    s = result.settings
-    fin, ini = result.final, result.initial
-    meta = {"data": str(data), "loss": s["loss"], "target": s["target"], "estimate": s["estimate"],
-            "temperature": s["temperature"], "weighting": s["weighting"], "free": s["free"],
-            "steps": s["steps"], "best_step": result.best_step, "stopped": result.stopped,
-            "train_loss": {"start": ini["train"], "fitted": fin["train"]},
-            "held_out_loss": {"start": ini["held_out"], "fitted": fin["held_out"]},
-            "train_deployments": result.train, "held_out_deployments": result.held_out}
 
     def dump(obj, flow):
         return yaml.safe_dump(obj, default_flow_style=flow, sort_keys=False, width=1 << 30).strip()
@@ -870,15 +1513,28 @@ def write_coefficient_set(result: FitResult, path, *, name=None, data="", source
     lines = ["# Written by jaxprice.fit; values are in the registry's own units (see `units`).",
              "format: jaxprice-coefficients/1", dump({"name": str(name)}, False), dump({"source": source}, False),
              "fit:"]
-    lines += ["  " + ln for ln in dump(meta, False).splitlines()]
+    lines += ["  " + ln for ln in dump(_set_meta(result, data, scope_to, engines), False).splitlines()]
     lines.append("entries:")
-    order = sorted(result.entries(), key=lambda e: (e["name"], sorted((k, str(v)) for k, v in e["scope"].items())))
-    for e in order:
-        f = si_factor(e["name"], e["units"])
-        entry = {"name": e["name"], "value": float(e["value"] / f), "units": e["units"], "method": "fitted",
-                 "fitted": True, "scope": {k: [v] for k, v in e["scope"].items()}, "cite": source,
-                 "fit": {"start": float(e["start"] / f), "multiplier": float(e["multiplier"])}}
-        lines.append("  - " + dump(entry, True))
+    lines += ["  - " + dump(entry, True) for entry in _set_entries(result, source, scope_to)]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def set_applies(path, deployment: Deployment) -> dict:
+    """Which entries of a coefficient set reach a deployment: {'applied': [names], 'outside':
+    [(name, why)]} (an entry applies when every dimension of its scope admits the deployment,
+    as the resolver admits entries)."""
+    from .formats import load_coefficient_set
+    cset = load_coefficient_set(path)
+    dims = deployment_dims(deployment)
+    applied, outside = [], []
+    for e in cset.entries:
+        misses = [f"{d}={dims[d]} not in {list(allowed)}" for d, allowed in e.scope.items()
+                  if d in dims and not (str(dims[d]).lower() in {str(a).lower() for a in allowed}
+                                        if d in ("hardware", "model") else dims[d] in allowed)]
+        if misses:
+            outside.append((e.name, "; ".join(misses)))
+        else:
+            applied.append(e.name)
+    return {"applied": sorted(set(applied)), "outside": outside}
