@@ -1,0 +1,236 @@
+"""`jaxprice size MODEL`: the best parallel layout and engine settings for a GPU count and targets.
+
+    jaxprice size deepseek-v3 --chip h200 --gpus 8 --isl 1024 --osl 1024 --ttft-ms 2000 --tpot-ms 50 \\
+        --plot frontier.png --write-scenario best.yaml --json size.json
+
+Prints the candidate space (layouts tried, rejected with why, duplicates), a progress bar while
+the layouts are evaluated, then a table of each layout's best point within the targets, the
+Pareto frontier, the best layout and its margin over the next best, and the equivalent
+``vllm serve`` command. No layout meeting the targets: a message naming the closest one and
+what it misses by, exit status 1. Bad input: one line, exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .cli_price import parse_float, parse_int, parse_int_list
+from .errors import refuse
+from .progress import Progress
+
+
+def add_parser(subparsers):
+    from . import size as S
+    p = subparsers.add_parser(
+        "size", help="search parallel layouts and engine settings for a model, a GPU count and latency targets",
+        description="Search every layout that fits (tp, dp, expert parallelism, weight format, max_num_seqs, "
+                    "max_num_batched_tokens, graph mode) under a closed-loop concurrency sweep; print the "
+                    "Pareto frontier of tokens/s per GPU against tokens/s per user and the best layout meeting "
+                    "the targets. Lists take commas and '...' (1,2,4,...,512).")
+    p.add_argument("model", help="a registry model name (e.g. deepseek-v3) or a model graph file")
+    p.add_argument("--chip", required=True, help="a registry chip (e.g. h200)")
+    p.add_argument("--gpus", required=True, help="GPUs to serve on (replicas = GPUs / (tp x dp))")
+    p.add_argument("--isl", required=True, help="input tokens per request")
+    p.add_argument("--osl", required=True, help="output tokens per request")
+    p.add_argument("--ttft-ms", default=None, help="target on mean TTFT, ms")
+    p.add_argument("--tpot-ms", default=None, help="target on mean TPOT, ms")
+    p.add_argument("--concurrency", metavar="LIST", default=",".join(map(str, S.DEFAULT_CONCURRENCY)),
+                   help="clients per engine, the closed-loop sweep (default %(default)s)")
+    p.add_argument("--tp", metavar="LIST", default=None, help="tensor-parallel widths (default 1,2,4,8,16 <= GPUs)")
+    p.add_argument("--dp", metavar="LIST", default=None,
+                   help="data-parallel widths (default: 1,2,4,8,16 for MoE models, 1 otherwise)")
+    p.add_argument("--ep", choices=("on", "off", "both"), default="both",
+                   help="expert parallelism (MoE models; default both)")
+    p.add_argument("--weights", metavar="LIST", default=None,
+                   help="served weight formats (default: what the chip and checkpoint allow)")
+    p.add_argument("--max-num-seqs", metavar="LIST", default=",".join(map(str, S.DEFAULT_MAX_NUM_SEQS)),
+                   help="engine max_num_seqs values (default %(default)s)")
+    p.add_argument("--max-num-batched-tokens", metavar="LIST", default=",".join(map(str, S.DEFAULT_BATCHED_TOKENS)),
+                   help="engine max_num_batched_tokens values (default %(default)s)")
+    p.add_argument("--graph-modes", metavar="LIST", default=",".join(S.DEFAULT_GRAPH_MODES),
+                   help="CUDA-graph modes (default %(default)s)")
+    p.add_argument("--range-ratio", default="0.8",
+                   help="request lengths uniform on [ratio x L, L] (InferenceX: 0.8; 1 = fixed)")
+    p.add_argument("--evaluator", choices=S.EVALUATORS, default="auto",
+                   help="steady: the closed loop's steady state in closed form, all layouts on the deployment "
+                        "axis (fast); serve: the serving simulation for every layout (slow); auto: steady, with "
+                        "--verify")
+    p.add_argument("--verify", default="2",
+                   help="re-run the best (and runner-up) layout under the serving simulation (default 2; 0: no)")
+    p.add_argument("--num-prompts", default=None, help="prompts per simulated point (serve; default 10 x C)")
+    p.add_argument("--show-rejected", action="store_true", help="list every rejected layout with its reason")
+    p.add_argument("--top", default="12", help="table rows (layouts, best first; default 12)")
+    p.add_argument("--json", metavar="FILE", default=None, help="write everything as JSON ('-': stdout)")
+    p.add_argument("--plot", metavar="FILE.png", default=None, help="draw the frontier and every layout's curve")
+    p.add_argument("--write-scenario", metavar="FILE.yaml", default=None,
+                   help="write the chosen deployment as a scenario (jaxprice price / serve read it)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(command="size")
+
+
+def _targets(text, flag):
+    if text is None:
+        return None
+    v = parse_float(text, flag=flag)
+    if not v > 0:
+        refuse("a target must be > 0", field=flag, value=text)
+    return v
+
+
+def options(args) -> dict:
+    modes = [m.strip().upper() for m in str(args.graph_modes).split(",") if m.strip()]
+    weights = [w.strip() for w in args.weights.split(",") if w.strip()] if args.weights else None
+    rr = parse_float(args.range_ratio, flag="--range-ratio")
+    return dict(chip=args.chip, gpus=parse_int(args.gpus, flag="--gpus", minimum=1),
+                isl=parse_int(args.isl, flag="--isl", minimum=1), osl=parse_int(args.osl, flag="--osl", minimum=1),
+                ttft_ms=_targets(args.ttft_ms, "--ttft-ms"), tpot_ms=_targets(args.tpot_ms, "--tpot-ms"),
+                concurrency=parse_int_list(args.concurrency, flag="--concurrency", minimum=1),
+                tp=parse_int_list(args.tp, flag="--tp", minimum=1) if args.tp else None,
+                dp=parse_int_list(args.dp, flag="--dp", minimum=1) if args.dp else None,
+                ep={"on": [True], "off": [False], "both": None}[args.ep], weights=weights,
+                max_num_seqs=parse_int_list(args.max_num_seqs, flag="--max-num-seqs", minimum=1),
+                max_num_batched_tokens=parse_int_list(args.max_num_batched_tokens, flag="--max-num-batched-tokens",
+                                                      minimum=1),
+                cudagraph_modes=modes, range_ratio=rr, evaluator=args.evaluator,
+                num_prompts=parse_int(args.num_prompts, flag="--num-prompts", minimum=1) if args.num_prompts else None,
+                verify=parse_int(args.verify, flag="--verify", minimum=0))
+
+
+def describe_space(cands, ctx, show_rejected=False) -> str:
+    """The candidate space: the axes, how many layouts, how many fit, the rejected ones."""
+    from .size import COEFFICIENT_SETS
+    lay = [c.layout for c in cands]
+    axes = {"tp": sorted({x.tp for x in lay}), "dp": sorted({x.dp for x in lay}),
+            "ep": sorted({x.ep for x in lay}), "weights": list(dict.fromkeys(x.weights for x in lay)),
+            "max_num_seqs": sorted({x.max_num_seqs for x in lay}),
+            "max_num_batched_tokens": sorted({x.max_num_batched_tokens for x in lay}),
+            "graph mode": list(dict.fromkeys(x.cudagraph_mode for x in lay))}
+    w = ctx["workload"]
+    ok = [c for c in cands if c.status != "rejected"]
+    rej = [c for c in cands if c.status == "rejected"]
+    lines = [f"{ctx['model']} ({ctx['model_source']}) on {ctx['gpus']} x {ctx['chip']}, ISL {w.isl} / OSL {w.osl} "
+             f"(lengths uniform on [{w.range_ratio:g} L, L]); coefficient sets as every bundled scenario: "
+             f"{', '.join(COEFFICIENT_SETS)}",
+             "candidate space: " + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in axes.items())
+             + f" -> {len(cands)} layouts"]
+    parallels = list(dict.fromkeys(c.layout.parallel_label for c in ok))
+    lines.append(f"  fit: {len(ok)} layouts in {len(parallels)} parallel layouts ({', '.join(parallels)}); "
+                 f"{len(rej)} rejected" + ("" if show_rejected or not rej else " (--show-rejected lists them)"))
+    if show_rejected:
+        seen = {}
+        for c in rej:
+            seen.setdefault(c.layout.parallel_label, []).append(c)
+        for p, cs in seen.items():
+            n = len(cs)
+            lines.append(f"    rejected {p}" + (f" ({n} engine settings; the first)" if n > 1 else "")
+                         + f": {cs[0].reason}")
+    return "\n".join(lines)
+
+
+def format_table(result, top=12) -> str:
+    from .size import _meets
+    rows = []
+    for i, r in enumerate(result.results):
+        ok = _meets(r, result.ttft_target, result.tpot_target)
+        if ok.any():
+            j = int(np.flatnonzero(ok)[np.argmax(r.tps_per_gpu[ok])])
+            rows.append((float(r.tps_per_gpu[j]), i, j, True))
+        else:
+            rows.append((-1.0, i, int(np.argmin(r.tpot)), False))
+    rows.sort(key=lambda t: (-t[0], t[1]))
+    head = (f"{'layout':<42}{'rep':>4}{'C/eng':>7}{'TTFT ms':>10}{'TPOT ms':>9}{'tok/s/GPU':>11}{'tok/s/user':>11}"
+            f"{'':>3}")
+    lines = [f"layouts by their best point within the targets ({len(rows)} distinct; top {min(top, len(rows))}):",
+             head]
+    front = set(result.frontier)
+    for _, i, j, ok in rows[:top]:
+        r = result.results[i]
+        mark = ("*" if (i, j) == result.best else "") + ("F" if (i, j) in front else "")
+        lines.append(f"{r.layout.label:<42}{r.replicas:>4}{int(r.concurrency[j]):>7}{r.ttft[j] * 1e3:>10.1f}"
+                     f"{r.tpot[j] * 1e3:>9.2f}{r.tps_per_gpu[j]:>11.1f}{r.tps_per_user[j]:>11.1f}"
+                     + (f"  {mark}" if mark else "") + ("" if ok else "  (misses targets at every C)"))
+    lines.append("  * best   F on the Pareto frontier")
+    lines.append(f"Pareto frontier ({len(result.frontier)} points, tokens/s per user ascending):")
+    for i, j in result.frontier:
+        r = result.results[i]
+        lines.append(f"  {r.tps_per_user[j]:8.1f} tok/s/user  {r.tps_per_gpu[j]:8.1f} tok/s/GPU  {r.layout.label} "
+                     f"@ C={int(r.concurrency[j])}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from .size import plot, size
+    opts = options(args)
+    top = parse_int(args.top, flag="--top", minimum=1)
+    quiet = args.quiet
+
+    bar = {}
+
+    def progress(done, total, **info):
+        if quiet:
+            return
+        if "bar" not in bar:
+            bar["bar"] = Progress(total, "size")
+        bar["bar"].update(done, total, **info)
+
+    def announce(cands, ctx):
+        print(describe_space(cands, ctx, args.show_rejected), flush=True)
+
+    try:
+        result = size(args.model, callback=progress, on_candidates=announce, **opts)
+    finally:
+        if "bar" in bar:
+            bar["bar"].close()
+    info = result.info
+    print(f"searched {info['layouts_priced']} layouts x {info['concurrency_levels']} concurrencies "
+          f"({info['layouts_evaluated']} distinct results, {info['layouts_duplicate']} duplicates) with the "
+          f"{info['evaluator']} evaluator: {info['compiles']} compiles, {info['steps_priced']} steps priced, "
+          f"{info['seconds']:.1f} s")
+    print(format_table(result, top))
+    status = 0
+    if result.best is None:
+        print(f"jaxprice size: {result.miss}", file=sys.stderr)
+        status = 1
+    else:
+        b = result.point(result.best)
+        line = (f"best: {b['label']} x {b['replicas']} replica(s) at {b['concurrency_per_engine']} clients per engine "
+                f"({b['concurrency_total']} in all): {b['tokens_per_s_per_gpu']:.1f} tok/s per GPU "
+                f"({b['tokens_per_s_total']:.0f} tok/s in all), {b['tokens_per_s_per_user']:.1f} tok/s per user, "
+                f"TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms")
+        print(line)
+        if b["concurrency_per_engine"] == int(result.best_result.concurrency.max()):
+            print("  (at the sweep's largest concurrency: a larger --concurrency may find more)")
+        if result.runner_up is not None:
+            n = result.point(result.runner_up)
+            print(f"  beats the next best, {n['label']} ({n['tokens_per_s_per_gpu']:.1f} tok/s per GPU at "
+                  f"C={n['concurrency_per_engine']}), by {result.margin:+.1%}")
+        for v in result.verification:
+            if v.get("serve") is None:
+                print(f"  serving simulation of {v['label']} @ C={v['concurrency_per_engine']}: refused ({v['error']})")
+                continue
+            a, b = v["steady"], v["serve"]
+            print(f"  serving simulation of {v['label']} @ C={v['concurrency_per_engine']}: TTFT {b['ttft_ms']:.1f} ms "
+                  f"(steady {a['ttft_ms']:.1f}), TPOT {b['tpot_ms']:.2f} ms (steady {a['tpot_ms']:.2f}), "
+                  f"{b['tokens_per_s_per_gpu']:.1f} tok/s per GPU (steady {a['tokens_per_s_per_gpu']:.1f}); "
+                  + ("meets the targets" if v["serve_meets_targets"] else "MISSES the targets"))
+        print("  " + result.vllm_command())
+    if args.write_scenario and result.best is not None:
+        path = Path(args.write_scenario)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(result.scenario_yaml())
+        print(f"wrote {path} (jaxprice price {path} ...)")
+    if args.plot:
+        print(f"wrote {plot(result, args.plot)}")
+    if args.json:
+        text = json.dumps(result.as_dict(), indent=1, default=float)
+        if args.json == "-":
+            print(text)
+        else:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(text)
+            print(f"wrote {args.json}")
+    return status

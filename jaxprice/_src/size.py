@@ -1,0 +1,1063 @@
+"""Size a deployment: the best parallel layout and engine settings for a model, a GPU count and
+latency targets (issue 14).
+
+``size(model, chip=, gpus=, isl=, osl=, ttft_ms=, tpot_ms=)`` answers "I have N GPUs of this kind
+and this workload: which layout and settings give the most throughput within my TTFT and TPOT
+targets, and what does the trade-off look like?" from the cost laws, in four stages:
+
+1. **Candidates** (``candidate_space``): every tensor-parallel width tp and data-parallel width dp
+   with tp x dp dividing the GPU count, expert parallelism on and off (MoE models, tp x dp > 1),
+   the weight formats the chip and checkpoint allow (``weight_formats``) and the engine settings
+   that matter (``max_num_seqs``, ``max_num_batched_tokens``, CUDA-graph mode); ``replicas = GPUs /
+   (tp x dp)`` engines serve in aggregate. Each candidate is built WITHOUT a scenario file: a
+   ``formats.Scenario`` record (``build_scenario``, the settings the bundled vLLM scenarios use)
+   resolved by ``resolve.resolve``. The coefficient sets are the six ``cost-model-*`` sets every
+   bundled scenario of testdata/aisimulate lists, for every chip and engine alike
+   (``COEFFICIENT_SETS``).
+2. **Fit**: a layout is rejected, with its reason, when resolve refuses it or when its weights,
+   activations, CUDA graphs and communication buffers leave less KV cache than one maximum-length
+   request (``max_model_len`` tokens; the check vLLM makes at start-up). Layouts that resolve to
+   the same plan and engine limits (e.g. tp1 x dp8 with and without expert parallelism, which the
+   model prices identically) are evaluated once and listed as duplicates.
+3. **Evaluation**: each layout under the closed-loop benchmark (InferenceX's: C clients, each
+   sending its next request when the last one finished) over a concurrency sweep, giving mean
+   TTFT, mean TPOT, output tokens/s per GPU and tokens/s per user (1 / TPOT) at each point.
+   Two evaluators (``EVALUATORS``):
+
+   * ``serve``: the serving simulation (``jaxprice.simulate_sweep``, serve.py), step by step.
+   * ``steady``: the closed loop's steady state in closed form (``steady_state_requests``): per
+     data-parallel rank, R = min(ceil(C / dp), max_num_seqs, KV-cache fit) resident decodes at
+     mean context isl + osl/2, each prompt prefilled in chunks of max_num_batched_tokens - R
+     beside them, TPOT = S(R decodes) + (L R / osl) x sum_j [S(R decodes + chunk j) - S(R decodes)]
+     + host_output_token (L = dp for an MoE model, whose ranks step in lockstep at the slowest
+     rank's pace, else 1), TTFT = half a decode step + the prompt's chunk steps + the queueing a
+     closed loop of C > R clients implies by Little's law. Priced exactly by the step kernel.
+
+   ``auto`` (the default) searches with ``steady`` and, with ``verify``, re-runs the chosen
+   layout (and the runner-up) under ``serve`` and reports both (on the development set the two
+   agree on TPOT and throughput within a few percent; the simulation's TTFT is higher at high
+   concurrency, where every client's first request arrives at once).
+
+   Layouts are priced in vmapped groups on the deployment axis (stack.py): all layouts of one
+   model structure and row padding in ONE call (every batch of every layout: all concurrencies,
+   all chunk steps), the deployment axis sharded over the available devices (``jax.sharding``,
+   as ``sweep.price_sharded`` shards batches), compiled once per structure and padding, not per
+   layout (``stacked=False``: one kernel per plan, for comparison).
+4. **Output** (``SizeResult``): the Pareto frontier of tokens/s per GPU against tokens/s per user
+   over every point of every layout (among the points meeting the TTFT target, when one is set),
+   the best layout meeting the targets and by how much it beats the next best layout, a table,
+   ``as_dict`` (JSON), ``plot`` (frontier, one curve per layout, targets), ``scenario_yaml`` (the
+   chosen deployment as a two-document scenario that ``jaxprice price`` loads) and the
+   equivalent ``vllm serve`` command line. When no point meets the targets, ``best`` is None and
+   ``miss`` names the closest layout and what it misses by.
+
+Library code: no printing; progress goes through ``callback(done, total, **info)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from .errors import JaxpriceError, refuse
+from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario, load_model_graph
+from .plan import Batch
+from .resolve import Deployment, resolve
+
+COEFFICIENT_SETS = ("cost-model-primitives", "cost-model-collectives", "cost-model-host-overheads",
+                    "cost-model-attention", "cost-model-recurrent", "cost-model-memory")
+WIDTHS = (1, 2, 4, 8, 16)
+DEFAULT_CONCURRENCY = (1, 4, 16, 64, 128, 256, 512, 1024)
+DEFAULT_MAX_NUM_SEQS = (256, 512, 1024)
+DEFAULT_BATCHED_TOKENS = (4096, 8192, 16384)
+DEFAULT_GRAPH_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
+EVALUATORS = ("auto", "serve", "steady")
+DECODE_THRESHOLD = 8
+QUANT_FLAG = {"fp8": "fp8", "nvfp4": "modelopt_fp4", "mxfp4": "mxfp4"}
+
+
+# ----------------------------------------------------------------------------- candidates
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Layout:
+    """One engine configuration: parallel widths, served weight format, engine settings."""
+    tp: int
+    dp: int
+    ep: bool
+    weights: str                 # served weight format (formats.DTYPE_BYTES key)
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    cudagraph_mode: str
+
+    @property
+    def width(self) -> int:
+        return self.tp * self.dp
+
+    @property
+    def parallel_label(self) -> str:
+        return f"tp{self.tp} dp{self.dp}{' ep' if self.ep else ''} {self.weights}"
+
+    @property
+    def label(self) -> str:
+        mode = {"PIECEWISE": "pw", "FULL_AND_PIECEWISE": "full+pw", "FULL": "full",
+                "FULL_DECODE_ONLY": "full-dec", "NONE": "eager"}.get(self.cudagraph_mode, self.cudagraph_mode)
+        return f"{self.parallel_label} seqs{self.max_num_seqs} mbt{self.max_num_batched_tokens} {mode}"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A layout and what became of it: ``status`` 'ok', 'rejected' (``reason``) or 'duplicate'
+    (``reason`` names the layout it prices the same as)."""
+    layout: Layout
+    replicas: int
+    status: str
+    reason: str = ""
+    deployment: Deployment | None = None
+    memory: dict = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out = {"layout": self.layout.as_dict(), "label": self.layout.label, "replicas": self.replicas,
+               "status": self.status, "reason": self.reason}
+        out["memory_gib"] = {k: v / 2 ** 30 for k, v in self.memory.items() if k.endswith("bytes")}
+        if "kv_capacity_tokens" in self.memory:
+            out["kv_capacity_tokens"] = self.memory["kv_capacity_tokens"]
+        return out
+
+
+def _is_moe(graph: ModelGraph) -> bool:
+    return any(n["op"] == "GroupedGEMM" and n["top_k"] > 0 for nodes in graph.layer_kinds.values() for n in nodes)
+
+
+def _is_dsa(graph: ModelGraph) -> bool:
+    return any(n["op"] == "Attention" and n["kind"] == "sparse_mla" and n["d_h"] == 576
+               for nodes in graph.layer_kinds.values() for n in nodes)
+
+
+def weight_formats(graph: ModelGraph, chip) -> list:
+    """Served weight formats for a checkpoint on a chip: the checkpoint's own; FP8 from a 16- or
+    32-bit checkpoint where the chip has an FP8 peak (vLLM's online ``--quantization fp8``);
+    NVFP4 where the chip has a native four-bit peak and the checkpoint is 8-bit or wider (a
+    published NVFP4 checkpoint, ``--quantization modelopt_fp4``)."""
+    ck = graph.weight_dtype
+    out = [ck]
+    if DTYPE_BYTES[ck] >= 2 and (chip.fp8_tflops or 0) > 0:
+        out.append("fp8")
+    if DTYPE_BYTES[ck] >= 1 and (chip.nvfp4_tflops or 0) > 0 and "nvfp4" not in out:
+        out.append("nvfp4")
+    return out
+
+
+def max_model_len(isl: int, osl: int) -> int:
+    """The engine's max_model_len for a workload: ISL + OSL + 256 (InferenceX's rule)."""
+    return int(isl) + int(osl) + 256
+
+
+def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int, graph: ModelGraph,
+                   gpus_per_node: int = 8, name: str | None = None, gpu_memory_utilization: float = 0.9,
+                   path: str = "<jaxprice size>") -> Scenario:
+    """A Scenario record for one layout, with no scenario file: the six cost-model sets, one
+    node of ``gpus_per_node`` GPUs per engine, an FP8 KV cache unless the weights are served in
+    16 bits, block 16 (64 for sparse-MLA models), the layout's engine settings,
+    max_model_len = ISL + OSL + 256, gpu_memory_utilization 0.9: the settings of the bundled
+    vLLM scenarios (testdata/aisimulate)."""
+    engine = {"quantization": layout.weights} if layout.weights in QUANT_FLAG else {}
+    engine.update({
+        "cache_dtype": "auto" if DTYPE_BYTES[layout.weights] >= 2 else "fp8",
+        "block_size": 64 if _is_dsa(graph) else 16,
+        "max_num_batched_tokens": int(layout.max_num_batched_tokens),
+        "max_num_seqs": int(layout.max_num_seqs),
+        "max_model_len": max_model_len(isl, osl),
+        "cudagraph_mode": layout.cudagraph_mode,
+        "gpu_memory_utilization": float(gpu_memory_utilization)})
+    nodes = max(1, math.ceil(layout.width / gpus_per_node))
+    return Scenario(name=name or scenario_name(model, chip, layout), model=model, hardware=chip, fabric=None,
+                    nodes=nodes, gpus_per_node=gpus_per_node, gpus_per_rack=0, coefficient_sets=COEFFICIENT_SETS,
+                    engine_version="", pool_nodes=nodes,
+                    parallel={"tp": layout.tp, "pp": 1, "dp": layout.dp, "enable_expert_parallel": layout.ep},
+                    engine=engine, path=path)
+
+
+def scenario_name(model: str, chip: str, layout: Layout) -> str:
+    return (f"{model}-{chip}-{layout.weights}-vllm-tp{layout.tp}" + (f"-dp{layout.dp}" if layout.dp > 1 else "")
+            + ("-ep" if layout.ep else "") + f"-seqs{layout.max_num_seqs}-mbt{layout.max_num_batched_tokens}"
+            + f"-{layout.cudagraph_mode.lower()}")
+
+
+class _GraphRegistry(Registry):
+    """A registry that also knows one model graph read from a file."""
+
+    def __init__(self, graph: ModelGraph, base: Registry):
+        super().__init__(base.roots)
+        self._graph = graph
+
+    def model(self, name, *, file=None, field=None):
+        if name == self._graph.name:
+            return self._graph
+        return super().model(name, file=file, field=field)
+
+
+def load_model(model, registry: Registry | None = None) -> tuple[ModelGraph, Registry, str]:
+    """(graph, registry that resolves it, where it came from) for a registry model name, a model
+    graph file, or a Hugging Face config.json (or a folder holding one; formats.load_model_graph
+    imports it)."""
+    registry = registry or Registry()
+    text = str(model)
+    p = Path(text)
+    if p.exists():
+        graph = load_model_graph(p / "config.json" if p.is_dir() else p)
+        return graph, _GraphRegistry(graph, registry), text
+    if p.suffix in (".yaml", ".yml", ".json"):
+        refuse("no such model file", file=text)
+    graph = registry.model(text, field="model")
+    return graph, registry, f"registry model {text}"
+
+
+def _is_hf(source: str) -> bool:
+    try:
+        from .hf import is_hf_config
+    except ImportError:
+        return False
+    p = Path(source)
+    return p.exists() and bool(is_hf_config(p / "config.json" if p.is_dir() else p))
+
+
+def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=None, weights=None,
+                    max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
+                    cudagraph_modes=DEFAULT_GRAPH_MODES) -> list:
+    """Every Layout to try (before the fit check), in a stable order. tp, dp, ep, weights: lists
+    restricting those axes (None: all). dp > 1 only for MoE models (data-parallel attention; a
+    dense model's replicas are separate engines already); ep only for MoE and tp x dp > 1."""
+    moe = _is_moe(graph)
+    tps = [w for w in WIDTHS if w <= gpus] if tp is None else sorted(set(tp))
+    dps = ([w for w in WIDTHS if w <= gpus] if moe else [1]) if dp is None else sorted(set(dp))
+    eps = ([False, True] if moe else [False]) if ep is None else sorted(set(ep))
+    fmts = weight_formats(graph, chip) if weights is None else list(dict.fromkeys(weights))
+    out = []
+    for t, d, e, f in itertools.product(tps, dps, eps, fmts):
+        if gpus % (t * d):
+            continue
+        if e and (not moe or t * d == 1):
+            continue
+        for s, b, m in itertools.product(max_num_seqs, max_num_batched_tokens, cudagraph_modes):
+            out.append(Layout(t, d, bool(e), f, int(s), int(b), str(m)))
+    return out
+
+
+def fits(dep: Deployment, need_tokens: int) -> tuple[bool, str]:
+    """Whether one request of ``need_tokens`` fits the KV cache beside the weights, and why not."""
+    m = dep.plan.memory
+    cap = float(m["kv_capacity_tokens"])
+    if cap >= need_tokens:
+        return True, ""
+    gib = 2 ** 30
+    fixed = sum(m.get(k, 0.0) for k in ("weights_bytes", "activation_bytes", "cudagraph_bytes", "comm_buffer_bytes"))
+    budget = dep.chip.memory_gib * float(dep.scenario.engine.get("gpu_memory_utilization", 0.9))
+    return False, (f"does not fit: weights {m['weights_bytes'] / gib:.1f} GiB + activations, graphs and buffers "
+                   f"{(fixed - m['weights_bytes']) / gib:.1f} GiB per GPU of {budget:.1f} GiB usable leave KV for "
+                   f"{cap:.0f} tokens, less than one {need_tokens}-token request")
+
+
+def _engine_key(dep: Deployment, layout: Layout):
+    m = dep.plan.memory
+    return (dep.plan.digest, round(float(m["kv_capacity_tokens"])), layout.max_num_seqs,
+            layout.max_num_batched_tokens, layout.dp, layout.tp)
+
+
+def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, layouts, *, isl: int, osl: int,
+                     registry: Registry, gpus_per_node: int = 8, callback=None) -> list:
+    """Resolve every layout and check its fit; returns Candidates in layout order."""
+    need = max_model_len(isl, osl)
+    out, seen, hopeless = [], {}, {}
+    for k, lay in enumerate(layouts):
+        replicas = gpus // lay.width
+        par = (lay.tp, lay.dp, lay.ep, lay.weights)
+        if par in hopeless:        # weights alone exceed memory: no engine setting changes that
+            out.append(Candidate(lay, replicas, "rejected", hopeless[par][0], memory=dict(hopeless[par][1])))
+            continue
+        scen = build_scenario(model, chip_name, lay, isl=isl, osl=osl, graph=graph, gpus_per_node=gpus_per_node)
+        try:
+            dep = resolve(scen, registry)
+        except JaxpriceError as err:
+            out.append(Candidate(lay, replicas, "rejected", f"does not resolve: {err.reason}"))
+            continue
+        ok, why = fits(dep, need)
+        if not ok:
+            out.append(Candidate(lay, replicas, "rejected", why, memory=dict(dep.plan.memory)))
+            budget = dep.chip.memory_gib * 2 ** 30 * float(dep.scenario.engine.get("gpu_memory_utilization", 0.9))
+            if dep.plan.memory["weights_bytes"] >= budget:
+                hopeless[par] = (why, dep.plan.memory)
+        else:
+            key = _engine_key(dep, lay)
+            if key in seen:
+                out.append(Candidate(lay, replicas, "duplicate", f"priced the same as {seen[key].label}",
+                                     deployment=dep, memory=dict(dep.plan.memory)))
+            else:
+                seen[key] = lay
+                out.append(Candidate(lay, replicas, "ok", deployment=dep, memory=dict(dep.plan.memory)))
+        if callback is not None:
+            callback(k + 1, len(layouts), stage="resolve")
+    return out
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeWorkload:
+    """Request lengths: uniform integers on [floor(range_ratio * L), L] (InferenceX's semantics)."""
+    isl: int
+    osl: int
+    range_ratio: float = 0.8
+    seed: int = 0
+
+    @property
+    def mean_isl(self) -> float:
+        return (math.floor(self.range_ratio * self.isl) + self.isl) / 2.0
+
+    @property
+    def mean_osl(self) -> float:
+        return (math.floor(self.range_ratio * self.osl) + self.osl) / 2.0
+
+
+@dataclasses.dataclass
+class LayoutResult:
+    """One evaluated layout: per concurrency (``concurrency``: clients per engine) mean TTFT and
+    TPOT (seconds), output tokens/s per GPU and per user (1 / TPOT), resident decodes per rank."""
+    index: int                     # into SizeResult.candidates
+    layout: Layout
+    replicas: int
+    concurrency: np.ndarray
+    ttft: np.ndarray
+    tpot: np.ndarray
+    tps_per_gpu: np.ndarray
+    tps_per_user: np.ndarray
+    resident: np.ndarray
+
+    def as_dict(self) -> dict:
+        return {"layout": self.layout.as_dict(), "label": self.layout.label, "replicas": self.replicas,
+                "points": [{"concurrency_per_engine": int(c), "concurrency_total": int(c) * self.replicas,
+                            "ttft_ms": float(a) * 1e3, "tpot_ms": float(b) * 1e3,
+                            "tokens_per_s_per_gpu": float(g), "tokens_per_s_per_user": float(u),
+                            "resident_per_rank": int(r)}
+                           for c, a, b, g, u, r in zip(self.concurrency, self.ttft, self.tpot, self.tps_per_gpu,
+                                                       self.tps_per_user, self.resident)]}
+
+
+def _rows(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrency: int):
+    """The batches one closed-loop point is priced from (see the module docstring): returns
+    (R, batches as (scheduled, computed) row lists, TPOT weights, TTFT weights, n_chunks);
+    TPOT - host_output_token = sum_k tpot_w[k] S_k and the prompt's service time
+    sum_k ttft_w[k] S_k (half a decode step plus its chunk steps)."""
+    isl = max(int(round(workload.mean_isl)), 1)
+    osl = max(workload.mean_osl, 1.0)
+    ctx = int(round(workload.mean_isl + workload.mean_osl / 2.0))
+    per_rank = math.ceil(concurrency / layout.dp)
+    cap = float(dep.plan.memory["kv_capacity_tokens"])
+    kv_fit = int(cap // max(ctx, 1)) if math.isfinite(cap) else per_rank
+    R = max(1, min(per_rank, layout.max_num_seqs, kv_fit))
+    room = max(layout.max_num_batched_tokens - R, 1)
+    chunks, done = [], 0
+    while done < isl:
+        n = min(room, isl - done)
+        chunks.append((n, done))
+        done += n
+    decode = ([1] * R, [ctx - 1] * R)
+    batches = [decode] + [([1] * R + [n], [ctx - 1] * R + [d]) for n, d in chunks]
+    # prefills per step: R / osl on each rank; the data-parallel ranks of an MoE model step in
+    # lockstep (serving-reference.md 2.2), so a step carries some rank's chunk dp times as often
+    # and takes the slowest rank's time
+    lockstep = layout.dp if (layout.dp > 1 and dep.plan.scalars.get("has_moe")) else 1
+    a = min(lockstep * R / osl, 1.0 / len(chunks))
+    tpot_w = [1.0 - a * len(chunks)] + [a] * len(chunks)
+    ttft_w = [0.5] + [1.0] * len(chunks)
+    return R, batches, tpot_w, ttft_w, len(chunks)
+
+
+@functools.lru_cache(maxsize=None)
+def _pricer(mesh, estimate="no_overlap"):
+    from .accuracy import FAST_COMPILE
+    from .step import _step_time
+
+    def run(plan, coefs, batches):
+        return getattr(jax.vmap(lambda b: _step_time(plan, coefs, b, None, False))(batches), estimate)
+    if mesh is None:
+        return jax.jit(run, static_argnames=("plan",), compiler_options=FAST_COMPILE)
+    from jax.sharding import NamedSharding, PartitionSpec
+    spec = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    return jax.jit(run, static_argnames=("plan",), out_shardings=spec, compiler_options=FAST_COMPILE)
+
+
+def price_batches(dep: Deployment, batches: Batch, mesh=None, estimate: str = "no_overlap") -> np.ndarray:
+    """Step estimates (``no_overlap`` or ``overlap``) of stacked batches in one vmapped call, the
+    batch axis sharded over ``mesh`` (a 1-D jax.sharding.Mesh; None: one device)."""
+    if estimate not in ("no_overlap", "overlap"):
+        refuse("unknown estimate (known: no_overlap, overlap)", field="estimate", value=estimate)
+    if mesh is None or mesh.size == 1:
+        return np.asarray(_pricer(None, estimate)(dep.plan, dep.coefficients, batches))
+    from jax.sharding import NamedSharding, PartitionSpec
+    from .plan import Coefficients
+    from .sweep import _global, shard_batches
+    sharded, n = shard_batches(batches, mesh)
+    rep = NamedSharding(mesh, PartitionSpec())
+    coefs = dep.coefficients
+    coefs = Coefficients(_global(np.asarray(coefs.values), rep), coefs.names, coefs.units, coefs.cites)
+    return np.asarray(_pricer(mesh, estimate)(dep.plan, coefs, sharded))[:n]
+
+
+def stack_rows(requests, rows: int) -> Batch:
+    """Stacked float64 batches [len(requests), rows] from (scheduled, computed) row lists (non-negative
+    integers, built here), prompt_len = computed + scheduled, padded, decode threshold 8: the
+    batches ``Batch.from_requests`` builds one by one, in one NumPy pass."""
+    import jax.numpy as jnp
+    n = len(requests)
+    sched, comp = np.zeros((n, rows)), np.zeros((n, rows))
+    mask = np.zeros((n, rows), dtype=bool)
+    for i, (s, c) in enumerate(requests):
+        sched[i, :len(s)] = s
+        comp[i, :len(c)] = c
+        mask[i, :len(s)] = True
+    return Batch(jnp.asarray(sched), jnp.asarray(comp), jnp.asarray(comp + sched), jnp.asarray(mask),
+                 jnp.full((n,), float(DECODE_THRESHOLD)))
+
+
+def _steady_batches(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies):
+    """(specs, owners, flat): the steady-state point specs, per batch (point, TPOT weight, TTFT
+    weight), and the flat list of (scheduled, computed) batches (see steady_state_requests)."""
+    specs = [steady_state_requests(dep, layout, workload, c) for c in concurrencies]
+    owners = [(j, tw[k], fw[k]) for j, (_R, batches, tw, fw, _n) in enumerate(specs) for k in range(len(batches))]
+    return specs, owners, [b for spec in specs for b in spec[1]]
+
+
+def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, specs, owners, est):
+    """The closed loop's metrics from the priced batches ``est`` (see the module docstring)."""
+    hot = float(dep.coefficients["host_output_token"]) if "host_output_token" in dep.coefficients else 0.0
+    n = len(concurrencies)
+    tpot, service = np.full(n, hot), np.zeros(n)
+    for (j, tw, fw), s in zip(owners, est):
+        tpot[j] += tw * s
+        service[j] += fw * s
+    osl = max(workload.mean_osl, 1.0)
+    conc = np.asarray(concurrencies, dtype=float)
+    R = np.array([s[0] for s in specs], dtype=float)
+    per_rank = conc / layout.dp
+    busy = np.minimum(per_rank, R)                  # resident requests per rank (fractional below dp)
+    ttft_s = service + hot
+    request = ttft_s + (osl - 1.0) * tpot            # one request's service time, resident
+    cycle = np.maximum(per_rank / busy, 1.0) * request  # closed loop: C clients share R slots
+    ttft = cycle - (osl - 1.0) * tpot
+    tps_engine = layout.dp * per_rank * osl / cycle
+    return ttft, tpot, tps_engine / layout.width, 1.0 / tpot, R.astype(int), len(owners)
+
+
+def evaluate_steady(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, *, mesh=None,
+                    estimate: str = "no_overlap", rows: int | None = None, shapes: set | None = None):
+    """The ``steady`` evaluator for one layout: (ttft, tpot, tps_per_gpu, tps_per_user, resident,
+    steps priced), arrays over ``concurrencies`` (clients per engine). One plan, its own kernel
+    (``evaluate_steady_many`` prices many layouts in one kernel per model structure)."""
+    specs, owners, flat = _steady_batches(dep, layout, workload, concurrencies)
+    rows = max(rows or 0, _rows(max(s[0] for s in specs)) + 1)
+    flat += [([], [])] * (_rows(len(flat)) - len(flat))    # empty batches: one shape for many layouts
+    if shapes is not None:
+        shapes.add((dep.plan.digest, len(flat), rows, estimate))
+    est = price_batches(dep, stack_rows(flat, rows), mesh, estimate)
+    return _steady_metrics(dep, layout, workload, concurrencies, specs, owners, est)
+
+
+def _shard_leading(x, mesh):
+    """A host array laid out over a 1-D mesh along its leading axis (a multiple of the mesh size)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+    from .sweep import _global
+    return _global(np.asarray(x), NamedSharding(mesh, PartitionSpec(mesh.axis_names[0])))
+
+
+def evaluate_steady_many(deps, layouts, workload: SizeWorkload, concurrencies, *, mesh=None,
+                         estimate: str = "no_overlap", rows_cap: int | None = None, group_size: int = 64,
+                         callback=None) -> list:
+    """The ``steady`` evaluator over many layouts at once: the deployment axis (stack.py). Layouts
+    of one model structure and row padding are stacked, ``group_size`` at a time (padded to a power
+    of two with copies of the last), and priced in ONE vmapped call each, the deployment axis
+    sharded over ``mesh`` (a 1-D jax.sharding.Mesh; None: one device): one compile per structure,
+    padding and group shape, not per layout. Returns ``evaluate_steady``'s tuple per layout, equal
+    to it bit for bit in exact mode. callback(done, total): layouts priced so far."""
+    from . import stack as ST
+    from .plan import Coefficients
+    n = len(deps)
+    prepared = [_steady_batches(d, lay, workload, concurrencies) for d, lay in zip(deps, layouts)]
+    rows = []
+    for (specs, _o, _f), lay in zip(prepared, layouts):
+        r = _rows(max(s[0] for s in specs)) + 1
+        if rows_cap is not None:
+            r = max(r, _rows(min(math.ceil(max(concurrencies) / lay.dp), rows_cap)) + 1)
+        rows.append(r)
+    nb = _rows(max(len(f) for _s, _o, f in prepared))
+    groups: dict = {}
+    for structure, idx in ST.group_by_structure(deps):
+        for i in idx:
+            groups.setdefault((structure, rows[i]), []).append(i)
+    out, done = [None] * n, 0
+    for (_structure, r), idx in groups.items():
+        for g0 in range(0, len(idx), group_size):
+            part = idx[g0:g0 + group_size]
+            D = _rows(len(part))
+            if mesh is not None and mesh.size > 1:
+                D = max(D, mesh.size)
+                D += (-D) % mesh.size
+            full = part + [part[-1]] * (D - len(part))
+            stackp = ST.stack_plans([deps[i] for i in full])
+            coefs = ST.stack_coefficients([deps[i].coefficients for i in full])
+            b = [stack_rows(prepared[i][2] + [([], [])] * (nb - len(prepared[i][2])), r) for i in full]
+            batches = Batch(*(np.stack([np.asarray(getattr(x, f)) for x in b]) for f in
+                              ("scheduled", "computed", "prompt_len", "mask", "decode_threshold")))
+            if mesh is not None and mesh.size > 1:
+                stackp = ST.PlanStack(stackp.structure, _shard_leading(stackp.values, mesh), stackp.slot_names,
+                                      stackp.names)
+                coefs = Coefficients(_shard_leading(coefs.values, mesh), coefs.names, coefs.units, coefs.cites)
+                batches = jax.tree_util.tree_map(lambda x: _shard_leading(x, mesh), batches)
+            else:
+                batches = jax.tree_util.tree_map(jax.numpy.asarray, batches)
+            res = ST.price_deployments(stackp, coefs, batches)
+            est = np.asarray(getattr(res, estimate))
+            for k, i in enumerate(part):
+                specs, owners, _flat = prepared[i]
+                out[i] = _steady_metrics(deps[i], layouts[i], workload, concurrencies, specs, owners, est[k])
+            done += len(part)
+            if callback is not None:
+                callback(done, n)
+    return out
+
+
+def verify_point(cand: Candidate, res: LayoutResult, j: int, workload: SizeWorkload, ttft_t, tpot_t, *,
+                 num_prompts=None) -> dict:
+    """One chosen point of the steady evaluator re-run under the serving simulation (serve.py):
+    both estimates side by side, and whether the simulated point still meets the targets."""
+    c = int(res.concurrency[j])
+    out = {"label": res.layout.label, "concurrency_per_engine": c,
+           "steady": {"ttft_ms": float(res.ttft[j]) * 1e3, "tpot_ms": float(res.tpot[j]) * 1e3,
+                      "tokens_per_s_per_gpu": float(res.tps_per_gpu[j])}}
+    try:
+        ttft, tpot, per_gpu, _u, _r, steps = evaluate_serve(cand.deployment, res.layout, workload, [c],
+                                                            num_prompts=num_prompts)
+    except JaxpriceError as err:
+        out["serve"] = None
+        out["error"] = err.reason
+        return out
+    out["serve"] = {"ttft_ms": float(ttft[0]) * 1e3, "tpot_ms": float(tpot[0]) * 1e3,
+                    "tokens_per_s_per_gpu": float(per_gpu[0]), "steps": int(steps)}
+    out["serve_meets_targets"] = bool((ttft_t is None or ttft[0] <= ttft_t) and (tpot_t is None or tpot[0] <= tpot_t))
+    return out
+
+
+def _stack_compiles():
+    """Deployment-axis kernel compiles so far in this process (None without stack.py)."""
+    try:
+        from .stack import kernel_compiles
+    except ImportError:
+        return None
+    return kernel_compiles()
+
+
+def _serve_module():
+    try:
+        from . import serve
+    except ImportError:
+        return None
+    return serve if hasattr(serve, "simulate_sweep") else None
+
+
+def evaluate_serve(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, *, num_prompts=None,
+                   engine=None, estimate="no_overlap"):
+    """The ``serve`` evaluator: the serving simulation's closed-loop sweep (serve.simulate_sweep),
+    the same returns as ``evaluate_steady``. engine: per-run overrides of the engine settings."""
+    serve = _serve_module()
+    wl = serve.Workload(isl=workload.isl, osl=workload.osl, range_ratio=workload.range_ratio, seed=workload.seed)
+    kw = {} if num_prompts is None else {"num_prompts": num_prompts}
+    if engine:
+        kw["engine"] = dict(engine)
+    res = serve.simulate_sweep(dep, wl, list(concurrencies), estimate=estimate, **kw)
+    get = lambda k: np.array([float(r.summary[k]) for r in res])  # noqa: E731
+    ttft, tpot = get("ttft_mean"), get("tpot_mean")
+    per_gpu = np.array([float(r.summary["output_tps"]) for r in res]) / layout.width
+    resident = get("resident_peak") if "resident_peak" in res[0].summary else np.zeros(len(res))
+    steps = int(sum(float(r.summary.get("steps", 0)) for r in res))
+    return ttft, tpot, per_gpu, 1.0 / tpot, resident.astype(int), steps
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclasses.dataclass
+class SizeResult:
+    """What ``size`` found (see the module docstring). ``frontier``: (layout result index,
+    concurrency index) pairs, by tokens/s per user ascending; ``best``: such a pair or None;
+    ``runner_up``: the best point of any other layout meeting the targets (None if none);
+    ``margin``: best / runner-up tokens/s per GPU - 1; ``miss``: the message when no point meets
+    the targets; ``info``: search statistics (layouts, compiles, steps, seconds, evaluator)."""
+    model: str
+    chip: str
+    gpus: int
+    workload: SizeWorkload
+    ttft_target: float | None       # seconds
+    tpot_target: float | None
+    candidates: list
+    results: list
+    frontier: list
+    best: tuple | None
+    runner_up: tuple | None
+    margin: float | None
+    miss: str
+    info: dict
+    graph: ModelGraph | None = None
+    registry: Registry | None = None
+    model_source: str = ""
+    verification: list = dataclasses.field(default_factory=list)
+
+    # -- selections
+    def point(self, ref) -> dict:
+        i, j = ref
+        r = self.results[i]
+        return {"label": r.layout.label, "layout": r.layout.as_dict(), "replicas": r.replicas,
+                "concurrency_per_engine": int(r.concurrency[j]), "concurrency_total": int(r.concurrency[j]) * r.replicas,
+                "ttft_ms": float(r.ttft[j]) * 1e3, "tpot_ms": float(r.tpot[j]) * 1e3,
+                "tokens_per_s_per_gpu": float(r.tps_per_gpu[j]), "tokens_per_s_per_user": float(r.tps_per_user[j]),
+                "tokens_per_s_total": float(r.tps_per_gpu[j]) * self.gpus}
+
+    @property
+    def best_result(self) -> LayoutResult | None:
+        return None if self.best is None else self.results[self.best[0]]
+
+    @property
+    def best_candidate(self) -> Candidate | None:
+        return None if self.best is None else self.candidates[self.results[self.best[0]].index]
+
+    def rejected(self) -> list:
+        return [c for c in self.candidates if c.status == "rejected"]
+
+    # -- artefacts
+    def scenario_yaml(self) -> str:
+        """The chosen deployment as a two-document Scenario + Deployment YAML (the bundled
+        scenarios' format), which ``jaxprice price``, ``jaxprice serve`` and load_deployment read."""
+        if self.best is None:
+            refuse("no layout meets the targets, so there is no deployment to write", field="targets")
+        scen = self.best_candidate.deployment.scenario
+        note = self._note()
+        if self.model_source and not self.model_source.startswith("registry model"):
+            if _is_hf(self.model_source):      # the registry reads a config.json path as a model
+                scen = dataclasses.replace(scen, model=str(Path(self.model_source).resolve()))
+            else:
+                note += (f"\nmodel graph read from {self.model_source}: load this scenario with a registry holding "
+                         f"models/{scen.model}.yaml")
+        return scenario_document(scen, note=note)
+
+    def _note(self) -> str:
+        p = self.point(self.best)
+        return (f"written by jaxprice size: best of {self.info.get('layouts_evaluated', '?')} layouts for "
+                f"{self.gpus} x {self.chip}, ISL {self.workload.isl} / OSL {self.workload.osl}; "
+                f"{p['tokens_per_s_per_gpu']:.1f} output tokens/s per GPU at {p['concurrency_per_engine']} clients "
+                f"per engine x {p['replicas']} replica(s), TTFT {p['ttft_ms']:.1f} ms, TPOT {p['tpot_ms']:.2f} ms")
+
+    def vllm_command(self) -> str:
+        if self.best is None:
+            refuse("no layout meets the targets", field="targets")
+        cand = self.best_candidate
+        return vllm_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas)
+
+    def as_dict(self) -> dict:
+        out = {"model": self.model, "chip": self.chip, "gpus": self.gpus,
+               "workload": dataclasses.asdict(self.workload),
+               "targets": {"ttft_ms": None if self.ttft_target is None else self.ttft_target * 1e3,
+                           "tpot_ms": None if self.tpot_target is None else self.tpot_target * 1e3},
+               "coefficient_sets": list(COEFFICIENT_SETS), "info": self.info,
+               "best": None if self.best is None else self.point(self.best),
+               "runner_up": None if self.runner_up is None else self.point(self.runner_up),
+               "margin": self.margin, "miss": self.miss or None,
+               "frontier": [self.point(f) for f in self.frontier],
+               "verification": self.verification,
+               "layouts": [r.as_dict() for r in self.results],
+               "rejected": [c.as_dict() for c in self.candidates if c.status == "rejected"],
+               "duplicates": [c.as_dict() for c in self.candidates if c.status == "duplicate"]}
+        if self.best is not None:
+            out["vllm_command"] = self.vllm_command()
+        return out
+
+
+def scenario_document(scen: Scenario, note: str = "") -> str:
+    import yaml
+    first = {"kind": "Scenario", "name": scen.name, "engine_version": scen.engine_version or "", "model": scen.model,
+             "coefficients": list(scen.coefficient_sets),
+             "cluster": {"hardware": scen.hardware, "nodes": scen.nodes, "gpus_per_node": scen.gpus_per_node}}
+    if not first["engine_version"]:
+        del first["engine_version"]
+    second = {"kind": "Deployment", "name": scen.name,
+              "pools": [{"role": "colocated", "nodes": scen.pool_nodes, "parallel": dict(scen.parallel),
+                         "engine": dict(scen.engine)}]}
+    head = "".join(f"# {line}\n" for line in note.splitlines()) if note else ""
+    return head + yaml.safe_dump_all([first, second], sort_keys=False, default_flow_style=False)
+
+
+def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
+    """The ``vllm serve`` command line of one engine (run ``replicas`` of them, one per group of
+    tp x dp GPUs, behind a load balancer)."""
+    repo = None
+    if graph is not None:
+        try:    # the graph file's hf_repo; for an imported config.json, the repo its path or config names
+            import yaml
+            doc = yaml.safe_load(Path(graph.path).read_text())
+            repo = doc.get("hf_repo") if isinstance(doc, dict) else None
+            if repo is None and str(graph.path).endswith(".json"):
+                from .hf import _hf_repo
+                repo = _hf_repo(Path(graph.path), doc)
+        except Exception:  # noqa: BLE001 - a graph without a readable file just has no repo id
+            repo = None
+    e = scen.engine
+    parts = ["vllm serve", repo or scen.model, f"--tensor-parallel-size {layout.tp}"]
+    if layout.dp > 1:
+        parts.append(f"--data-parallel-size {layout.dp}")
+    if layout.ep:
+        parts.append("--enable-expert-parallel")
+    if "quantization" in e and graph is not None and e["quantization"] != graph.weight_dtype:
+        parts.append(f"--quantization {QUANT_FLAG.get(e['quantization'], e['quantization'])}")
+    if e.get("cache_dtype", "auto") != "auto":
+        parts.append(f"--kv-cache-dtype {e['cache_dtype']}")
+    parts += [f"--max-num-seqs {e['max_num_seqs']}", f"--max-num-batched-tokens {e['max_num_batched_tokens']}",
+              f"--max-model-len {e['max_model_len']}", f"--block-size {e['block_size']}",
+              f"--gpu-memory-utilization {e['gpu_memory_utilization']}",
+              "--compilation-config '{\"cudagraph_mode\": \"%s\"}'" % e["cudagraph_mode"],
+              "--no-enable-prefix-caching"]
+    cmd = " ".join(parts)
+    if replicas > 1:
+        cmd += f"    # x {replicas} replicas, one per {layout.width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer"
+    return cmd
+
+
+def pareto(points) -> list:
+    """Indices of the non-dominated points of ``points`` ([n, 2], both maximised): no other
+    point is >= in both coordinates and > in one; of equal points only the first. Returned by
+    the first coordinate ascending."""
+    pts = np.asarray(points, dtype=float)
+    keep, seen = [], set()
+    for i, (x, y) in enumerate(pts):
+        dom = (pts[:, 0] >= x) & (pts[:, 1] >= y) & ((pts[:, 0] > x) | (pts[:, 1] > y))
+        if not dom.any() and (x, y) not in seen:     # equal points: the first stands for them all
+            keep.append(i)
+            seen.add((x, y))
+    return sorted(keep, key=lambda i: (pts[i, 0], -pts[i, 1]))
+
+
+def _meets(r: LayoutResult, ttft_t, tpot_t):
+    ok = np.isfinite(r.tpot) & np.isfinite(r.ttft) & (r.tps_per_gpu > 0)
+    if ttft_t is not None:
+        ok &= r.ttft <= ttft_t
+    if tpot_t is not None:
+        ok &= r.tpot <= tpot_t
+    return ok
+
+
+def choose(results, ttft_t, tpot_t):
+    """(frontier, best, runner_up, margin, miss) over evaluated layouts (see SizeResult)."""
+    refs = [(i, j) for i, r in enumerate(results) for j in range(len(r.concurrency))]
+    ttft_ok = [bool(ttft_t is None or results[i].ttft[j] <= ttft_t) for i, j in refs]
+    pool = [ref for ref, ok in zip(refs, ttft_ok) if ok] or refs
+    pts = [(results[i].tps_per_user[j], results[i].tps_per_gpu[j]) for i, j in pool]
+    frontier = [pool[k] for k in pareto(pts)] if pool else []
+    per_layout = []
+    for i, r in enumerate(results):
+        ok = _meets(r, ttft_t, tpot_t)
+        if ok.any():
+            j = int(np.flatnonzero(ok)[np.argmax(r.tps_per_gpu[ok])])
+            per_layout.append((float(r.tps_per_gpu[j]), -i, (i, j)))
+    per_layout.sort(reverse=True)
+    if per_layout:
+        best = per_layout[0][2]
+        runner = per_layout[1][2] if len(per_layout) > 1 else None
+        margin = (per_layout[0][0] / per_layout[1][0] - 1.0) if runner is not None and per_layout[1][0] > 0 else None
+        return frontier, best, runner, margin, ""
+    return frontier, None, None, None, miss_message(results, ttft_t, tpot_t)
+
+
+def miss_message(results, ttft_t, tpot_t) -> str:
+    """Names the point closest to the targets (the smallest worst ratio achieved / target) and
+    what it misses by."""
+    if not results:
+        return "no layout could be evaluated"
+    best = None
+    for i, r in enumerate(results):
+        for j in range(len(r.concurrency)):
+            ratio = max(r.ttft[j] / ttft_t if ttft_t else 0.0, r.tpot[j] / tpot_t if tpot_t else 0.0)
+            if best is None or ratio < best[0]:
+                best = (ratio, i, j)
+    _, i, j = best
+    r = results[i]
+    parts = []
+    for name, val, tgt in (("TTFT", r.ttft[j], ttft_t), ("TPOT", r.tpot[j], tpot_t)):
+        if tgt is None:
+            continue
+        if val > tgt:
+            parts.append(f"{name} {val * 1e3:.2f} ms, {(val - tgt) * 1e3:.2f} ms ({val / tgt - 1:.0%}) over the "
+                         f"{tgt * 1e3:g} ms target")
+        else:
+            parts.append(f"{name} {val * 1e3:.2f} ms meets {tgt * 1e3:g} ms")
+    want = " and ".join(f"{n} <= {t * 1e3:g} ms" for n, t in (("TTFT", ttft_t), ("TPOT", tpot_t)) if t is not None)
+    return (f"no layout meets {want}; closest: {r.layout.label} at {int(r.concurrency[j])} client(s) per engine: "
+            + "; ".join(parts))
+
+
+# ----------------------------------------------------------------------------- the search
+
+
+def _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, template: Layout, gpus_per_node):
+    """Widths tp x dp (not dividing ``gpus``) at which some layout of the model fits: for the
+    message when nothing that divides the GPU count fits."""
+    out = []
+    moe = _is_moe(graph)
+    for w in WIDTHS:
+        if gpus % w == 0 or w > 16:
+            continue
+        for t, d, e in ((w, 1, False), (1, w, True), (w, 1, True)):
+            if not moe and (d > 1 or e):
+                continue
+            lay = dataclasses.replace(template, tp=t, dp=d, ep=e and w > 1)
+            try:
+                dep = resolve(build_scenario(graph.name, chip, lay, isl=isl, osl=osl, graph=graph,
+                                             gpus_per_node=gpus_per_node), registry)
+            except JaxpriceError:
+                continue
+            if fits(dep, max_model_len(isl, osl))[0]:
+                out.append(w)
+                break
+    return out
+
+
+def _positive(value, field, integer=False):
+    if value is None:
+        return None
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        refuse("expected a number", field=field, value=value)
+    if not math.isfinite(v) or v <= 0 or (integer and v != int(v)):
+        refuse("must be a positive " + ("integer" if integer else "number"), field=field, value=value,
+               has_value=True)
+    return int(v) if integer else v
+
+
+def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_ms=None,
+         concurrency=DEFAULT_CONCURRENCY, tp=None, dp=None, ep=None, weights=None,
+         max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
+         cudagraph_modes=DEFAULT_GRAPH_MODES, range_ratio: float = 0.8, evaluator: str = "auto",
+         num_prompts=None, gpus_per_node: int = 8, mesh=None, registry: Registry | None = None,
+         callback=None, on_candidates=None, workers: int = 2, stacked: bool = True, verify: int = 0) -> SizeResult:
+    """Search the layouts of ``model`` on ``gpus`` x ``chip`` for a workload of ``isl`` / ``osl``
+    tokens (see the module docstring). ``model``: a registry model name or a model graph file.
+    ttft_ms, tpot_ms: targets on the means (None: none). concurrency: clients per engine.
+    tp, dp, ep, weights, max_num_seqs, max_num_batched_tokens, cudagraph_modes: the candidate
+    axes (None for tp/dp/ep/weights: all). evaluator: 'steady', 'serve' or 'auto' (serve when
+    the serving simulation is installed, else steady). mesh: a 1-D jax.sharding.Mesh the batch
+    axis is sharded over (default: all devices when there are several). callback(done, total,
+    **info): progress over the layouts. stacked: price the steady evaluator's layouts on the
+    deployment axis (one kernel per model structure; False: one kernel per plan, ``workers``
+    threads compiling them). verify: with the steady evaluator, re-run the best (and, for 2,
+    the runner-up) layout at its chosen concurrency under the serving simulation where it is
+    installed (``SizeResult.verification``). on_candidates(candidates, context dict): called once the
+    candidate space is resolved, before the search (the CLI prints it). Bad input raises JaxpriceError before anything is jitted."""
+    t0 = time.perf_counter()
+    gpus = _positive(gpus, "gpus", integer=True)
+    isl = _positive(isl, "isl", integer=True)
+    osl = _positive(osl, "osl", integer=True)
+    ttft_t = None if ttft_ms is None else _positive(ttft_ms, "ttft_ms") / 1e3
+    tpot_t = None if tpot_ms is None else _positive(tpot_ms, "tpot_ms") / 1e3
+    conc = sorted({_positive(c, "concurrency", integer=True) for c in concurrency})
+    if not conc:
+        refuse("needs at least one concurrency", field="concurrency")
+    if not 0 < float(range_ratio) <= 1:
+        refuse("must be in (0, 1]", field="range_ratio", value=range_ratio)
+    if evaluator not in EVALUATORS:
+        refuse(f"unknown evaluator (known: {', '.join(EVALUATORS)})", field="evaluator", value=evaluator)
+    if evaluator == "auto":      # the search in closed form on the deployment axis; serve verifies
+        evaluator = "steady"
+    elif evaluator == "serve" and _serve_module() is None:
+        refuse("the serving simulation (jaxprice serve) is not installed in this version", field="evaluator",
+               value=evaluator)
+    for name, vals in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+        for v in vals:
+            _positive(v, name, integer=True)
+    from .resolve import GRAPH_MODES
+    for m in cudagraph_modes:
+        if m not in GRAPH_MODES:
+            refuse(f"unknown cudagraph mode (known: {', '.join(GRAPH_MODES)})", field="cudagraph_modes", value=m)
+    for name, vals in (("tp", tp), ("dp", dp)):
+        for v in vals or ():
+            _positive(v, name, integer=True)
+    registry = registry or Registry()
+    graph, registry, source = load_model(model, registry)
+    chip_obj = registry.chip(chip, field="chip")
+    for f in weights or ():
+        if f not in DTYPE_BYTES:
+            refuse(f"unknown weight format (known: {', '.join(DTYPE_BYTES)})", field="weights", value=f)
+    layouts = candidate_space(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights,
+                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                              cudagraph_modes=cudagraph_modes)
+    if not layouts:
+        widths = sorted({t * d for t in (tp or WIDTHS) for d in (dp or [1])})
+        refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field="gpus", value=gpus)
+    workload = SizeWorkload(isl, osl, float(range_ratio))
+    cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=isl, osl=osl, registry=registry,
+                             gpus_per_node=gpus_per_node)
+    t_resolve = time.perf_counter() - t0
+    if on_candidates is not None:
+        on_candidates(cands, {"model": graph.name, "model_source": source, "chip": chip, "gpus": gpus,
+                              "workload": workload})
+    ok = [k for k, c in enumerate(cands) if c.status == "ok"]
+    if not ok:
+        sample = cands[-1]
+        wider = _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, layouts[-1], gpus_per_node)
+        hint = (f"; {gpus} GPUs is not a multiple of any width tp x dp the model fits at ({', '.join(map(str, wider))})"
+                if wider else "")
+        refuse(f"no layout of {graph.name} fits on {gpus} x {chip} ({len(cands)} tried; e.g. {sample.layout.label}: "
+               f"{sample.reason}){hint}", field="gpus", value=gpus)
+    if callback is not None:
+        callback(0, len(ok), layout="")
+    if mesh is None and jax.device_count() > 1:
+        from .sweep import batch_mesh
+        mesh = batch_mesh()
+    results, steps, plans, same, shapes = [], 0, set(), {}, set()
+
+    def evaluate(c):
+        if evaluator == "serve":
+            return evaluate_serve(c.deployment, c.layout, workload, conc, num_prompts=num_prompts)
+        rows = _rows(min(math.ceil(max(conc) / c.layout.dp), max(max_num_seqs))) + 1
+        return evaluate_steady(c.deployment, c.layout, workload, conc, mesh=mesh, rows=rows, shapes=shapes)
+
+    # the first layout of each distinct plan compiles its kernel: two at a time (tracing holds the
+    # GIL, XLA's compile does not, so two threads overlap one's compile with the other's tracing)
+    early = {}
+    compiles0 = _stack_compiles()
+    if evaluator == "steady" and stacked and _stack_compiles() is not None:
+        outs = evaluate_steady_many([cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc,
+                                    mesh=mesh, rows_cap=max(max_num_seqs),
+                                    callback=None if callback is None else (lambda d, t: callback(d, t, stage="price")))
+        early = dict(zip(ok, outs))
+        was_stacked = True
+    else:
+        was_stacked = False
+        # the first layout of each distinct plan compiles its kernel: two at a time (tracing holds
+        # the GIL, XLA's compile does not, so one thread's compile overlaps the other's tracing)
+        firsts = {}
+        for k in ok:
+            firsts.setdefault(cands[k].deployment.plan.digest, k)
+        if evaluator == "steady" and workers > 1 and len(firsts) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                early = dict(zip(firsts.values(), pool.map(lambda k: evaluate(cands[k]), firsts.values())))
+    for n, k in enumerate(ok):
+        c = cands[k]
+        plans.add(c.deployment.plan.digest)
+        try:
+            out = early.pop(k) if k in early else evaluate(c)
+        except JaxpriceError as err:      # e.g. the serving simulation cannot admit a request
+            c.status, c.reason = "rejected", f"{evaluator} evaluation refused: {err.reason}"
+            continue
+        ttft, tpot, per_gpu, per_user, resident, nsteps = out
+        steps += nsteps
+        res = LayoutResult(k, c.layout, c.replicas, np.asarray(conc), np.asarray(ttft, float),
+                           np.asarray(tpot, float), np.asarray(per_gpu, float), np.asarray(per_user, float),
+                           np.asarray(resident))
+        key = (res.ttft.tobytes(), res.tpot.tobytes(), res.tps_per_gpu.tobytes())
+        if key in same:      # e.g. tp1 x dp8 with and without expert parallelism: one plan price
+            c.status, c.reason = "duplicate", f"priced the same as {same[key].label}"
+        else:
+            same[key] = c.layout
+            results.append(res)
+        if callback is not None and not was_stacked:
+            callback(n + 1, len(ok), layout=c.layout.parallel_label)
+    frontier, best, runner, margin, miss = choose(results, ttft_t, tpot_t)
+    verification = []
+    if verify and evaluator == "steady" and _serve_module() is not None:
+        for ref in [r for r in (best, runner) if r is not None][:int(verify)]:
+            verification.append(verify_point(cands[results[ref[0]].index], results[ref[0]], ref[1], workload,
+                                             ttft_t, tpot_t, num_prompts=num_prompts))
+    info = {"evaluator": evaluator, "layouts_considered": len(cands), "layouts_priced": len(ok),
+            "layouts_evaluated": len(results),
+            "layouts_rejected": sum(c.status == "rejected" for c in cands),
+            "layouts_duplicate": sum(c.status == "duplicate" for c in cands),
+            "concurrency_levels": len(conc), "points": len(results) * len(conc), "distinct_plans": len(plans),
+            "compiles": (_stack_compiles() - compiles0) if evaluator == "steady" and stacked and compiles0 is not None
+            else len(shapes) if evaluator == "steady" else len(plans), "steps_priced": int(steps), "devices": 1 if mesh is None else int(mesh.size),
+            "seconds_resolve": t_resolve, "seconds": time.perf_counter() - t0, "model_source": source}
+    return SizeResult(model=graph.name, chip=chip, gpus=gpus, workload=workload, ttft_target=ttft_t,
+                      tpot_target=tpot_t, candidates=cands, results=results, frontier=frontier, best=best,
+                      runner_up=runner, margin=margin, miss=miss, info=info, graph=graph, registry=registry,
+                      model_source=source, verification=verification)
+
+
+# ----------------------------------------------------------------------------- figure
+
+
+def plot(result: SizeResult, path, *, title=None) -> Path:
+    """Tokens/s per GPU against tokens/s per user: one curve per evaluated layout (thin, its
+    concurrency sweep), the Pareto frontier (thick), the TPOT target as a vertical line at
+    1 / TPOT, points missing the TTFT target hollow, the best layout highlighted."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(9, 6))
+    cmap = plt.get_cmap("tab10")
+    parallels = list(dict.fromkeys(r.layout.parallel_label for r in result.results))
+    colour = {p: cmap(k % 10) for k, p in enumerate(parallels)}
+    for r in result.results:
+        ax.plot(r.tps_per_user, r.tps_per_gpu, "-", lw=0.6, alpha=0.45, color=colour[r.layout.parallel_label])
+        if result.ttft_target is not None:
+            bad = r.ttft > result.ttft_target
+            ax.plot(r.tps_per_user[bad], r.tps_per_gpu[bad], "o", ms=2.5, mfc="none", mew=0.5,
+                    color=colour[r.layout.parallel_label], alpha=0.5)
+    for p in parallels:
+        ax.plot([], [], "-", color=colour[p], label=p)
+    if result.frontier:
+        fx = [result.results[i].tps_per_user[j] for i, j in result.frontier]
+        fy = [result.results[i].tps_per_gpu[j] for i, j in result.frontier]
+        ax.plot(fx, fy, "-o", color="k", lw=2, ms=3.5, label="Pareto frontier"
+                + (" (points meeting TTFT)" if result.ttft_target is not None else ""), zorder=5)
+    if result.tpot_target is not None:
+        ax.axvline(1.0 / result.tpot_target, color="C3", ls="--", lw=1.2,
+                   label=f"TPOT target {result.tpot_target * 1e3:g} ms (1/TPOT)")
+        ax.axvspan(ax.get_xlim()[0] if ax.get_xlim()[0] > 0 else 1e-3, 1.0 / result.tpot_target, color="C3",
+                   alpha=0.05)
+    if result.best is not None:
+        b = result.point(result.best)
+        ax.plot([b["tokens_per_s_per_user"]], [b["tokens_per_s_per_gpu"]], "*", ms=16, color="gold", mec="k",
+                zorder=6, label=f"best: {b['label']} @ C={b['concurrency_per_engine']}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("output tokens/s per user (1 / mean TPOT)")
+    ax.set_ylabel("output tokens/s per GPU")
+    tgt = []
+    if result.ttft_target is not None:
+        tgt.append(f"TTFT <= {result.ttft_target * 1e3:g} ms (hollow: missed)")
+    if result.tpot_target is not None:
+        tgt.append(f"TPOT <= {result.tpot_target * 1e3:g} ms")
+    ax.set_title(title or (f"{result.model} on {result.gpus} x {result.chip}, ISL {result.workload.isl} / OSL "
+                           f"{result.workload.osl}: {result.info['layouts_evaluated']} layouts x "
+                           f"{result.info['concurrency_levels']} concurrencies ({result.info['evaluator']})"
+                           + ("\n" + ", ".join(tgt) if tgt else "")), fontsize=9)
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    ax.legend(fontsize=7, loc="lower left", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

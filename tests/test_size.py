@@ -1,0 +1,236 @@
+"""`jaxprice size` / jaxprice.size: candidates, fit, frontier, the best layout, the written
+scenario, unmet targets, bad input, sharding over 4 virtual CPU devices.
+
+Kept small: llama-3.1-70b-instruct (dense, bf16) on 4 x H200 with tp in {1, 2, 4} (tp1 does not
+fit in bf16), one engine setting, three concurrencies: two plans, compiled once for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import jaxprice as jp
+from jaxprice import cli
+from jaxprice._src import size as S
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = "llama-3.1-70b-instruct"
+SMALL = dict(chip="h200", gpus=4, isl=1024, osl=256, weights=["bf16"], max_num_seqs=(256,),
+             max_num_batched_tokens=(8192,), cudagraph_modes=("PIECEWISE",), concurrency=(1, 16, 128),
+             evaluator="steady")
+
+
+@pytest.fixture(scope="module")
+def result():
+    return jp.size(MODEL, tpot_ms=40, **SMALL)
+
+
+def test_candidates_and_fit(result):
+    labels = {c.layout.tp: c for c in result.candidates}
+    assert sorted(labels) == [1, 2, 4]
+    tp1 = labels[1]
+    assert tp1.status == "rejected" and "does not fit" in tp1.reason and "1536-token request" in tp1.reason
+    assert labels[2].status == "ok" and labels[4].status == "ok"
+    assert [c.replicas for c in result.candidates] == [4, 2, 1]
+    assert result.info["layouts_evaluated"] == 2
+    assert result.info["compiles"] <= 1          # tp2 and tp4: one model structure, one kernel (stack.py; 0 if cached)
+    # the rejected layout is never evaluated, so never chosen
+    assert all(r.layout.tp != 1 for r in result.results)
+    assert result.best_result.layout.tp in (2, 4)
+    assert result.best_candidate.memory["kv_capacity_tokens"] >= S.max_model_len(1024, 256)
+
+
+def test_candidate_space_axes():
+    reg = jp.Registry()
+    dense, moe, h200 = reg.model(MODEL), reg.model("deepseek-v3"), reg.chip("h200")
+    lay = S.candidate_space(dense, h200, 8, max_num_seqs=(256,), max_num_batched_tokens=(8192,),
+                            cudagraph_modes=("PIECEWISE",))
+    assert {x.dp for x in lay} == {1} and not any(x.ep for x in lay)        # dense: replicas, no DP/EP
+    assert {x.tp for x in lay} == {1, 2, 4, 8} and {x.weights for x in lay} == {"bf16", "fp8"}
+    lay = S.candidate_space(moe, h200, 8)
+    assert all(8 % x.width == 0 for x in lay) and not any(x.ep and x.width == 1 for x in lay)
+    assert {x.weights for x in lay} == {"fp8"}                     # fp8 checkpoint, no 4-bit peak on H200
+    assert len(lay) == 19 * 3 * 3 * 2                               # 19 parallel layouts x engine settings
+    assert "nvfp4" in S.weight_formats(moe, reg.chip("b200"))
+
+
+def test_frontier_non_dominated_and_contains_best(result):
+    pts = np.array([(result.results[i].tps_per_user[j], result.results[i].tps_per_gpu[j])
+                    for i, r in enumerate(result.results) for j in range(len(r.concurrency))])
+    front = np.array([(result.results[i].tps_per_user[j], result.results[i].tps_per_gpu[j])
+                      for i, j in result.frontier])
+    assert len(front) >= 2
+    for x, y in front:   # no point of any layout dominates a frontier point
+        assert not np.any((pts[:, 0] >= x) & (pts[:, 1] >= y) & ((pts[:, 0] > x) | (pts[:, 1] > y)))
+    for x, y in pts:     # every point off the frontier is dominated by (or equal to) a frontier point
+        assert np.any((front[:, 0] >= x) & (front[:, 1] >= y))
+    assert result.best in result.frontier
+    b = result.point(result.best)
+    assert b["tpot_ms"] <= 40
+    # the best is the highest tokens/s per GPU among all points meeting the target
+    ok = [(r.tps_per_gpu[j]) for r in result.results for j in range(len(r.concurrency)) if r.tpot[j] <= 0.040]
+    assert b["tokens_per_s_per_gpu"] == pytest.approx(max(ok), rel=0, abs=0)
+    assert result.runner_up is not None and result.runner_up[0] != result.best[0]
+    assert result.margin == pytest.approx(b["tokens_per_s_per_gpu"]
+                                          / result.point(result.runner_up)["tokens_per_s_per_gpu"] - 1)
+
+
+def test_pareto_synthetic():
+    pts = [(1, 5), (2, 4), (2, 3), (3, 1), (0.5, 5), (3, 1)]
+    assert S.pareto(pts) == [0, 1, 3]
+
+
+def test_steady_state_numbers(result):
+    r = result.results[0]
+    # TPOT grows and per-user rate falls with concurrency; per-GPU throughput grows
+    assert np.all(np.diff(r.tpot) > 0) and np.all(np.diff(r.tps_per_gpu) > 0)
+    np.testing.assert_allclose(r.tps_per_user, 1 / r.tpot)
+    # at one client per engine: throughput per GPU is osl / E2E / width
+    w = result.workload
+    e2e = r.ttft[0] + (w.mean_osl - 1) * r.tpot[0]
+    assert r.tps_per_gpu[0] == pytest.approx(w.mean_osl / e2e / r.layout.width, rel=1e-12)
+
+
+def test_written_scenario_prices_the_same(result, tmp_path):
+    path = tmp_path / "best.yaml"
+    path.write_text(result.scenario_yaml())
+    dep = jp.load_deployment(path)
+    cand = result.best_candidate
+    assert dep.plan == cand.deployment.plan
+    np.testing.assert_array_equal(np.asarray(dep.coefficients.values), np.asarray(cand.deployment.coefficients.values))
+    i, j = result.best
+    lay = result.results[i].layout
+    ttft, tpot, per_gpu, _, _, _ = S.evaluate_steady(dep, lay, result.workload, result.results[i].concurrency)
+    # one plan's own kernel (FAST_COMPILE) against the deployment-axis kernel of the search: to the ulp
+    assert tpot[j] == pytest.approx(result.results[i].tpot[j], rel=1e-14)
+    assert per_gpu[j] == pytest.approx(result.results[i].tps_per_gpu[j], rel=1e-14)
+    assert ttft[j] == pytest.approx(result.results[i].ttft[j], rel=1e-14)
+    # and the step the search priced is what `price` gives for the written file
+    R, batches, *_ = S.steady_state_requests(dep, lay, result.workload, int(result.results[i].concurrency[j]))
+    s, c = batches[0]
+    one = jp.price(dep.plan, dep.coefficients, jp.Batch.from_requests(s, c, decode_threshold=8))
+    assert float(one.no_overlap) == pytest.approx(float(S.price_batches(dep, jp.Batch.stack(
+        [jp.Batch.from_requests(s, c, pad_to=S._rows(R) + 1, decode_threshold=8)]))[0]), rel=1e-12)
+    ref = jp.Batch.stack([jp.Batch.from_requests(s, c, pad_to=S._rows(R) + 1, decode_threshold=8)])
+    got = S.stack_rows([(s, c)], S._rows(R) + 1)
+    for f in ("scheduled", "computed", "prompt_len", "mask", "decode_threshold"):
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f)))
+    text = result.vllm_command()
+    assert text.startswith("vllm serve meta-llama/Llama-3.1-70B-Instruct") and f"--tensor-parallel-size {lay.tp}" in text
+
+
+def test_unmet_targets_name_the_closest(result):
+    frontier, best, runner, margin, miss = S.choose(result.results, None, 0.001)
+    assert best is None and runner is None
+    fastest = min(result.results, key=lambda r: r.tpot.min())
+    assert fastest.layout.label in miss and "closest" in miss and "over the 1 ms target" in miss
+
+
+def test_cli_end_to_end(result, capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(S, "size", lambda *a, **k: result)
+    import jaxprice._src.cli_size as C
+    png, yml, js = tmp_path / "f.png", tmp_path / "s.yaml", tmp_path / "r.json"
+    rc = cli.main(["size", MODEL, "--chip", "h200", "--gpus", "4", "--isl", "1024", "--osl", "256", "--tpot-ms", "40",
+                   "--plot", str(png), "--write-scenario", str(yml), "--json", str(js), "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "best:" in out and "vllm serve" in out and "Pareto frontier" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(js.read_text())
+    assert data["best"]["label"] == result.best_result.layout.label and data["rejected"][0]["layout"]["tp"] == 1
+    assert jp.load_scenario(yml).parallel["tp"] == result.best_result.layout.tp
+    assert C.describe_space(result.candidates, {"model": MODEL, "model_source": MODEL, "chip": "h200", "gpus": 4,
+                                                "workload": result.workload}, True).count("rejected tp1") == 1
+
+
+def test_cli_unmet_targets_exit_1(result, capsys, monkeypatch):
+    import dataclasses
+    frontier, best, runner, margin, miss = S.choose(result.results, None, 0.001)
+    unmet = dataclasses.replace(result, best=None, runner_up=None, margin=None, miss=miss, tpot_target=0.001)
+    monkeypatch.setattr(S, "size", lambda *a, **k: unmet)
+    rc = cli.main(["size", MODEL, "--chip", "h200", "--gpus", "4", "--isl", "1024", "--osl", "256", "--tpot-ms",
+                   "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "no layout meets TPOT <= 1 ms; closest:" in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--gpus", "3", "--weights", "bf16"], "3 GPUs is not a multiple of any width tp x dp the model fits at (2, 4"),
+    (["--gpus", "4", "--tp", "8"], "4 GPUs is not a multiple of any width tp x dp in [8]"),
+    (["--gpus", "4", "--chip", "h201"], "unknown chip"),
+    (["--gpus", "4", "--tpot-ms", "0"], "a target must be > 0"),
+    (["--gpus", "4", "--ttft-ms", "-5"], "a target must be > 0"),
+    (["--gpus", "0"], "must be at least 1"),
+    (["--gpus", "4", "--weights", "fp7"], "unknown weight format"),
+])
+def test_bad_input_one_line_exit_2(capsys, argv, needle):
+    base = {"--chip": "h200", "--isl": "1024", "--osl": "256"}
+    args = list(argv)
+    for k, v in base.items():
+        if k not in args:
+            args += [k, v]
+    rc = cli.main(["size", MODEL] + args + ["--quiet", "--max-num-seqs", "256", "--max-num-batched-tokens", "8192",
+                                            "--graph-modes", "PIECEWISE"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_unknown_model_exit_2(capsys):
+    rc = cli.main(["size", "llama-9", "--chip", "h200", "--gpus", "4", "--isl", "1", "--osl", "1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "unknown model" in err and "llama-9" in err
+
+
+def test_graph_file_model(tmp_path):
+    reg = jp.Registry()
+    g = reg.model("llama-3.1-8b-instruct")
+    graph, registry, source = S.load_model(g.path)
+    assert graph.name == g.name and registry.model(g.name) is graph and source == g.path
+
+
+WORKER = textwrap.dedent("""
+    import json, jax, numpy as np
+    import jaxprice as jp
+    kw = dict(chip="h200", gpus=2, isl=512, osl=64, tp=[2], weights=["bf16"], max_num_seqs=(256,),
+              max_num_batched_tokens=(8192,), cudagraph_modes=("PIECEWISE",), concurrency=(1, 8, 64),
+              evaluator="steady")
+    r = jp.size("llama-3.1-8b-instruct", **kw)
+    one = jp.size("llama-3.1-8b-instruct", mesh=jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("batch",)), **kw)
+    a, b = r.results[0], one.results[0]
+    print(json.dumps({"devices": jax.device_count(), "used": r.info["devices"],
+                      "tpot": np.max(np.abs(a.tpot / b.tpot - 1)).item(),
+                      "gpu": np.max(np.abs(a.tps_per_gpu / b.tps_per_gpu - 1)).item()}))
+""")
+
+
+def test_sharded_over_four_virtual_devices():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", WORKER], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["devices"] == 4 and got["used"] == 4
+    assert got["tpot"] < 1e-12 and got["gpu"] < 1e-12
+
+
+def test_steady_state_lockstep_weights():
+    """An MoE model's data-parallel ranks step together: a step carries some rank's prefill chunk
+    dp times as often (no compile: the batches and weights only)."""
+    reg = jp.Registry()
+    graph = reg.model("deepseek-v3")
+    wl = S.SizeWorkload(1024, 1024, 1.0)
+    weights = {}
+    for dp in (1, 2):
+        lay = S.Layout(8 // dp, dp, True, "fp8", 256, 8192, "PIECEWISE")
+        dep = jp.resolve(S.build_scenario("deepseek-v3", "h200", lay, isl=1024, osl=1024, graph=graph), reg)
+        R, batches, tw, fw, chunks = S.steady_state_requests(dep, lay, wl, 64 * dp)
+        assert R == 64 and chunks == 1 and len(batches) == 2 and batches[1][0] == [1] * 64 + [1024]
+        assert fw == [0.5, 1.0] and sum(tw) == pytest.approx(1.0)
+        weights[dp] = tw[1]
+    assert weights[1] == pytest.approx(64 / 1024) and weights[2] == pytest.approx(2 * 64 / 1024)
