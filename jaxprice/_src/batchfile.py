@@ -18,17 +18,20 @@ CSV: a header naming ``scheduled`` and ``computed`` and, optionally, ``prompt_le
 ``scheduled`` is the tokens the request runs in this step (at least 1), ``computed`` the
 tokens already in its cache before the step, ``prompt_len`` its prompt length (recorded,
 not priced; default computed + scheduled). Every refusal names the file, the request (YAML
-index, or the CSV file as ``file:line``), the field and the value.
+index, or the CSV file as ``file:line``), the field and the value. The fields' ranges are declared
+in ``schema.BATCH_FIELDS``: token counts below ``plan.INT_TOKEN_LIMIT``, at most
+``schema.MAX_REQUESTS`` requests in a file (counts expanded); a directory, binary content, a key
+stated twice and a malformed CSV line are refused like any other bad content.
 """
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
+from . import schema
 from .errors import refuse
 from .plan import Batch
 
@@ -53,8 +56,9 @@ class BatchFile(NamedTuple):
         return int(self.scheduled.size)
 
 
-def _integer(value, *, file, field, minimum):
-    """An integer >= minimum from a YAML value (int, or an integral float) or a CSV string."""
+def _integer(value, *, file, field, minimum, limit=None):
+    """An integer >= minimum from a YAML value (int, or an integral float) or a CSV string,
+    and within the range ``limit`` (a ``schema.BATCH_FIELDS`` spec) declares."""
     num = None
     if isinstance(value, bool):
         num = None
@@ -80,31 +84,38 @@ def _integer(value, *, file, field, minimum):
         what = "at least 1 (a request in a step schedules at least one token)" if field.endswith("scheduled") \
             else "at least 1" if minimum == 1 else "non-negative"
         refuse(f"must be {what}", file=file, field=field, value=value, has_value=True)
+    if limit is not None:
+        schema.number(num, file=file, field=field, **limit.kw)
     return num
 
 
 def _request(entry: dict, *, file, where):
-    sched = _integer(entry["scheduled"], file=file, field=f"{where}scheduled", minimum=1)
-    comp = _integer(entry["computed"], file=file, field=f"{where}computed", minimum=0)
+    F = schema.BATCH_FIELDS
+    sched = _integer(entry["scheduled"], file=file, field=f"{where}scheduled", minimum=1, limit=F["scheduled"])
+    comp = _integer(entry["computed"], file=file, field=f"{where}computed", minimum=0, limit=F["computed"])
     prompt = entry.get("prompt_len")
     prompt = comp + sched if prompt is None or (isinstance(prompt, str) and not prompt.strip()) else \
-        _integer(prompt, file=file, field=f"{where}prompt_len", minimum=0)
+        _integer(prompt, file=file, field=f"{where}prompt_len", minimum=0, limit=F["prompt_len"])
     count = entry.get("count")
     count = 1 if count is None or (isinstance(count, str) and not count.strip()) else \
-        _integer(count, file=file, field=f"{where}count", minimum=1)
+        _integer(count, file=file, field=f"{where}count", minimum=1, limit=F["count"])
     return sched, comp, prompt, count
 
 
 def _read_yaml(path: Path):
     import yaml
     file = str(path)
+    text = schema.read_text(path, what="batch file", missing="no such batch file")
     try:
-        doc = yaml.safe_load(path.read_text())
+        docs = schema.load_yaml_documents(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        where, problem = schema.yaml_problem(err, column=False)
         refuse(f"is not valid YAML{where}: {problem}", file=file)
+    docs = [d for d in docs if d is not None]
+    if len(docs) > 1:
+        refuse(f"holds {len(docs)} YAML documents; expected one (a list of requests, or a mapping with "
+               "'requests')", file=file)
+    doc = docs[0] if docs else None
     threshold = None
     if doc is None:
         refuse("is empty; expected a list of requests (scheduled, computed)", file=file)
@@ -116,7 +127,8 @@ def _read_yaml(path: Path):
         if "requests" not in doc:
             refuse("is missing; expected a list of requests (scheduled, computed)", file=file, field="requests")
         if doc.get("decode_threshold") is not None:
-            threshold = _integer(doc["decode_threshold"], file=file, field="decode_threshold", minimum=0)
+            threshold = _integer(doc["decode_threshold"], file=file, field="decode_threshold", minimum=0,
+                                 limit=schema.BATCH_DECODE_THRESHOLD)
         doc = doc["requests"]
     if not isinstance(doc, list):
         refuse("must be a list of requests (mappings with scheduled, computed)", file=file, field="requests",
@@ -139,10 +151,7 @@ def _read_yaml(path: Path):
 
 def _read_csv(path: Path):
     file = str(path)
-    with path.open(newline="") as fh:
-        lines = [row for row in csv.reader(fh)]
-    numbered = [(n + 1, row) for n, row in enumerate(lines) if any(cell.strip() for cell in row)
-                and not row[0].lstrip().startswith("#")]
+    numbered = schema.read_csv(path, what="batch file", missing="no such batch file")
     if not numbered:
         refuse("is empty; expected a header (scheduled,computed[,prompt_len][,count]) and one line per request",
                file=file)
@@ -172,6 +181,8 @@ def _read_csv(path: Path):
 def read_batch_file(path) -> BatchFile:
     """Read a YAML (.yaml, .yml) or CSV (.csv) batch file, refusing bad content clearly."""
     p = Path(str(path))
+    if p.is_dir():
+        refuse("is a directory, expected a batch file", file=str(path))
     if not p.is_file():
         refuse("no such batch file", file=str(path))
     suffix = p.suffix.lower()
@@ -184,6 +195,9 @@ def read_batch_file(path) -> BatchFile:
     if not rows:
         refuse("has no requests", file=str(path))
     counts = [r[3] for r in rows]
+    if sum(counts) > schema.MAX_REQUESTS:
+        refuse(f"holds {sum(counts)} requests (counts expanded); at most {schema.MAX_REQUESTS}", file=str(path),
+               field="count")
 
     def column(i):
         return np.repeat(np.array([r[i] for r in rows], dtype=float), counts)

@@ -22,9 +22,14 @@ from typing import Any
 
 import yaml
 
+from . import schema
 from .errors import JaxpriceError, refuse
+from .schema import (DTYPE_BYTES, ENGINE_KEYS, KNOWN_UNITS, NODE_KEYS, NODE_REQUIRED, PARALLEL_KEYS,
+                     SCOPE_KEYS)
+from .schema import INT_NODE_FIELDS as _INT_FIELDS
+from .schema import known_units as _known_units
 
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_SAFE_LOADER = schema.StrictLoader
 
 # ----------------------------------------------------------------------------- YAML
 
@@ -51,21 +56,16 @@ def _cached(loader):
 
 
 def read_yaml_documents(path) -> list:
+    """The non-empty documents of a YAML file, each a mapping. A missing path, a directory,
+    binary content, a syntax error, a key stated twice and an empty file are refused in one line."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        refuse("file not found", file=str(path))
-    except OSError as err:
-        refuse(f"cannot read file ({err.strerror})", file=str(path))
+    text = schema.read_text(path, what="YAML file", missing="file not found")
     try:
         # libyaml's safe loader when present: the public collectives set is ~0.7 MB and the
         # pure-Python loader takes over a second on it.
-        docs = [d for d in yaml.load_all(text, Loader=_SAFE_LOADER) if d is not None]
+        docs = [d for d in schema.load_yaml_documents(text) if d is not None]
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        where, problem = schema.yaml_problem(err)
         refuse(f"malformed YAML{where}: {problem}", file=str(path))
     if not docs:
         refuse("the file holds no YAML document", file=str(path))
@@ -111,41 +111,10 @@ def _number(value, *, file, field, integer=False, minimum=None, allow_none=False
 
 # ----------------------------------------------------------------------------- model graph
 
-DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp8": 1.0,
-               "nvfp4": 0.5, "mxfp4": 0.5, "int4": 0.5}
-
-_COMMON = {"op", "role", "emit", "phase", "replicated"}
-NODE_KEYS = {
-    "GEMM": _COMMON | {"n", "k", "weight_dtype"},
-    "GroupedGEMM": _COMMON | {"n", "k", "experts", "top_k", "shared_experts",
-                              "shared_intermediate_size", "latent_size", "weight_dtype"},
-    "Attention": _COMMON | {"kind", "n_q", "n_kv", "d_h", "kv_lora_rank", "qk_rope_head_dim",
-                            "window", "index_topk", "compress_ratio"},
-    "RecurrentUpdate": _COMMON | {"recurrent_kind", "n_heads", "d_h", "state_size", "n_groups",
-                                  "conv_kernel", "intermediate_size", "state_dtype"},
-    "Elementwise": _COMMON | {"bytes_per_token"},
-    # jaxprice extension: a DeepSeek-V4.1 mHC hyper-connection kernel (one half, pre or post).
-    "HyperConnection": _COMMON | {"half", "streams", "bytes_per_token", "mix_n", "mix_k"},
-    "AllReduce": _COMMON,
-    "AllGather": _COMMON,
-    "ReduceScatter": _COMMON,
-    "All2All": _COMMON,
-}
-NODE_REQUIRED = {
-    "GEMM": ("n", "k"),
-    "GroupedGEMM": ("n", "k", "experts", "top_k"),
-    "Attention": ("kind", "n_q", "n_kv", "d_h"),
-    "RecurrentUpdate": ("recurrent_kind", "n_heads", "state_size"),
-    "HyperConnection": ("half", "bytes_per_token"),
-}
 COLLECTIVE_OPS = ("AllReduce", "AllGather", "ReduceScatter", "All2All")
 ATTENTION_KINDS = ("gqa", "mla", "sparse_mla", "swa")
 RECURRENT_KINDS = ("mamba2", "kda", "gdn")
 EMIT_CONDITIONS = ("", "tensor_parallel", "expert_parallel", "tensor_parallel_unless_sp_moe")
-_INT_FIELDS = {"n", "k", "experts", "top_k", "shared_experts", "shared_intermediate_size",
-               "latent_size", "n_q", "n_kv", "d_h", "kv_lora_rank", "qk_rope_head_dim", "window",
-               "index_topk", "n_heads", "state_size", "n_groups", "conv_kernel",
-               "intermediate_size", "streams", "mix_n", "mix_k"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,10 +217,15 @@ _PUBLIC_MODEL_KEYS = {"kind", "name", "derived_from", "global", "layer_kinds", "
 @_cached
 def load_model_graph(path) -> ModelGraph:
     """Read a model graph: the project format (``format: jaxprice-model/1``) or a public
-    ``kind: ModelGraph`` file."""
+    ``kind: ModelGraph`` file; a Hugging Face ``config.json`` (or a folder holding one) is
+    imported (jaxprice/_src/hf.py)."""
     file = str(path)
+    from .hf import import_hf_config, is_hf_config
+    if is_hf_config(path):
+        return import_hf_config(path)
     doc = read_yaml(path)
     if doc.get("format") == "jaxprice-model/1":
+        schema.check(doc, schema.MODEL_OWN, file=file)
         check_keys(doc, _OWN_MODEL_KEYS, file=file, where="",
                    required=("name", "hidden_size", "vocab_size", "weight_dtype", "layer_kinds",
                              "stack"))
@@ -261,6 +235,7 @@ def load_model_graph(path) -> ModelGraph:
         raw_kinds = list(doc["layer_kinds"].items())
         source = doc.get("source", file)
     elif doc.get("kind") == "ModelGraph":
+        schema.check(doc, schema.MODEL_PUBLIC, file=file)
         check_keys(doc, _PUBLIC_MODEL_KEYS, file=file, where="",
                    required=("name", "global", "layer_kinds", "stack"))
         glob = doc["global"]
@@ -377,6 +352,7 @@ def load_chips(path) -> tuple[dict, dict]:
     doc = read_yaml(path)
     if doc.get("format") != "jaxprice-chips/1":
         refuse("not a jaxprice chips file", file=file, field="format", value=doc.get("format"))
+    schema.check_chips(doc, file=file)
     check_keys(doc, {"format", "chips", "networks", "derived"}, file=file, where="", required=("chips",))
     chips = {}
     for name, fields in (doc.get("chips") or {}).items():
@@ -399,6 +375,7 @@ def load_public_chip(path) -> Chip:
     """Read a public catalog ``hardware/<chip>.yaml`` (PascalCase keys, ``_comment*`` ignored)."""
     file = str(path)
     doc = read_yaml(path)
+    schema.check_public_chip(doc, file=file)
     check_keys(doc, _PUBLIC_CHIP_KEYS, file=file, where="", ignore_comments=True,
                required=("TFlopsPeak", "BwPeakTBs", "MemoryGiB", "IntraNodeBwGBps"))
     m = {"TFlopsPeak": "bf16_tflops", "TFlopsFP8": "fp8_tflops", "TFlopsNVFP4": "nvfp4_tflops",
@@ -417,6 +394,7 @@ def load_public_chip(path) -> Chip:
 def load_public_network(path) -> Network:
     file = str(path)
     doc = read_yaml(path)
+    schema.check_public_network(doc, file=file)
     check_keys(doc, {"Provenance", "InterNodeBwGBps", "RDMA", "PDTransferBaseLatencyMs"}, file=file,
                where="", ignore_comments=True, required=("InterNodeBwGBps",))
     return Network(Path(path).stem, _number(doc["InterNodeBwGBps"], file=file,
@@ -425,7 +403,6 @@ def load_public_network(path) -> Network:
 
 # ----------------------------------------------------------------------------- coefficients
 
-SCOPE_KEYS = ("hardware", "model", "tp", "ep", "nodes_spanned")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,17 +450,6 @@ def _parse_entry(name, body, *, file, where, cite_default):
                  cite=str(body.get("cite", cite_default)), method=str(body.get("method", "")))
 
 
-# Registry units the resolver converts to SI (resolve.si_factor): times in microseconds
-# (``us`` or ``us_per_<thing>``), rates in bytes per microsecond, or tokens per microsecond for a
-# name with ``_rate``; the rest are counts, sizes and fractions taken as they are.
-KNOWN_UNITS = ("dimensionless", "tokens", "elements", "count", "bytes", "bytes_per_rank", "bytes_per_token",
-               "bytes_per_us", "us")
-
-
-def _known_units(units: str) -> bool:
-    return units in KNOWN_UNITS or (units.startswith("us_per_") and len(units) > len("us_per_"))
-
-
 _OWN_ENTRY_KEYS = {"name", "value", "units", "scope", "cite", "method", "fitted", "ci95",
                    "measured_on", "fit"}
 _PUBLIC_ENTRY_KEYS = {"value", "units", "method", "fitted", "scope", "ci95", "sources",
@@ -499,7 +465,8 @@ def load_coefficient_set(path) -> CoefficientSet:
     Parsed sets are cached by path and content digest (sets are immutable once read), so
     resolving many deployments parses the large collectives set once."""
     try:
-        key = (str(path), hashlib.sha1(Path(path).read_bytes()).hexdigest())
+        # by the resolved path: registry roots that link one file parse it once
+        key = (str(Path(path).resolve()), hashlib.sha1(Path(path).read_bytes()).hexdigest())
     except OSError:
         key = None
     if key is not None and key in _SET_CACHE:
@@ -517,6 +484,7 @@ def _read_coefficient_set(path) -> CoefficientSet:
     doc = read_yaml(path)
     entries = []
     if doc.get("format") == "jaxprice-coefficients/1":
+        schema.check(doc, schema.COEFFICIENTS_OWN, file=file)
         check_keys(doc, {"format", "name", "source", "entries", "fit"}, file=file, where="",
                    required=("name", "entries"))
         for i, e in enumerate(doc["entries"] or []):
@@ -528,6 +496,7 @@ def _read_coefficient_set(path) -> CoefficientSet:
                                         cite_default=doc.get("source", file)))
         source = str(doc.get("source", file))
     elif doc.get("kind") == "CoefficientSet":
+        schema.check(doc, schema.COEFFICIENTS_PUBLIC, file=file)
         check_keys(doc, {"kind", "name", "coefficients"}, file=file, where="",
                    required=("name", "coefficients"))
         for i, item in enumerate(doc["coefficients"] or []):
@@ -547,16 +516,6 @@ def _read_coefficient_set(path) -> CoefficientSet:
 
 # ----------------------------------------------------------------------------- scenario
 
-ENGINE_KEYS = {
-    "quantization", "cache_dtype", "mamba_cache_dtype", "mamba_ssm_cache_dtype", "mamba_cache_mode",
-    "enable_prefix_caching", "block_size", "max_num_seqs", "max_num_batched_tokens",
-    "max_model_len", "cudagraph_mode", "gpu_memory_utilization", "speculative", "all2all_backend",
-    "allreduce_backend", "disable_custom_all_reduce", "eplb", "dcp_comm_backend",
-    "dcp_q_replicate", "cp_kv_cache_interleave_size", "dbo", "scheduling_policy",
-    "async_scheduling", "disable_cascade_attn", "enforce_eager", "max_cudagraph_capture_size"}
-PARALLEL_KEYS = {"tp", "pp", "dp", "dp_local", "enable_expert_parallel", "pcp", "dcp"}
-
-
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     """A Scenario document and the Deployment pool it prices."""
@@ -573,6 +532,12 @@ class Scenario:
     parallel: dict
     engine: dict
     path: str
+    pool_index: int = 0        # which of the Deployment's pools this is (for field paths in messages)
+
+    @property
+    def pool_field(self) -> str:
+        """The path of this pool in its file, for refusals: ``Deployment.pools[i]``."""
+        return f"Deployment.pools[{self.pool_index}]"
 
 
 def load_scenario(path, pool_index: int = 0) -> Scenario:
@@ -588,6 +553,8 @@ def load_scenario(path, pool_index: int = 0) -> Scenario:
     if dep.get("kind") != "Deployment":
         refuse("the second document must be kind: Deployment", file=file, field="kind",
                value=dep.get("kind"))
+    # the declared schema first (types, ranges, allowed values, every pool); then the reading below
+    schema.check_scenario(scen, dep, file=file)
     check_keys(scen, {"kind", "name", "engine_version", "model", "coefficients", "cluster",
                       "workload"}, file=file, where="Scenario.",
                required=("name", "model", "coefficients", "cluster"))
@@ -643,7 +610,7 @@ def load_scenario(path, pool_index: int = 0) -> Scenario:
         engine_version=str(scen.get("engine_version", "")),
         pool_nodes=_number(pool.get("nodes", 1), file=file, field=where + "nodes", integer=True,
                            minimum=1),
-        parallel=parallel, engine=engine, path=file)
+        parallel=parallel, engine=engine, path=file, pool_index=pool_index)
 
 
 # ----------------------------------------------------------------------------- registry lookup
@@ -692,13 +659,21 @@ class Registry:
         return ", ".join(str(r) for r in self.roots)
 
     def model(self, name, *, file=None, field=None) -> ModelGraph:
+        from .hf import hf_config_ref, import_hf_config
+        ref = hf_config_ref(name, file, paths_only=True)   # a config.json path, or a folder holding one
+        if ref is not None:
+            return import_hf_config(ref)
         for root in self.roots:          # root-major, so an earlier root wins in either layout
             for prefix in ("", "catalog", "registry"):
                 for cand in (root / prefix / "models" / f"{name}.yaml",
                              root / prefix / "models" / name / "graph.yaml"):
                     if cand.exists():
                         return load_model_graph(cand)
-        refuse(f"unknown model (no graph under {self._where()})", file=file, field=field, value=name)
+        ref = hf_config_ref(name, file)
+        if ref is not None:
+            return import_hf_config(ref)
+        refuse(f"unknown model (no graph under {self._where()}, and not a config.json or a folder "
+               f"holding one)", file=file, field=field, value=name)
 
     def chip(self, name, *, file=None, field=None) -> Chip:
         for root in self.roots:
