@@ -536,3 +536,18 @@ def test_a_hyper_connection_resolves_through_its_stage(tmp_path, monkeypatch):
     assert calls == ["_hyper_connection"]        # once per distinct kind, not per layer
     np.testing.assert_array_equal(dep.plan.arrays["mhc_bytes_per_token"], [4096])
     assert dep.plan.coef["mhc_form"] == (None,)   # no measured mHC form in the llama sets
+
+
+def test_refusals_name_the_pool_they_resolve(tmp_path):
+    """A refusal from the resolver names the pool actually priced, not always pools[0]."""
+    path = scenario_path("deepseek-v3-h200-fp8-sglang-tp8")
+    docs = list(yaml.safe_load_all(path.read_text()))
+    second = yaml.safe_load(yaml.safe_dump(docs[1]["pools"][0]))
+    second["engine"]["quantization"] = "bogus"
+    docs[1]["pools"].append(second)
+    out = tmp_path / "two-pools.yaml"
+    out.write_text(yaml.safe_dump_all(docs))
+    load_deployment(out, registry=REG)          # pool 0 is untouched and resolves
+    with pytest.raises(JaxpriceError) as err:
+        load_deployment(out, registry=REG, pool_index=1)
+    assert "field 'Deployment.pools[1].engine.quantization', value 'bogus'" in str(err.value)

@@ -532,18 +532,18 @@ def _check_coverage(scenario: Scenario) -> None:
     pp, pcp, dcp = par.get("pp", 1), par.get("pcp", 1), par.get("dcp", 1)
     if pp > 1:   # COVERAGE LIMIT [pipeline-parallel]: no pipeline-stage split is priced
         refuse("pipeline parallelism is not priced (no pipeline-stage split)", file=file,
-               field="Deployment.pools[0].parallel.pp", value=pp)
+               field=scenario.pool_field + ".parallel.pp", value=pp)
     # COVERAGE LIMIT [context-parallel]: none of reference-kernel.md's PCP/DCP machinery
     # (token sharding, combine collectives, context gathers, the zigzag split) is implemented,
     # so the rank-local token count T is always the batch's scheduled tokens
     if pcp > 1 or dcp > 1:
         refuse("context parallelism (pcp/dcp > 1) is not priced by jaxprice", file=file,
-               field="Deployment.pools[0].parallel." + ("pcp" if pcp > 1 else "dcp"),
+               field=scenario.pool_field + ".parallel." + ("pcp" if pcp > 1 else "dcp"),
                value=max(pcp, dcp))
     dcp_backend = eng.get("dcp_comm_backend")
     if dcp_backend not in (None, "", "ag_rs", "a2a"):
         refuse("unknown dcp_comm_backend (known: ag_rs, a2a)", file=file,
-               field="Deployment.pools[0].engine.dcp_comm_backend", value=dcp_backend)
+               field=scenario.pool_field + ".engine.dcp_comm_backend", value=dcp_backend)
 
 
 def _documents(scenario: Scenario, reg: Registry) -> Documents:
@@ -609,22 +609,22 @@ def _served_formats(scenario: Scenario, graph: ModelGraph) -> Formats:
         served = graph.weight_dtype
     else:
         refuse(f"unknown quantization (known: {', '.join(sorted(QUANTIZATION) + list(CHECKPOINT_QUANTIZATION))})",
-               file=file, field="Deployment.pools[0].engine.quantization", value=quant)
+               file=file, field=scenario.pool_field + ".engine.quantization", value=quant)
     served_bytes = DTYPE_BYTES[served]
     cache = str(eng.get("cache_dtype", "auto") or "auto")
     if "turboquant" in cache or "per_token_head" in cache:
         refuse("this cache dtype's page is not sized by the kernel", file=file,
-               field="Deployment.pools[0].engine.cache_dtype", value=cache)
+               field=scenario.pool_field + ".engine.cache_dtype", value=cache)
     if cache not in CACHE_DTYPES:
         refuse(f"not a vLLM cache dtype (known: {', '.join(k for k in CACHE_DTYPES if k)})", file=file,
-               field="Deployment.pools[0].engine.cache_dtype", value=cache)
+               field=scenario.pool_field + ".engine.cache_dtype", value=cache)
     if cache == "fp8_inc":
         refuse("vLLM would not start: fp8_inc caches are for Intel Gaudi only", file=file,
-               field="Deployment.pools[0].engine.cache_dtype", value=cache)
+               field=scenario.pool_field + ".engine.cache_dtype", value=cache)
     mamba_cache = str(eng.get("mamba_cache_dtype", "auto") or "auto")
     if mamba_cache not in MAMBA_CACHE_DTYPES:
         refuse(f"not a mamba cache dtype (known: {', '.join(MAMBA_CACHE_DTYPES)})", file=file,
-               field="Deployment.pools[0].engine.mamba_cache_dtype", value=mamba_cache)
+               field=scenario.pool_field + ".engine.mamba_cache_dtype", value=mamba_cache)
     cache_bytes = CACHE_DTYPES[cache]
     if cache_bytes is None:
         cache_bytes = 2.0 if served_bytes < 2 else served_bytes
@@ -661,7 +661,7 @@ def _host_modes(scenario: Scenario, chip: Chip, uniform_width: int) -> HostModes
         notes.append(("cudagraph_mode", "assumed FULL_AND_PIECEWISE (vLLM default)"))
     if mode not in GRAPH_MODES:
         refuse(f"unknown cudagraph mode (known: {', '.join(GRAPH_MODES)})", file=file,
-               field="Deployment.pools[0].engine.cudagraph_mode", value=eng.get("cudagraph_mode"))
+               field=scenario.pool_field + ".engine.cudagraph_mode", value=eng.get("cudagraph_mode"))
     decode_mode, other_mode = MODE_TABLE[mode]
     four_native = (chip.nvfp4_tflops or 0) > 0
     max_seqs = eng.get("max_num_seqs")
@@ -709,7 +709,7 @@ def _experts(scenario: Scenario, graph: ModelGraph, widths: Widths, scope: _Scop
         base = experts_total // ep
         if base == 0:
             refuse(f"the expert-parallel width {ep} exceeds the expert count {experts_total}",
-                   file=file, field="Deployment.pools[0].parallel", value=f"tp*dp = {ep}")
+                   file=file, field=scenario.pool_field + ".parallel", value=f"tp*dp = {ep}")
         experts_per_rank = base + (1 if experts_total % ep else 0)
         local_share = experts_per_rank / experts_total
     expert_shards = tp * max(dp, 1) if ep <= 1 else 1
@@ -733,16 +733,16 @@ def _kv_layout(scenario: Scenario, docs: Documents, stack: LayerStack, cache: st
     dsa = any(n["kind"] == "sparse_mla" and n["d_h"] == 576 for n in nodes)
     if cache.endswith("_ds_mla") and not any(n["kind"] == "sparse_mla" for n in nodes):
         refuse("vLLM would not start: a *_ds_mla cache needs a sparse_mla model", file=file,
-               field="Deployment.pools[0].engine.cache_dtype", value=cache)
+               field=scenario.pool_field + ".engine.cache_dtype", value=cache)
     if cache.startswith("nvfp4") and not cache.endswith("_ds_mla") and latent_model:
         refuse("vLLM would not start: a plain nvfp4 cache does not serve latent (MLA) attention",
-               file=file, field="Deployment.pools[0].engine.cache_dtype", value=cache)
+               file=file, field=scenario.pool_field + ".engine.cache_dtype", value=cache)
     block = int(eng.get("block_size", 64 if dsa else 16))
     layout = cache
     if dsa:
         if block % 64:
             refuse("vLLM would not start: sparse MLA (DSA) needs a block size that is a multiple of 64",
-                   file=file, field="Deployment.pools[0].engine.block_size", value=block)
+                   file=file, field=scenario.pool_field + ".engine.block_size", value=block)
         if any(p in chip.name for p in PRE_HOPPER):
             refuse("vLLM would not start: sparse MLA (DSA) has no backend before Hopper", file=file,
                    field="Scenario.cluster.hardware", value=chip.name)
