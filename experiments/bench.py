@@ -28,6 +28,10 @@ at the largest size, and the process's CPU time per batch there, which other pro
 not inflate (alone on the machine, wall time is about CPU time over XLA's two threads).
 The goals in the last column are the project's benchmark goals for a 2-core CI machine,
 not timed tests.
+
+Last section (``--size``: only it): the size search of issue 14 (``bench_size``), DeepSeek-V3 on
+8 H200 over its whole default candidate space x 8 concurrencies, cold and warm in a fresh
+process: layouts searched, compiles, steps priced, wall time.
 """
 
 from __future__ import annotations
@@ -228,11 +232,144 @@ def verdicts(results, sizes):
     return checks
 
 
+# ----------------------------------------------------------------------------- jaxprice size (issue 14)
+
+SIZE_CASE = dict(model="deepseek-v3", chip="h200", gpus=8, isl=1024, osl=1024, ttft_ms=2000, tpot_ms=50,
+                 max_num_seqs=(128, 256, 512, 1024))
+SIZE_GOALS = {"cold_s": 30.0, "warm_s": 10.0, "layouts": 100, "concurrencies": 8}
+SIZE_WORKER = """
+import json, os, sys, time
+t0 = time.perf_counter()
+import jaxprice as jp
+t1, c1 = time.perf_counter(), time.process_time()
+kw = json.loads(sys.argv[1])
+r = jp.size(kw.pop("model"), **kw)
+t2, c2 = time.perf_counter(), time.process_time()
+w = jp.size(r.model, **kw)
+t3, c3 = time.perf_counter(), time.process_time()
+print(json.dumps({"import_s": t1 - t0, "cold_s": t2 - t1, "warm_s": t3 - t2, "cold_cpu_s": c2 - c1,
+                  "warm_cpu_s": c3 - c2, "load": os.getloadavg()[0], "info": r.info, "warm_info": w.info,
+                  "best": r.point(r.best)["label"] if r.best else None}))
+"""
+
+
+def bench_size():
+    """The size search of issue 14: DeepSeek-V3 on 8 H200, ISL/OSL 1024, TTFT 2 s / TPOT 50 ms, the
+    default candidate space (with four max_num_seqs values) x 8 concurrencies, in a fresh process
+    (cold: every kernel compiled; warm: the same search again in that process)."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", SIZE_WORKER, json.dumps(SIZE_CASE)], capture_output=True, text=True,
+                         cwd=os.path.dirname(HERE))
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-3000:])
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    i = r["info"]
+    print(f"jaxprice size {SIZE_CASE['model']} --chip {SIZE_CASE['chip']} --gpus {SIZE_CASE['gpus']} "
+          f"(evaluator {i['evaluator']}): {i['layouts_considered']} layouts considered, {i['layouts_priced']} searched "
+          f"({i['layouts_rejected']} rejected by memory), {i['layouts_evaluated']} distinct, "
+          f"x {i['concurrency_levels']} concurrencies")
+    print(f"  cold {r['cold_s']:.1f} s wall, {r['cold_cpu_s']:.1f} s CPU (import {r['import_s']:.1f} s not counted): "
+          f"{i['compiles']} compiles, {i['steps_priced']} steps priced, resolve {i['seconds_resolve']:.2f} s")
+    print(f"  warm {r['warm_s']:.1f} s wall, {r['warm_cpu_s']:.1f} s CPU: {r['warm_info']['steps_priced']} steps priced; "
+          f"best {r['best']}")
+    print(f"  load average at the end {r['load']:.2f} on {len(os.sched_getaffinity(0))} CPUs (other processes inflate "
+          f"wall time; CPU time is this process's own)")
+    checks = [("size search layouts searched (>= 100)", i["layouts_priced"], i["layouts_priced"] >= SIZE_GOALS["layouts"]),
+              ("size search concurrency levels (>= 8)", i["concurrency_levels"],
+               i["concurrency_levels"] >= SIZE_GOALS["concurrencies"]),
+              ("size search cold, s (<= 30)", r["cold_s"], r["cold_s"] <= SIZE_GOALS["cold_s"]),
+              ("size search warm, s (<= 10)", r["warm_s"], r["warm_s"] <= SIZE_GOALS["warm_s"])]
+    for what, value, ok in checks:
+        print(f"  {'met ' if ok else 'MISS'}  {what}: {value:.3g}")
+    return r
+
+SERVE_CONCURRENCY = (4, 8, 16, 32, 64, 128, 256)
+SERVE_GOALS = {"sweep_warm_s": 1.0, "ratio": 50.0, "rss_gib": 2.0}
+
+
+def bench_serve(python_steps=4000):
+    """The serving simulation of issue 15: one InferenceX-style closed-loop sweep (DeepSeek-V3 on
+    8 H200, C = 4..256, 10 x C prompts, isl = osl = 1024, range ratio 0.8) simulated and priced
+    (jaxprice.simulate_sweep: every level's schedule in one vmapped scheduler call, every step in
+    vmapped pricing calls), cold (compiles) and warm; beside it the same scheduler as a pure-Python
+    loop calling price() once per step (schedule.reference_schedule; timed over its first
+    ``python_steps`` steps per level and scaled to the sweep's steps: its per-step cost is flat)."""
+    from jaxprice._src import schedule as S
+    dep = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
+    w = jp.Workload(1024, 1024)
+    t0 = time.perf_counter()
+    res = jp.simulate_sweep(dep, w, SERVE_CONCURRENCY)
+    cold = time.perf_counter() - t0
+    warm = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        res = jp.simulate_sweep(dep, w, SERVE_CONCURRENCY)
+        warm.append(time.perf_counter() - t0)
+    warm_s = statistics.median(warm)
+    steps = sum(r.summary["steps"] for r in res)
+    iters = sum(r.summary["iterations"] for r in res)
+    # the pure-Python loop: the reference scheduler, then price() per step (padded to the level's C)
+    price = jax.jit(lambda b: jp.step_time(dep.plan, dep.coefficients, b).no_overlap)
+    per_step = []
+    for r, c in zip(res, SERVE_CONCURRENCY):
+        st = r.schedule.settings
+        ins, outs = r.requests["input_len"], r.requests["output_len"]
+        pad = 1 << max(c - 1, 0).bit_length()
+        price(jp.Batch.from_requests([1] * c, [1000] * c, pad_to=pad, decode_threshold=1)).block_until_ready()
+        t0 = time.perf_counter()
+        ref = _reference_prefix(S, ins, outs, c, st, python_steps)
+        t_sched = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for rows in ref:
+            b = jp.Batch.from_requests([x[1] for x in rows] or [0], [x[2] for x in rows] or [0], pad_to=pad,
+                                       decode_threshold=st["decode_threshold"])
+            price(b).block_until_ready()
+        per_step.append((t_sched + time.perf_counter() - t0) / max(len(ref), 1))
+    python_s = sum(ps * r.summary["steps"] for ps, r in zip(per_step, res))
+    rss = peak_rss_gib()
+    print(f"serving sweep (issue 15): {dep.name}, C = {','.join(map(str, SERVE_CONCURRENCY))}, 10 x C prompts, "
+          f"isl = osl = 1024, range ratio 0.8")
+    print(f"  steps simulated {steps} ({iters} scheduler records: decode runs are one record each)")
+    print(f"  cold (compile + run) {cold:.2f} s; warm {warm_s:.3f} s (rounds {', '.join(f'{x:.3f}' for x in warm)}); "
+          f"{steps / warm_s:,.0f} steps/s")
+    print(f"  pure-Python scheduler + price() per step: {np.mean(per_step) * 1e6:.0f} us/step "
+          f"(timed on the first {python_steps} steps of each level) -> {python_s:.1f} s for the sweep; "
+          f"ratio {python_s / warm_s:.0f}x")
+    print(f"  peak resident memory {rss:.2f} GiB; load average {loadavg()[0]:.2f}")
+    checks = [("serving sweep warm, s (<= 1)", warm_s, warm_s <= SERVE_GOALS["sweep_warm_s"]),
+              ("serving sweep vs pure-Python loop, x (>= 50)", python_s / warm_s, python_s / warm_s >= SERVE_GOALS["ratio"]),
+              ("serving peak memory, GiB (<= 2)", rss, rss <= SERVE_GOALS["rss_gib"])]
+    for what, value, ok in checks:
+        print(f"  {'met ' if ok else 'MISS'}  {what}: {value:.3g}")
+    return {"cold_s": cold, "warm_s": warm_s, "steps": steps, "python_s": python_s, "rss_gib": rss}
+
+
+def _reference_prefix(S, ins, outs, c, st, max_steps):
+    """The reference scheduler's first max_steps steps (it stops there)."""
+    try:
+        return S.reference_schedule(list(ins), list(outs), concurrency=c, max_num_seqs=st["max_num_seqs"],
+                                    budget=st["max_num_batched_tokens"], block_size=st["block_size"],
+                                    kv_blocks=st["kv_blocks"], max_model_len=st["max_model_len"],
+                                    reserve_full_isl=st["reserve_full_isl"],
+                                    async_scheduling=st["async_scheduling"], max_steps=max_steps,
+                                    partial=True)["steps"]
+    except RuntimeError:
+        raise
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="sizes 1, 64, 1024 only and fewer rounds")
     ap.add_argument("--json", help="also write the numbers here (e.g. experiments/out/bench.json)")
+    ap.add_argument("--size", action="store_true", help="only the size-search section (issue 14)")
+    ap.add_argument("--serve", action="store_true", help="only the serving-simulation section (issue 15)")
     args = ap.parse_args(argv)
+    if args.size:
+        bench_size()
+        return 0
+    if args.serve:
+        bench_serve()
+        return 0
     sizes = SIZES[:3] if args.quick else SIZES
     rounds = 3 if args.quick else 5
     print(f"jaxprice benchmark: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), "
@@ -249,6 +386,10 @@ def main(argv=None):
     print()
     for what, value, ok in verdicts(results, sizes):
         print(f"  {'met ' if ok else 'MISS'}  {what}: {value:.3g}")
+    print()
+    bench_size()
+    print()
+    bench_serve()
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

@@ -17,13 +17,21 @@ from jaxprice._src.fit import (FitResult, Free, LawFit, Observations, fit_coeffi
                                observations_from_measurements, read_step_measurements, split_by_deployment,
                                write_coefficient_set)
 from jaxprice._src.formats import (Registry, load_coefficient_set, load_model_graph, load_scenario)
+from jaxprice._src.hf import import_hf_config
 from jaxprice._src.plan import RESOURCES, Batch, Coefficients, Plan
 from jaxprice._src.resolve import Deployment, load_deployment, resolve, scenario_path
 from jaxprice._src.search import (Composition, GridResult, OptimizeResult, grid_search,
                                  optimize_batch)
+from jaxprice._src.size import SizeResult, size
 from jaxprice._src.step import StepResult, price, price_many, step_time
+from jaxprice._src.client import ClosedLoop, OpenLoop, Trace, Workload, load_trace
+from jaxprice._src.serve import (Schedule, ServingResult, build_schedule, schedule_metrics, simulate,
+                                 simulate_sweep)
 from jaxprice._src.sweep import (batch_mesh, price_coefficient_sets, price_sharded, random_batches,
                                 stack_coefficients)
+from jaxprice._src.stack import (PlanStack, Structure, group_by_structure, kernel_compiles, price_deployments,
+                                price_plans, stack_plans, structure_of)
+from jaxprice._src.stack import stack_coefficients as stack_deployment_coefficients
 
 __all__ = [
     "JaxpriceError",
@@ -45,6 +53,7 @@ __all__ = [
     "Registry",
     "load_coefficient_set",
     "load_model_graph",
+    "import_hf_config",
     "load_scenario",
     "RESOURCES",
     "Batch",
@@ -55,6 +64,17 @@ __all__ = [
     "resolve",
     "scenario_path",
     "StepResult",
+    "Workload",
+    "ClosedLoop",
+    "OpenLoop",
+    "Trace",
+    "load_trace",
+    "simulate",
+    "simulate_sweep",
+    "ServingResult",
+    "Schedule",
+    "build_schedule",
+    "schedule_metrics",
     "price",
     "price_many",
     "step_time",
@@ -63,6 +83,15 @@ __all__ = [
     "price_sharded",
     "random_batches",
     "stack_coefficients",
+    "PlanStack",
+    "Structure",
+    "stack_plans",
+    "structure_of",
+    "group_by_structure",
+    "price_deployments",
+    "price_plans",
+    "stack_deployment_coefficients",
+    "kernel_compiles",
     "DEFAULT_DECODE_THRESHOLD",
     "load_batch",
     "plot_step_curve",
@@ -72,6 +101,8 @@ __all__ = [
     "OptimizeResult",
     "GridResult",
     "Composition",
+    "size",
+    "SizeResult",
 ]
 
 from jaxprice import fit  # noqa: E402  (public module: jaxprice.fit, re-exporting the names above)

@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy", "size", "import-model")
+COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy", "size", "import-model", "serve")
 
 
 def main(argv=None) -> int:

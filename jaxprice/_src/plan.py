@@ -279,3 +279,9 @@ class Plan:
 
     def __repr__(self):
         return f"Plan({self.name!r}, {len(self.layer_kind_names)} layer kinds, digest {self._digest[:10]})"
+
+    @staticmethod
+    def stack(plans):
+        """Plans of one structure stacked for the deployment axis: ``stack.stack_plans``."""
+        from .stack import stack_plans
+        return stack_plans(plans)

@@ -50,12 +50,35 @@ class StepResult(NamedTuple):
 
 
 def _segment(values, segment_ids, n):
-    """Sum per-entry values into n layer kinds (one-hot matmul; ids are static)."""
-    if values.shape[-1] == 0:
-        return jnp.zeros(values.shape[:-1] + (n,))
-    onehot = np.zeros((len(segment_ids), n))
-    onehot[np.arange(len(segment_ids)), segment_ids] = 1.0
-    return values @ jnp.asarray(onehot)
+    """Sum per-entry values into n layer kinds (ids are static), each kind's entries added left
+    to right: a matmul with a one-hot matrix sums in an order XLA picks per shape, so a
+    deployment axis (a vmap) could round differently from one deployment alone."""
+    ids = np.asarray(segment_ids).reshape(-1)
+    out = []
+    for k in range(n):
+        acc = None
+        for i in np.flatnonzero(ids == k):
+            acc = values[..., i] if acc is None else acc + values[..., i]
+        out.append(jnp.zeros(values.shape[:-1]) if acc is None else acc)
+    return jnp.stack(out, axis=-1) if out else jnp.zeros(values.shape[:-1] + (0,))
+
+
+def _dot(weights, x):
+    """sum_i weights[i] * x[..., i] (weights [n], or [m, n] giving [..., m]), left to right
+    (see _segment: a dot's order, and its use of fused multiply-adds, depend on the shape)."""
+    w = jnp.asarray(weights)
+    n = w.shape[-1]
+    if n == 0:
+        return jnp.zeros(x.shape[:-1] + w.shape[:-1])
+    if w.ndim == 1:
+        acc = w[0] * x[..., 0]
+        for i in range(1, n):
+            acc = acc + w[i] * x[..., i]
+        return acc
+    acc = w[:, 0] * x[..., 0, None]
+    for i in range(1, n):
+        acc = acc + w[:, i] * x[..., i, None]
+    return acc
 
 
 def _attention_laws(A):
@@ -153,6 +176,10 @@ def _integer_law(w, tk, cr) -> bool:
     return cr <= 1 and _whole(w) and _whole(tk)
 
 
+def _width_int(width):
+    return int(float(width)) if _whole(width) else -1
+
+
 def _walk_rows_integer(A, S, batch: Batch):
     """``_walk_rows`` in exact mode for integer token counts: the same sums, in integers.
 
@@ -187,8 +214,9 @@ def _walk_rows_integer(A, S, batch: Batch):
     if len(A["rec_kind"]):
         names.append("decode_tokens")
         rows.append(wide(jnp.where(decode, sched, 0)))
-    width = float(S["uniform_width"])
-    off_width = mask & (sched != int(width)) if _whole(width) else mask
+    # the uniform width as an int (-1, which no row schedules, where it is not a whole number)
+    width = S["uniform_width_int"] if "uniform_width_int" in S else _width_int(S["uniform_width"])
+    off_width = mask & (sched != width)
     bits = int(np.ceil(np.log2(mask.shape[-1] + 1)))
     count_names = ("n_decode", "n_prefill", "n_requests", "n_off_width")
     counts = (decode, prefill, mask, off_width)
@@ -276,18 +304,40 @@ def exact_at_zero(kernel, tau):
     return jax.lax.cond(tau > 0, lambda: kernel(Positive(tau)), lambda: kernel(None))
 
 
-def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bool) -> StepResult:
-    A, S, CF = plan.arrays, plan.scalars, plan.coef
-    K = len(plan.layer_kind_names)
+def row_sums(plan: Plan, batch: Batch, tau=None) -> dict:
+    """Everything the step needs from a batch's rows, as sums (``_walk_rows``): tokens,
+    prefill_tokens (decode_tokens with recurrent mixers), n_decode, n_prefill, n_requests,
+    n_off_width, and per attention entry reads and pairs. ``step_time_from_sums`` prices them;
+    the serving simulation (schedule.py) builds these sums per step without materialising rows."""
+    from .stack import folded_view
+    view = folded_view(plan)
+    return _walk_rows(view.A, view.S, batch, tau)
 
-    def C(name):
-        return coefs[name] if name is not None else jnp.zeros(())
+
+def step_time_from_sums(plan: Plan, coefs: Coefficients, sums: dict, tau=None) -> StepResult:
+    """``step_time`` of a batch given its ``row_sums`` (no rows): the same composition."""
+    return exact_at_zero(lambda t: _step_time(plan, coefs, None, t, False, sums=sums), tau)
+
+
+def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bool, sums=None) -> StepResult:
+    """The kernel on one plan, its values constants (static under an enclosing jit)."""
+    from .stack import folded_roles, folded_view
+    return _kernel(folded_view(plan), folded_roles(plan, coefs), batch, tau, breakdown, sums=sums)
+
+
+def _kernel(view, roles_vector, batch: Batch, tau, breakdown: bool, sums=None) -> StepResult:
+    """Price one padded batch from a plan's view (stack.View: its values constants, or traced
+    for the deployment axis) and its role vector (the coefficient each role slot reads)."""
+    A, S, CF, K = view.A, view.S, view.CF, view.K
+
+    def C(slot):
+        return roles_vector[..., slot] if slot is not None else jnp.zeros(())
 
     def vec(names):
         return jnp.stack([C(n) for n in names]) if len(names) else jnp.zeros((0,))
 
     # ---- batch walk: one pass over the rows; masked rows are exactly zero
-    walk = _walk_rows(A, S, batch, tau)
+    walk = _walk_rows(A, S, batch, tau) if sums is None else sums
     tokens, n_decode, n_prefill = walk["tokens"], walk["n_decode"], walk["n_prefill"]
     prefill_tokens, decode_tokens = walk["prefill_tokens"], walk.get("decode_tokens")
     nonempty = tokens > 0
@@ -295,7 +345,7 @@ def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bo
     phase_on = jnp.stack([jnp.ones(()), has_prefill.astype(float)])   # [always, prefill-only]
 
     # ---- rates
-    bandwidth = laws.achieved_bandwidth(S["hbm_peak_bytes"] / 1e12, C(CF["hbm_derate"]))
+    bandwidth = laws.achieved_bandwidth(S["hbm_peak_tbs"], C(CF["hbm_derate"]))
     roles = [dict(r) for r in CF["classes"]]
     peaks = jnp.asarray(A["class_peak"])
     eps = laws.ramp(tokens, vec([r["eps_max"] for r in roles]), vec([r["m_half"] for r in roles]))
@@ -321,14 +371,14 @@ def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bo
     if len(A["attn_kind"]):
         reads, pairs = walk["reads"], walk["pairs"]
         dec_floor = vec([f for f, _ in CF["attn_dec"]])
-        dec_rate_given = np.array([r is not None for _, r in CF["attn_dec"]])
+        dec_rate_given = A["attn_dec_rate_given"]
         dec_rate = jnp.where(dec_rate_given, vec([r for _, r in CF["attn_dec"]]), bandwidth)
         kv_bytes = reads * A["attn_bytes_per_token"]
         attn_hbm = jnp.where(has_decode, dec_floor + safe_div(kv_bytes, dec_rate), 0.0)
         # prefill: measured model form where every term is present, else arithmetic
         flops = pairs * A["attn_flops_per_pair"]
         pre_floor, pre_scale = C(CF["attn_pre_floor"]), C(CF["attn_pre_scale"])
-        scale = jnp.where(A["attn_secondary"] | (CF["attn_pre_scale"] is None), 1.0, pre_scale)
+        scale = jnp.where(A["attn_secondary"] | ~jnp.asarray(S["attn_pre_scale_given"]), 1.0, pre_scale)
         floor = jnp.where(A["attn_secondary"], 0.0, pre_floor)
         arith = floor + laws.gemm_time(flops, peaks[bf16], eps[bf16] * scale)
         forms = CF["attn_pre_form"]
@@ -377,32 +427,33 @@ def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bo
 
     # ---- experts: routed arithmetic plus reads of the distinct experts touched (added)
     if S["has_moe"]:
-        routed_tokens = tokens * S["funnel"]
-        imb = C(CF["moe_imbalance"]) if CF["moe_imbalance"] else 1.0
+        # routed tokens (tokens x funnel) and the plan-only factors are multiplied in NumPy
+        # (stack._derived): XLA reassociates a product of two constants, a traced plan not
+        imb = C(CF["moe_imbalance"]) if CF["moe_imbalance"] is not None else 1.0
         e_cls = A["expert_class"]
-        expert_sm = laws.gemm_time(routed_tokens * A["expert_flops"] * imb, peaks[e_cls], eps[e_cls])
-        touched = laws.experts_touched(routed_tokens, S["experts_total"], A["expert_topk"], S["experts_per_rank"])
-        expert_hbm = laws.read_time(A["expert_bytes"] * touched, bandwidth)
+        expert_sm = laws.gemm_time(tokens * A["expert_routed_flops"] * imb, peaks[e_cls], eps[e_cls])
+        share = _experts_touched_share(tokens, A["expert_miss_on"], A["expert_routed_log_miss"], S["experts_per_rank"])
+        expert_hbm = laws.read_time(A["expert_local_bytes"] * share, bandwidth)
     else:
         expert_sm = expert_hbm = jnp.zeros(K)
 
     # ---- collectives: every launch pays its own floor
     rows = CF["coll"]
-    given = np.array([r is not None for r in rows])
-    floors, trans, peak_rates = (vec([r[i] if r else None for r in rows]) for i in range(3))
+    given = A["coll_given"]
+    floors, trans, peak_rates = (vec([r[i] for r in rows]) for i in range(3))
     per_launch = laws.collective_time(tokens * A["coll_bytes_per_token"], floors, trans,
                                       jnp.where(given, peak_rates, 1.0), tau)
     per_launch = jnp.where(given, per_launch, 0.0)
     launches = jnp.einsum("p,pkc->kc", phase_on, jnp.asarray(A["launches"]))
     nic_mask = A["coll_nic"]
-    nvlink = launches @ jnp.where(nic_mask, 0.0, per_launch)
-    nic = launches @ jnp.where(nic_mask, per_launch, 0.0)
+    nvlink = _dot(launches, jnp.where(nic_mask, 0.0, per_launch))
+    nic = _dot(launches, jnp.where(nic_mask, per_launch, 0.0))
 
     # ---- compose the layers; an empty step runs no device work
     gate = nonempty.astype(float)
     sm, hbm, nvlink, nic = sm * gate, hbm * gate, nvlink * gate, nic * gate
     expert_sm, expert_hbm = expert_sm * gate, expert_hbm * gate
-    count = jnp.asarray(A["count"] * A["drafter_count_scale"])
+    count = jnp.asarray(A["count_scaled"])
     stage = smax(jnp.stack([sm, hbm, nvlink, nic], axis=-1), tau) + expert_sm + expert_hbm
     head_sm = gate * arithmetic(tokens * S["head_flops"], S["head_class"])
     head_hbm = gate * laws.read_time(S["head_weight_bytes"], bandwidth)
@@ -410,18 +461,27 @@ def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bo
 
     host = _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau)
 
-    totals = jnp.stack([count @ (sm + expert_sm) + head_sm, count @ (hbm + expert_hbm) + head_hbm,
-                        count @ nvlink, count @ nic, host])
+    totals = jnp.stack([_dot(count, sm + expert_sm) + head_sm, _dot(count, hbm + expert_hbm) + head_hbm,
+                        _dot(count, nvlink), _dot(count, nic), host])
     # left to right, not a reduce: XLA may split a reduce differently from program to program,
     # and exact mode must equal smooth mode at temperature 0 bit for bit
     no_overlap = totals[0] + totals[1] + totals[2] + totals[3] + totals[4]
-    overlap = min2(count @ stage + head + host, no_overlap, tau)
+    overlap = min2(_dot(count, stage) + head + host, no_overlap, tau)
     layers = None
     if breakdown:
         layers = {"sm": count * sm, "hbm": count * hbm, "nvlink": count * nvlink, "nic": count * nic,
                   "expert_sm": count * expert_sm, "expert_hbm": count * expert_hbm, "stage": count * stage,
                   "head_sm": head_sm, "head_hbm": head_hbm}
     return StepResult(totals, overlap, no_overlap, jnp.argmax(totals), softmax_weights(totals, tau), layers)
+
+
+def _experts_touched_share(tokens, miss_on, routed_log_miss, experts_local):
+    """laws.experts_touched over the local experts L: 1 - miss^(f n) for f n routed tokens,
+    with the plan-only part f log(miss) (stack._derived) computed once in NumPy; 0 for no
+    tokens or no local experts. The expert bytes carry the factor L."""
+    n = jnp.asarray(tokens, dtype=float)
+    frac = 1.0 - jnp.where(miss_on, jnp.exp(n * routed_log_miss), 0.0)
+    return jnp.where((n > 0) & (experts_local > 0), frac, 0.0)
 
 
 def _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau):
@@ -450,7 +510,9 @@ def _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau):
             fits = n_requests * S["drafter_width"] <= S["capture_tokens"]
             captured_d = (S["decode_mode"] == 0) & fits
             # past its ceiling it launches eagerly, but never cheaper than its replay
-            past_d = max2(d_eager, replay, tau) if S["decode_mode"] == 0 else d_eager
+            full = S["decode_mode"] == 0
+            past_d = (max2(d_eager, replay, tau) if full else d_eager) if isinstance(full, bool) else \
+                jnp.where(full, max2(d_eager, replay, tau), d_eager)
             d_host = jnp.where(captured_d, replay, past_d) + has_prefill * d_eager
         else:
             d_captured = jnp.where(mode == 0, replay, replay * S["drafter_segments"])
@@ -481,13 +543,64 @@ def temperature_arg(temperature):
     return True, jnp.asarray(temperature, dtype=float)
 
 
-def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, breakdown=False) -> StepResult:
-    """Price one padded batch (jit-compiled once per plan, padding and mode).
+def _traced_args(plan: Plan, coefs: Coefficients):
+    """(Structure, values on the device, role index on the device) of a plan, for a
+    coefficient vector with ``coefs.names`` (cached on the plan)."""
+    from .stack import role_index, split_plan
+    cache = plan.__dict__.get("_traced")
+    if cache is None:
+        cache = {}
+        object.__setattr__(plan, "_traced", cache)
+    hit = cache.get(coefs.names)
+    if hit is None:
+        split = split_plan(plan)
+        if None not in cache:
+            cache[None] = jnp.asarray(split.values)
+        hit = cache[coefs.names] = (split.structure, cache[None],
+                                    jnp.asarray(role_index(split.slot_names, coefs.names)))
+    return hit
+
+
+def _batched_kernel(structure, values, index, coef_values, batches, tau, breakdown):
+    """The kernel over stacked batches for one plan's traced values (stack.Structure static):
+    the body of price_many and of each deployment of stack.price_deployments."""
+    from .stack import role_values, traced_view
+    view = traced_view(structure, values)
+    rv = role_values(coef_values, index)
+    return jax.vmap(lambda b: _kernel(view, rv, b, tau, breakdown))(batches)
+
+
+@functools.partial(jax.jit, static_argnames=("structure", "smooth", "breakdown"))
+def _price_traced(structure, values, index, coef_values, batch, tau, smooth, breakdown):
+    from .stack import _note_compile, role_values, traced_view
+    _note_compile()
+    view = traced_view(structure, values)
+    return exact_at_zero(lambda t: _kernel(view, role_values(coef_values, index), batch, t, breakdown),
+                         tau if smooth else None)
+
+
+@functools.partial(jax.jit, static_argnames=("structure", "smooth", "breakdown"))
+def _price_many_traced(structure, values, index, coef_values, batches, tau, smooth, breakdown):
+    from .stack import _note_compile
+    _note_compile()
+    return exact_at_zero(lambda t: _batched_kernel(structure, values, index, coef_values, batches, t, breakdown),
+                         tau if smooth else None)
+
+
+def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, breakdown=False,
+          fold=False) -> StepResult:
+    """Price one padded batch, jit-compiled once per plan STRUCTURE (stack.Structure: every
+    deployment of one model graph shares it), padding and mode: the plan's values are traced.
 
     temperature: None for exact mode; a float >= 0 for smooth mode (0 reproduces exact).
+    fold: compile per plan instead, its values constants (the former path; equal up to XLA's
+    rewrites of constant subexpressions, a few ulps).
     """
     smooth, tau = temperature_arg(temperature)
-    return _price_jit(plan, coefs, batch, tau, smooth, breakdown)
+    if fold:
+        return _price_jit(plan, coefs, batch, tau, smooth, breakdown)
+    structure, values, index = _traced_args(plan, coefs)
+    return _price_traced(structure, values, index, coefs.values, batch, tau, smooth, breakdown)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "smooth"))
@@ -496,7 +609,12 @@ def _price_many_jit(plan, coefs, batches, tau, smooth):
                          tau if smooth else None)
 
 
-def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=None) -> StepResult:
-    """Price a stack of batches of one padding (leading axis) in one vmapped call."""
+def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=None, fold=False) -> StepResult:
+    """Price a stack of batches of one padding (leading axis) in one vmapped call, compiled
+    once per plan structure (as ``price``; ``fold``: once per plan, its values constants).
+    ``stack.price_deployments`` prices many deployments in one call, each bit for bit as here."""
     smooth, tau = temperature_arg(temperature)
-    return _price_many_jit(plan, coefs, batches, tau, smooth)
+    if fold:
+        return _price_many_jit(plan, coefs, batches, tau, smooth)
+    structure, values, index = _traced_args(plan, coefs)
+    return _price_many_traced(structure, values, index, coefs.values, batches, tau, smooth, False)

@@ -1,0 +1,193 @@
+"""`jaxprice serve SCENARIO`: simulate the benchmark client against vLLM v1's scheduler.
+
+    jaxprice serve deepseek-v3-h200-fp8-sglang-tp8 --isl 1024 --osl 1024 --concurrency 1,2,4,...,256
+    jaxprice serve SCENARIO --isl 1024 --osl 1024 --rate 2,4,8 --num-prompts 500
+    jaxprice serve SCENARIO --trace requests.csv            # arrival_s,input_len,output_len
+    jaxprice serve SCENARIO --concurrency 64 --max-num-seqs 64 --csv requests.csv --timeline run.png
+
+A closed-loop sweep (``--concurrency``) runs every level's schedule in one vmapped scheduler
+call and prices all steps in one vmapped call (``jaxprice.simulate_sweep``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+from .cli_price import describe_deployment, load_scenario_deployment, parse_float, parse_int, parse_int_list
+from .errors import refuse
+from .progress import Progress
+
+ENGINE_FLAGS = (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
+                ("block_size", "--block-size"), ("kv_capacity_tokens", "--kv-capacity-tokens"),
+                ("max_model_len", "--max-model-len"))
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "serve", help="simulate serving under load: TTFT, TPOT, ITL, E2E and throughput per load",
+        description="Simulate InferenceX's benchmark client (closed loop at a concurrency, or Poisson arrivals "
+                    "at a rate, or a trace) against vLLM v1's scheduler (chunked prefill, KV blocks, "
+                    "preemption, DP ranks, async scheduling), every step priced by the kernel.")
+    p.add_argument("scenario", metavar="SCENARIO", help="a bundled scenario name or a scenario file")
+    p.add_argument("--isl", default="1024", metavar="N", help="input length (default 1024)")
+    p.add_argument("--osl", default="1024", metavar="N", help="output length (default 1024)")
+    p.add_argument("--concurrency", metavar="LIST", default=None,
+                   help="closed-loop client concurrencies, e.g. 1,2,4,...,256 (default 1,2,4,...,64)")
+    p.add_argument("--rate", metavar="LIST", default=None, help="open loop: Poisson arrival rates (requests/s)")
+    p.add_argument("--trace", metavar="CSV", default=None, help="open loop from a trace: arrival_s,input_len,output_len")
+    p.add_argument("--num-prompts", metavar="N", default=None,
+                   help="requests per run (default 10 x concurrency; 200 for --rate)")
+    p.add_argument("--range-ratio", metavar="R", default="0.8",
+                   help="lengths uniform on [floor(R*L), L] (InferenceX's --random-range-ratio; default 0.8, "
+                        "as the measurements were taken; 1 = fixed)")
+    p.add_argument("--seed", metavar="N", default="0", help="seed of the lengths and arrivals (default 0)")
+    p.add_argument("--acceptance", metavar="A", default=None,
+                   help="speculative decoding: mean tokens emitted per decode step (1 .. 1 + num_spec_tokens)")
+    p.add_argument("--estimate", default="no_overlap", choices=("no_overlap", "overlap"),
+                   help="the kernel estimate pricing each step (default no_overlap)")
+    for key, flag in ENGINE_FLAGS:
+        p.add_argument(flag, dest=key, metavar="N", default=None, help=f"engine override: {key}")
+    p.add_argument("--reserve-full-isl", dest="reserve_full_isl", default=None, choices=("on", "off"),
+                   help="admit a request only if its whole prompt's KV blocks fit (vLLM default on)")
+    p.add_argument("--async-scheduling", dest="async_scheduling", default=None, choices=("on", "off"),
+                   help="vLLM async scheduling (default on)")
+    p.add_argument("--json", action="store_true", help="print JSON (times in seconds) instead of the table")
+    p.add_argument("--csv", metavar="FILE", default=None, help="write one row per request (every load)")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="TTFT and TPOT against the load; throughput per GPU against tokens/s per user")
+    p.add_argument("--timeline", metavar="FILE.png", default=None,
+                   help="resident batch, tokens per step and step time over the run (the last load)")
+    p.set_defaults(command="serve")
+    return p
+
+
+def _engine(args):
+    eng = {}
+    for key, flag in ENGINE_FLAGS:
+        v = getattr(args, key)
+        if v is not None:
+            eng[key] = parse_int(v, flag=flag, minimum=1) if key != "kv_capacity_tokens" else \
+                parse_float(v, flag=flag, minimum=0)
+    for key in ("reserve_full_isl", "async_scheduling"):
+        v = getattr(args, key)
+        if v is not None:
+            eng[key] = v == "on"
+    return eng
+
+
+COLUMNS = (("TTFT mean", "ttft_mean", 1e3), ("TTFT p99", "ttft_p99", 1e3), ("TPOT mean", "tpot_mean", 1e3),
+           ("TPOT p99", "tpot_p99", 1e3), ("ITL mean", "itl_mean", 1e3), ("ITL p99", "itl_p99", 1e3),
+           ("E2E mean", "e2e_mean", 1e3), ("E2E p99", "e2e_p99", 1e3), ("tok/s", "output_tps", 1),
+           ("tok/s/GPU", "output_tps_per_gpu", 1), ("tok/s/user", "output_tps_per_user", 1),
+           ("resident", "resident_mean", 1), ("peak", "resident_peak", 1), ("preempt", "preemptions", 1),
+           ("steps", "steps", 1))
+
+
+def format_table(label, loads, results) -> str:
+    head = [label] + [c[0] for c in COLUMNS]
+    rows = []
+    for x, r in zip(loads, results):
+        cells = [f"{x:g}" if isinstance(x, float) else str(x)]
+        for _name, key, k in COLUMNS:
+            v = r.summary[key] * k
+            cells.append(f"{v:.0f}" if key in ("preemptions", "steps", "resident_peak") else
+                         f"{v:.1f}" if key.startswith(("output", "resident")) else f"{v:.2f}")
+        rows.append(cells)
+    widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines) + "\n(times in ms; tok/s/user = 1 / mean TPOT)"
+
+
+def write_csv(path, label, loads, results):
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    keys = ("arrival", "first_token", "finish", "input_len", "output_len", "ttft", "tpot", "e2e", "preemptions", "rank")
+    with open(p, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([label, "request"] + [k + ("_s" if k in ("arrival", "first_token", "finish", "ttft", "tpot", "e2e")
+                                              else "") for k in keys])
+        for x, r in zip(loads, results):
+            n = r.requests["ttft"].size
+            for i in range(n):
+                w.writerow([x, i] + [f"{float(r.requests[k][i]):.9g}" for k in keys])
+
+
+def run(args) -> int:
+    from .client import ClosedLoop, OpenLoop, Workload, load_trace
+    from .serve import simulate, simulate_sweep
+    dep = load_scenario_deployment(args.scenario)
+    isl = parse_int(args.isl, flag="--isl", minimum=1)
+    osl = parse_int(args.osl, flag="--osl", minimum=1)
+    rr = parse_float(args.range_ratio, flag="--range-ratio", minimum=0)
+    if rr > 1:
+        refuse("must be in [0, 1]", field="--range-ratio", value=rr)
+    seed = parse_int(args.seed, flag="--seed", minimum=0)
+    acc = None if args.acceptance is None else parse_float(args.acceptance, flag="--acceptance", minimum=1)
+    eng = _engine(args)
+    modes = sum(x is not None for x in (args.concurrency, args.rate, args.trace))
+    if modes > 1:
+        refuse("give one of --concurrency, --rate, --trace", field="--rate" if args.rate else "--trace",
+               value=args.rate or args.trace)
+    workload = Workload(isl, osl, rr, seed)
+    n = None if args.num_prompts is None else parse_int(args.num_prompts, flag="--num-prompts", minimum=1)
+    quiet = args.json
+    if args.trace is not None:
+        label, loads = "trace", [Path(args.trace).name]
+        trace = load_trace(args.trace)
+        with Progress(1, "serve", enabled=not quiet) as bar:
+            results = [simulate(dep, None, trace, engine=eng, estimate=args.estimate, acceptance=acc)]
+            bar.update(1)
+    elif args.rate is not None:
+        label = "rate"
+        loads = []
+        for t in str(args.rate).split(","):
+            loads.append(parse_float(t, flag="--rate", minimum=0))
+            if loads[-1] <= 0:
+                refuse("must be > 0 (requests/s)", field="--rate", value=loads[-1])
+        results = []
+        with Progress(len(loads), "serve", enabled=not quiet) as bar:
+            for i, r in enumerate(loads):
+                results.append(simulate(dep, workload, OpenLoop(r, n or 200, seed), engine=eng,
+                                        estimate=args.estimate, acceptance=acc))
+                bar.update(i + 1, rate=r)
+    else:
+        label = "C"
+        loads = parse_int_list(args.concurrency or "1,2,4,...,64", flag="--concurrency", minimum=1)
+        with Progress(2, "serve", enabled=not quiet) as bar:
+            results = simulate_sweep(dep, workload, loads, engine=eng, estimate=args.estimate, num_prompts=n,
+                                     acceptance=acc, callback=lambda d, t, **i: bar.update(d, **i))
+    if args.csv:
+        write_csv(args.csv, label, loads, results)
+    if args.plot:
+        from .figures_serve import plot_serving_sweep
+        plot_serving_sweep(results, [float(x) if not isinstance(x, str) else i for i, x in enumerate(loads)],
+                           load_label={"C": "concurrency", "rate": "rate (requests/s)"}.get(label, label),
+                           path=args.plot, title=f"{dep.name}  isl {isl} osl {osl}")
+    if args.timeline:
+        from .figures_serve import plot_serving_timeline
+        plot_serving_timeline(results[-1], path=args.timeline,
+                              title=f"{dep.name}  {label} {loads[-1]}: " + (
+                                  f"mean TTFT {results[-1].summary['ttft_mean'] * 1e3:.1f} ms, mean TPOT "
+                                  f"{results[-1].summary['tpot_mean'] * 1e3:.2f} ms"))
+    if args.json:
+        out = {"scenario": dep.name, "estimate": args.estimate, "isl": isl, "osl": osl, "range_ratio": rr,
+               "runs": [{label: x, "summary": r.summary,
+                         "assumptions": {k: {"value": v[0] if isinstance(v[0], (int, float, str, bool)) else str(v[0]),
+                                             "source": v[1]} for k, v in r.assumptions.items()}}
+                        for x, r in zip(loads, results)]}
+        json.dump(out, sys.stdout, indent=1)
+        print()
+        return 0
+    print(f"{dep.name}: {describe_deployment(dep)}")
+    a = results[0].assumptions
+    print("engine: " + ", ".join(f"{k} {a[k][0]}" for k in ("max_num_seqs", "max_num_batched_tokens", "block_size",
+                                                              "kv_blocks", "max_model_len", "reserve_full_isl",
+                                                              "async_scheduling") if k in a)
+          + f"; dp {a['dp'][0]}; estimate {args.estimate}")
+    print(f"workload: isl {isl}, osl {osl}, range ratio {rr:g} (lengths uniform on [floor(r*L), L]), seed {seed}")
+    print(format_table(label, loads, results))
+    return 0

@@ -1,0 +1,171 @@
+"""The benchmark client: workloads (request lengths), closed and open loops, trace files.
+
+As InferenceX measured vLLM (serving-reference.md §4-5): ``benchmark_serving.py --dataset-name
+random --random-range-ratio 0.8 --num-prompts 10*C --max-concurrency C --request-rate inf
+--ignore-eos``: every request generates exactly its output length.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+
+from .errors import refuse
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """Request lengths: input ``isl`` and output ``osl`` tokens.
+
+    ``range_ratio`` r follows InferenceX's ``--random-range-ratio`` (its benchmark_serving.py
+    fork, unchanged since 2026-01; vLLM's older benchmark_serving.py alike): each request's
+    input length is a uniform integer on [floor(r * isl), isl] and its output length,
+    independently, a uniform integer on [floor(r * osl), osl] (``np.random.randint(lower, upper + 1)``
+    with a ``RandomState(seed)``, inputs drawn before outputs). r = 1 gives fixed lengths. The
+    default 0.8 is what InferenceX's workflow passes for every measured run
+    (``RANDOM_RANGE_RATIO: 0.8``), so the simulated means (e.g. isl 1024 -> mean 921.5) match
+    what was measured. (Recent ``vllm bench serve`` means [L(1-r), L(1+r)] instead; not this.)
+    """
+    isl: int
+    osl: int
+    range_ratio: float = 0.8
+    seed: int = 0
+
+    def validate(self, source="workload"):
+        for name in ("isl", "osl"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                refuse("must be an integer >= 1", file=source, field=name, value=v, has_value=True)
+        r = self.range_ratio
+        if not (isinstance(r, (int, float)) and math.isfinite(r) and 0 <= r <= 1):
+            refuse("must be a number in [0, 1]", file=source, field="range_ratio", value=r, has_value=True)
+
+    def lengths(self, n: int):
+        """(input_len, output_len) int arrays of n requests, as described above."""
+        self.validate()
+        rng = np.random.RandomState(int(self.seed))
+        lo_i, lo_o = max(int(self.isl * self.range_ratio), 1), max(int(self.osl * self.range_ratio), 1)
+        if self.range_ratio >= 1:
+            return np.full(n, self.isl, np.int64), np.full(n, self.osl, np.int64)
+        ins = rng.randint(lo_i, self.isl + 1, size=n).astype(np.int64)
+        outs = rng.randint(lo_o, self.osl + 1, size=n).astype(np.int64)
+        return ins, outs
+
+
+@dataclasses.dataclass(frozen=True)
+class ClosedLoop:
+    """``concurrency`` clients: all send at t = 0, each sends its next request the moment its
+    last one completes, until ``num_prompts`` (default 10 x concurrency) were sent."""
+    concurrency: int
+    num_prompts: int | None = None
+
+    @property
+    def prompts(self) -> int:
+        return int(self.num_prompts) if self.num_prompts is not None else 10 * int(self.concurrency)
+
+    def validate(self, source="client"):
+        c = self.concurrency
+        if not isinstance(c, (int, np.integer)) or isinstance(c, bool) or c < 1:
+            refuse("must be an integer >= 1", file=source, field="concurrency", value=c, has_value=True)
+        if self.num_prompts is not None and (not isinstance(self.num_prompts, (int, np.integer)) or self.num_prompts < 1):
+            refuse("must be an integer >= 1", file=source, field="num_prompts", value=self.num_prompts, has_value=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenLoop:
+    """Poisson arrivals at ``rate`` requests/s (exponential gaps, ``RandomState(seed)``), the
+    first at its first gap; ``num_prompts`` requests."""
+    rate: float
+    num_prompts: int
+    seed: int = 0
+
+    def validate(self, source="client"):
+        r = self.rate
+        if not (isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r > 0):
+            refuse("must be a number > 0 (requests/s)", file=source, field="rate", value=r, has_value=True)
+        if not isinstance(self.num_prompts, (int, np.integer)) or self.num_prompts < 1:
+            refuse("must be an integer >= 1", file=source, field="num_prompts", value=self.num_prompts, has_value=True)
+
+    def arrivals(self):
+        self.validate()
+        rng = np.random.RandomState(int(self.seed) + 7919)
+        return np.cumsum(rng.exponential(1.0 / self.rate, size=int(self.num_prompts)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """Requests with given arrival times (s) and lengths (an open loop); sorted by arrival."""
+    arrival_s: tuple
+    input_len: tuple
+    output_len: tuple
+    source: str = "trace"
+
+    def __post_init__(self):
+        a = np.asarray(self.arrival_s, float)
+        i = np.asarray(self.input_len)
+        o = np.asarray(self.output_len)
+        if not (a.shape == i.shape == o.shape) or a.ndim != 1 or a.size == 0:
+            refuse("arrival_s, input_len and output_len must be equal-length non-empty lists", file=self.source,
+                   field="Trace")
+        order = np.argsort(a, kind="stable")
+        object.__setattr__(self, "arrival_s", tuple(a[order].tolist()))
+        object.__setattr__(self, "input_len", tuple(int(x) for x in i[order]))
+        object.__setattr__(self, "output_len", tuple(int(x) for x in o[order]))
+
+    @property
+    def num_prompts(self):
+        return len(self.arrival_s)
+
+    def validate(self, source=None):
+        return None
+
+
+def load_trace(path) -> Trace:
+    """A trace CSV with a header ``arrival_s,input_len,output_len`` (seconds, tokens, tokens).
+    A bad row is refused naming the file, its row (line), the column and the value."""
+    p = Path(path)
+    if not p.is_file():
+        refuse("no such trace file", file=str(path))
+    with open(p, newline="") as fh:
+        reader = csv.reader(fh)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            refuse("empty trace file (expected a header arrival_s,input_len,output_len)", file=str(p))
+        need = ("arrival_s", "input_len", "output_len")
+        missing = [c for c in need if c not in header]
+        if missing:
+            refuse(f"missing column(s) {', '.join(missing)} (expected arrival_s,input_len,output_len)",
+                   file=f"{p}:1", field="header", value=",".join(header))
+        col = {c: header.index(c) for c in need}
+        arr, ins, outs = [], [], []
+        for line, row in enumerate(reader, start=2):
+            if not row or all(not x.strip() for x in row):
+                continue
+            where = f"{p}:{line}"
+            vals = {}
+            for c in need:
+                if col[c] >= len(row):
+                    refuse("row too short", file=where, field=c, value=None, has_value=True)
+                text = row[col[c]].strip()
+                try:
+                    v = float(text)
+                except ValueError:
+                    refuse("expected a number", file=where, field=c, value=text)
+                if c == "arrival_s":
+                    if not (math.isfinite(v) and v >= 0):
+                        refuse("arrival time must be a finite number >= 0 (seconds)", file=where, field=c, value=text)
+                else:
+                    if not (math.isfinite(v) and v == round(v) and v >= 1):
+                        refuse("token count must be an integer >= 1", file=where, field=c, value=text)
+                vals[c] = v
+            arr.append(vals["arrival_s"])
+            ins.append(int(vals["input_len"]))
+            outs.append(int(vals["output_len"]))
+    if not arr:
+        refuse("trace file has no requests", file=str(p))
+    return Trace(tuple(arr), tuple(ins), tuple(outs), source=str(p))

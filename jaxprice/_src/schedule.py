@@ -1,0 +1,712 @@
+"""vLLM v1's scheduler as fixed-shape array code: the schedule of a serving run, step by step.
+
+One *lane* is one engine (one data-parallel rank) serving one request list. The scheduler state
+is a set of S slots (S = the most requests a lane can hold at once: min(C, max_num_seqs) in the
+closed loop) kept in the order the scheduler sees them::
+
+    [0, R)        running requests, in admission order (vLLM's ``running`` list)
+    [R, R + P)    preempted requests, in waiting-queue order (vLLM prepends them: the head is
+                  the earliest admitted; they sit exactly where the tail of ``running`` was)
+    [R + P, S)    free slots; fresh requests from the waiting queue land here in arrival order
+
+so every "in admission order" rule of the scheduler is a prefix sum along the slot axis, and
+no sort is ever needed: preempting the tail of ``running`` moves the boundary R left, readmitting
+the head of the waiting queue moves it right, a finished request is removed by a stable
+compaction. One iteration of the ``jax.lax.while_loop`` is either
+
+* a **general step** (one engine step, ``_general_step``): Phase A (running requests in order,
+  each asking ``num_tokens_with_spec - num_computed_tokens`` tokens, capped by the remaining
+  budget and ``max_model_len``; KV blocks allocated; when they do not fit, the latest-admitted
+  running requests are preempted by recompute until they do: the cut is the largest prefix
+  whose new blocks fit in the free blocks plus the blocks of the popped suffix), then Phase B
+  (only if nothing was preempted: the waiting queue in order, while budget, ``max_num_seqs``
+  and free blocks allow, the first prompt chunk taking the remaining budget, stopping at the
+  first request that does not fit; with ``reserve_full_isl`` the whole prompt's blocks must
+  fit, V-new), then the outputs (a row that computed all its tokens emits 1 token, a decode
+  row ``g(s)`` tokens with speculation; a request emitting its last token finishes and frees
+  its blocks before the next step, or one step later under async scheduling); or
+* a **decode run** (``_decode_run``): after a general step that only decoded (no admission,
+  preemption, finish or prefill chunk), the following steps repeat it with every context one
+  step longer until the first of: a request finishes, the KV cache cannot grow, a context
+  crosses a window/top-k breakpoint of an attention read law. They are recorded as ONE record
+  whose per-step row sums are linear in the step (exact: every read law is piecewise linear in
+  the context and no row crosses a breakpoint inside a run). That is what makes a 10 x C
+  closed loop cost O(requests) iterations, not O(steps).
+
+A record holds, per quantity the step kernel needs (``step.row_sums``: tokens, prefill tokens,
+row counts, per read law the KV positions read and 4x the prefill query-key pairs), a value at
+the record's first step and a slope per step; ``expand`` turns records into per-step sums with
+vectorised NumPy. No Python code runs per step or per iteration.
+
+Speculative decoding: a decode row schedules 1 + k tokens (k = num_spec_tokens) and allocates
+k lookahead slots; it emits ``g(s) = G(s+1) - G(s)`` tokens at global step s with
+``G(s) = floor(s * acceptance)`` (acceptance = mean tokens emitted per decode step, 1..k+1): the
+same deterministic pattern for every row (real acceptance varies by row; the mean is kept).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import laws
+from .step import _attention_laws
+
+ACC_DEN = 1000            # acceptance is held as an integer number of 1/1000 tokens per step
+BIG = 2 ** 40
+
+# record columns (value at the record's first step); reads/pairs per law follow
+COLS = ("m", "tokens", "prefill_tokens", "decode_tokens", "n_decode", "n_prefill", "n_requests",
+        "n_off_width", "resident", "kv_blocks", "emit_decode", "emit_first", "finishes",
+        "admitted", "admitted_tokens", "preempted", "waiting")
+NCOL = len(COLS)
+COL = {c: i for i, c in enumerate(COLS)}
+
+
+class ReadLaws(NamedTuple):
+    """The plan's distinct attention read laws, as piecewise-linear functions of the context:
+    f(x) = a x - sum_k b_k relu(x - p_k) (at most two breakpoints; b = 0 pads)."""
+    params: np.ndarray     # [L, 4]: window, top-k, compress ratio, sparse
+    inverse: np.ndarray    # attention entry -> law
+    a: np.ndarray          # [L]
+    b: np.ndarray          # [L, 2]
+    p: np.ndarray          # [L, 2]
+
+
+def read_laws(plan) -> ReadLaws:
+    A = plan.arrays
+    if not len(A["attn_kind"]):
+        z = np.zeros((0,))
+        return ReadLaws(np.zeros((0, 4)), None, z, np.zeros((0, 2)), np.zeros((0, 2)))
+    distinct, inverse = _attention_laws(A)
+    a, b, p = [], [], []
+    for w, tk, cr, sp in distinct:
+        cr = cr if cr > 1 else 1.0
+        bb, pp = [0.0, 0.0], [float(BIG), float(BIG)]
+        if sp > 0:
+            a.append((1.0 if w > 0 else 0.0) + 1.0 / cr)
+            if w > 0:
+                bb[0], pp[0] = 1.0, float(w)
+            if tk > 0:
+                bb[1], pp[1] = 1.0 / cr, float(tk) * cr
+        else:
+            a.append(1.0 / cr)
+            if w > 0:
+                bb[0], pp[0] = 1.0 / cr, float(w)
+        b.append(bb)
+        p.append(pp)
+    return ReadLaws(distinct, inverse, np.array(a), np.array(b), np.array(p))
+
+
+class Static(NamedTuple):
+    """Shapes fixed at trace time (hashable). Everything about the plan (its read laws) and the
+    engine is traced, so one compiled scheduler serves every deployment of a shape bucket."""
+    slots: int
+    requests: int
+    records: int
+    fast_forward: bool
+    laws: int = 1          # read-law slots (>= the plan's distinct laws)
+
+
+MAX_LAWS = 4              # read laws per plan, padded (a plan has 1-2)
+
+
+def law_arrays(laws: ReadLaws):
+    """The read laws as fixed-size arrays for the lanes: params [MAX_LAWS, 4], a, b, p, on."""
+    L = len(laws.a)
+    if L > MAX_LAWS:
+        raise ValueError(f"{L} distinct attention read laws; the scheduler holds {MAX_LAWS}")
+    params = np.zeros((MAX_LAWS, 4))
+    params[:L] = laws.params
+    a = np.zeros(MAX_LAWS)
+    a[:L] = laws.a
+    b = np.zeros((MAX_LAWS, 2))
+    b[:L] = laws.b
+    p = np.full((MAX_LAWS, 2), float(BIG))
+    p[:L] = laws.p
+    on = np.arange(MAX_LAWS) < L
+    return {"law_params": params, "law_a": a, "law_b": b, "law_p": p, "law_on": on}
+
+
+def G(s, acc):
+    """Tokens emitted per decode row by global step s (exclusive): floor(s * acceptance)."""
+    return (s * acc) // ACC_DEN
+
+
+def G_inv(v, acc):
+    """The smallest s with G(s) >= v."""
+    return -((-v * ACC_DEN) // acc)
+
+
+def _excl_cumsum(x):
+    return jnp.cumsum(x) - x
+
+
+def _cdiv(a, b):
+    return -((-a) // b)
+
+
+def _law_sums(st: Static, lane, sched, comp, mask, thr):
+    """Per read law: KV positions read by decode rows and 4x prefill pairs, as the kernel walks
+    them (step._walk_rows, exact mode). sched/comp int64 [S]."""
+    active = mask & (sched > 0)
+    prefill = active & (sched > thr)
+    decode = active & ~prefill
+    fs, fc = sched.astype(jnp.float64), comp.astype(jnp.float64)
+    reads, pairs = [], []
+    for j in range(st.laws):
+        w, tk, cr, sp = (lane["law_params"][j, i] for i in range(4))
+        on = lane["law_on"][j]
+        reads.append(jnp.where(on, jnp.sum(jnp.where(decode, laws.decode_read_tokens(fc + fs, w, tk, cr, sp > 0, None), 0.0)), 0.0))
+        pairs.append(jnp.where(on, jnp.sum(jnp.where(prefill, 4.0 * laws.prefill_pairs(fs, fc, w, tk, cr, sp > 0, None), 0.0)), 0.0))
+    return jnp.stack(reads), jnp.stack(pairs), prefill, decode
+
+
+def _law_slopes(st: Static, lane, ctx, mask):
+    """Per read law, at contexts ctx [S] (decode rows in mask): the sum of f(ctx) and of its slope."""
+    fx = ctx.astype(jnp.float64)
+    base, slope = [], []
+    for j in range(st.laws):
+        w, tk, cr, sp = (lane["law_params"][j, i] for i in range(4))
+        on = lane["law_on"][j]
+        base.append(jnp.where(on, jnp.sum(jnp.where(mask, laws.decode_read_tokens(fx, w, tk, cr, sp > 0, None), 0.0)), 0.0))
+        sl = lane["law_a"][j] - sum(lane["law_b"][j, q] * (fx >= lane["law_p"][j, q]) for q in range(2))
+        slope.append(jnp.where(on, jnp.sum(jnp.where(mask, sl, 0.0)), 0.0))
+    return jnp.stack(base), jnp.stack(slope)
+
+
+# ----------------------------------------------------------------------------- lane state
+#
+# The loop carry is split in two: the SMALL state of each lane (its S slots and a few scalars),
+# updated by vmapped code and selected per lane, and the BIG arrays (records [lanes, I, ...] and
+# per-request results [lanes, 4, N]) updated only by scatters at the touched entries, so an
+# iteration costs O(lanes x S), never O(records) or O(requests).
+
+SLOT_KEYS = ("rid", "plen", "olen", "ntok", "comp", "held", "zombie")
+SLOT_FILL = {"rid": -1, "zombie": 0}
+REQ_ROWS = ("first", "finish", "emits", "npre")     # first/finish stored +1 (0 = never)
+
+
+def init_small(st: Static):
+    S = st.slots
+    i64 = jnp.int64
+    out = {k: jnp.full(S, SLOT_FILL.get(k, 0), i64) for k in SLOT_KEYS}
+    for k in ("R", "P", "nf", "done", "finished", "s", "it"):
+        out[k] = jnp.zeros((), i64)
+    out["pure"] = jnp.zeros((), bool)
+    out["stuck"] = jnp.zeros((), bool)
+    return out
+
+
+def init_big(st: Static, lanes_n: int):
+    L, I, N = st.laws, st.records, st.requests
+    return {"rec": jnp.zeros((lanes_n, I, NCOL)), "rec_reads": jnp.zeros((lanes_n, I, L)),
+            "rec_pairs": jnp.zeros((lanes_n, I, L)), "rec_slope": jnp.zeros((lanes_n, I, L)),
+            "rec_floor": jnp.zeros((lanes_n, I)), "req": jnp.zeros((lanes_n, len(REQ_ROWS), N), jnp.int64)}
+
+
+def lane_done(st, small, lane):
+    return (small["finished"] >= lane["n"]) | small["stuck"] | (small["it"] + 2 > st.records)
+
+
+def _arrived(small, lane, T):
+    """Requests that have arrived: closed loop C + completions (capped at N); open loop the
+    requests whose arrival time is at most T."""
+    closed = jnp.minimum(lane["n"], lane["concurrency"] + small["done"])
+    opened = jnp.searchsorted(lane["arrival"], T, side="right").astype(jnp.int64)
+    return jnp.where(lane["open"], jnp.minimum(opened, lane["n"]), closed)
+
+
+def _compact(small, remove):
+    """Remove slots (finished requests), keeping the order of the rest: one stacked scatter."""
+    S = small["rid"].shape[0]
+    j = jnp.arange(S)
+    occupied = j < small["R"] + small["P"]
+    keep = occupied & ~remove
+    pos = jnp.where(keep, jnp.cumsum(keep) - 1, S)
+    stacked = jnp.stack([small[k] for k in SLOT_KEYS])
+    fill = jnp.asarray([SLOT_FILL.get(k, 0) for k in SLOT_KEYS], jnp.int64)[:, None]
+    moved = jnp.broadcast_to(fill, stacked.shape).at[:, pos].set(stacked, mode="drop")
+    out = dict(small)
+    for i, k in enumerate(SLOT_KEYS):
+        out[k] = moved[i]
+    out["R"] = small["R"] - jnp.sum((j < small["R"]) & remove)
+    return out
+
+
+def _row(vals):
+    return jnp.stack([jnp.asarray(vals.get(c, 0.0), jnp.float64) for c in COLS])
+
+
+def _general_step(st: Static, small, lane, T_start):
+    """One engine step. Returns (new small state before compaction, release mask, outputs)."""
+    S, N = st.slots, st.requests
+    j = jnp.arange(S)
+    i64 = jnp.int64
+    R, P = small["R"], small["P"]
+    rid, plen, olen = small["rid"], small["plen"], small["olen"]
+    ntok, comp, held, zombie = small["ntok"], small["comp"], small["held"], small["zombie"] > 0
+    k, la, bs, mml = lane["k"], lane["lookahead"], lane["block_size"], lane["max_model_len"]
+    B, KV, mns, thr = lane["budget"], lane["kv_blocks"], lane["max_num_seqs"], lane["thr"]
+    s, acc = small["s"], lane["acc"]
+
+    running = j < R
+    live = running & ~zombie
+    is_dec = live & (ntok > plen) & (comp == ntok - 1)
+    # ---- Phase A: running requests, in admission order
+    d = jnp.where(live, jnp.where(is_dec, 1 + k, ntok - comp), 0)
+    d = jnp.maximum(jnp.minimum(d, mml - 1 - comp), 0)
+    n = jnp.clip(B - _excl_cumsum(d), 0, d)
+    want = jnp.where(n > 0, _cdiv(jnp.minimum(comp + n + la, mml), bs), held)
+    need = jnp.maximum(want - held, 0)
+    occupied = j < R + P
+    free = KV - jnp.sum(jnp.where(occupied, held, 0))
+    m_idx = jnp.arange(S + 1)
+    zero = jnp.zeros(1, i64)
+    p_need = jnp.concatenate([zero, jnp.cumsum(need)])
+    h_run = jnp.where(running, held, 0)
+    s_held = jnp.sum(h_run) - jnp.concatenate([zero, jnp.cumsum(h_run)])
+    ok = (p_need <= free + s_held) & (m_idx <= R)
+    cut = jnp.max(jnp.where(ok, m_idx, 0))
+    popped = running & (j >= cut)
+    preempted_now = jnp.sum(popped)
+    n = jnp.where(popped, 0, n)
+    need = jnp.where(popped, 0, need)
+    comp = jnp.where(popped, 0, comp)
+    held_freed = jnp.sum(jnp.where(popped, held, 0))
+    held = jnp.where(popped, 0, held)
+    R1, P1 = cut, P + preempted_now
+    free1 = free + held_freed - jnp.sum(need)
+
+    # ---- Phase B: the waiting queue (only if nothing was preempted)
+    arrived = _arrived(small, lane, T_start)
+    B1 = B - jnp.sum(n)
+    is_pre = (j >= R1) & (j < R1 + P1)
+    fresh_id = small["nf"] + (j - R1 - P1)
+    is_fresh = (j >= R1 + P1) & (fresh_id < arrived)
+    fid = jnp.clip(fresh_id, 0, N - 1)
+    c_plen = jnp.where(is_fresh, lane["plen"][fid], plen)
+    c_olen = jnp.where(is_fresh, lane["olen"][fid], olen)
+    c_ntok = jnp.where(is_fresh, c_plen, ntok)
+    valid = (is_pre | is_fresh) & (j < mns) & (preempted_now == 0)
+    t = jnp.where(valid, c_ntok, 0)
+    excl = _excl_cumsum(t)
+    nb = jnp.clip(B1 - excl, 0, t)
+    b = jnp.where(valid, _cdiv(jnp.minimum(nb + la, mml), bs), 0)
+    gate = jnp.where(lane["reserve_full_isl"],
+                     jnp.maximum(_cdiv(jnp.minimum(t, mml), bs) + jnp.where(R1 > 0, lane["watermark"], 0), b), b)
+    fits = (_excl_cumsum(b) + gate <= free1) & (excl < B1) & valid
+    fail = (j >= R1) & ~fits
+    first_fail = jnp.min(jnp.where(fail, j, S))
+    admit = (j >= R1) & (j < first_fail)
+    n_adm = jnp.sum(admit)
+    n = jnp.where(admit, nb, n)
+    need = jnp.where(admit, b, need)
+    rid = jnp.where(admit & is_fresh, fresh_id, rid)
+    plen = jnp.where(admit, c_plen, plen)
+    olen = jnp.where(admit, c_olen, olen)
+    ntok = jnp.where(admit, c_ntok, ntok)
+    comp = jnp.where(admit, 0, comp)
+    fresh_adm = jnp.sum(admit & is_fresh)
+    R2 = R1 + n_adm
+    P2 = P1 - jnp.sum(admit & is_pre)
+    nf = small["nf"] + fresh_adm
+
+    # ---- the step's row sums (before the update)
+    sched_mask = n > 0
+    reads, pairs, prefill, decode = _law_sums(st, lane, n, comp, sched_mask, thr)
+    tokens = jnp.sum(n)
+    # ---- update after the step
+    held = held + need
+    comp2 = comp + n
+    completes = sched_mask & (comp2 >= ntok)      # all its tokens computed (drafts go past)
+    out_before = ntok - plen
+    g = G(s + 1, acc) - G(s, acc)
+    gen = jnp.where(is_dec & sched_mask, g, 1)
+    gen = jnp.minimum(gen, olen - out_before)
+    ntok2 = jnp.where(completes, ntok + gen, ntok)
+    comp2 = jnp.where(completes, ntok2 - 1, comp2)
+    first_now = completes & (out_before == 0)
+    fin = completes & (ntok2 - plen >= olen)
+    # per-request updates (scatter-add): first+1, finish+1, emits, preemptions
+    none = jnp.full(S, N, i64)
+    req_idx = jnp.stack([jnp.where(first_now, rid, none), jnp.where(fin, rid, none),
+                         jnp.where(completes, rid, none), jnp.where(popped, small["rid"], none)])
+    req_val = jnp.stack([jnp.full(S, s + 1), jnp.full(S, s + 1), jnp.ones(S, i64), jnp.ones(S, i64)])
+
+    async_ = lane["async"]
+    old_zombie = zombie & running
+    release = jnp.where(async_, old_zombie, fin)
+    new_zombie = jnp.where(async_, (zombie & ~old_zombie) | fin, False)
+    new = dict(small, rid=rid, plen=plen, olen=olen, ntok=ntok2, comp=comp2, held=held,
+               zombie=new_zombie.astype(i64), R=R2, P=P2, nf=nf, finished=small["finished"] + jnp.sum(fin),
+               done=small["done"] + jnp.sum(release), s=s + 1)
+    adm_tokens = jnp.sum(jnp.where(admit & is_fresh, c_plen, 0))
+    row = _row({"m": 1.0, "tokens": tokens, "prefill_tokens": jnp.sum(jnp.where(prefill, n, 0)),
+                "decode_tokens": jnp.sum(jnp.where(decode, n, 0)), "n_decode": jnp.sum(decode),
+                "n_prefill": jnp.sum(prefill), "n_requests": jnp.sum(sched_mask),
+                "n_off_width": jnp.sum(sched_mask & (n != lane["uniform_width"])),
+                "resident": R2, "kv_blocks": jnp.sum(jnp.where(j < R2 + P2, held, 0)),
+                "emit_decode": jnp.sum(completes & ~first_now), "emit_first": jnp.sum(first_now),
+                "finishes": jnp.sum(fin), "admitted": fresh_adm, "admitted_tokens": adm_tokens,
+                "preempted": preempted_now, "waiting": jnp.maximum(arrived - nf, 0) + P2})
+    # a pure decode step: the next steps may repeat it (a decode run)
+    n_sched = jnp.sum(sched_mask)
+    pure = ((tokens > 0) & (jnp.sum(decode) == n_sched) & (n_sched == R2) & (n_adm == 0)
+            & (preempted_now == 0) & (jnp.sum(fin) == 0) & (P2 == 0) & ~jnp.any(new_zombie)
+            & (jnp.sum(first_now) == 0) & jnp.all(jnp.where(sched_mask, n == 1 + k, True)) & ~lane["open"])
+    new["pure"] = pure & st.fast_forward
+    new["stuck"] = ((tokens == 0) & (R2 == 0) & (P2 == 0) & (nf >= arrived) & ~lane["open"]
+                    & (new["finished"] < lane["n"]) & ~jnp.any(new_zombie))
+    out = {"row": row, "reads": reads, "pairs": pairs, "slope": jnp.zeros_like(reads), "floor": T_start,
+           "req_idx": req_idx, "req_val": req_val}
+    return new, release, out
+
+
+def _decode_run_length(st: Static, small, lane):
+    """How many steps, from step s, repeat the last pure decode step exactly (>= 0)."""
+    S = st.slots
+    j = jnp.arange(S)
+    R = small["R"]
+    running = j < R
+    k, la, bs, mml, KV, acc = (lane["k"], lane["lookahead"], lane["block_size"], lane["max_model_len"],
+                               lane["kv_blocks"], lane["acc"])
+    s = small["s"]
+    ntok, plen, olen, held = small["ntok"], small["plen"], small["olen"], small["held"]
+    g0 = G(s, acc)
+    rem = olen - (ntok - plen)
+    # the step t (0-based in the run) at which each row emits its last token
+    t_fin = jnp.where(running, G_inv(rem + g0, acc) - 1 - s, BIG)
+    e_max = jnp.min(t_fin) + 1
+    # breakpoints of the read laws: rows below one must not pass it
+    ctx0 = ntok + k
+    for j_law in range(st.laws):
+        for q in range(2):
+            p = lane["law_p"][j_law, q]
+            brk = lane["law_on"][j_law] & (lane["law_b"][j_law, q] != 0)
+            below = running & (ctx0 < p) & brk
+            room = jnp.floor(jnp.minimum(p, float(BIG))).astype(jnp.int64) - ctx0   # ctx(t) - ctx0 <= room
+            last = G_inv(jnp.maximum(room, 0) + g0 + 1, acc) - 1 - s                 # last t with G(s+t) <= room + g0
+            e_max = jnp.minimum(e_max, jnp.min(jnp.where(below, last + 1, BIG)))
+    e_max = jnp.minimum(e_max, lane["run_cap"])
+
+    # KV: the blocks all rows want must fit. With x_i = ntok_i + k + lookahead, a context growth
+    # of u tokens wants sum_i cdiv(x_i + u, bs) blocks: q whole blocks per row fit by counting, the
+    # rest of the next block by one [S, bs] comparison. (max_model_len is ignored here: it only
+    # lowers the want, so the run can only end early, which a general step then continues.)
+    x = ntok + k + la
+    base_i = jnp.maximum(_cdiv(x, bs), held)
+    spare = KV - jnp.sum(jnp.where(running, base_i, 0))
+    Rm = jnp.maximum(R, 1)
+    q = jnp.maximum(spare, 0) // Rm
+    u = jnp.arange(lane["bs_max"].shape[0])
+    extra = jnp.sum(jnp.where(running[:, None] & (u[None, :] < bs),
+                              _cdiv(x[:, None] + q * bs + u[None, :], bs) - _cdiv(x, bs)[:, None] - q, 0), axis=0)
+    ok_u = (u < bs) & (Rm * q + extra <= spare)
+    u_max = q * bs + jnp.max(jnp.where(ok_u, u, 0))
+    e_kv = G_inv(u_max + g0 + 1, acc) - s          # steps t = 0..e-1 with G(s+t) - g0 <= u_max
+    e = jnp.minimum(e_max, e_kv)
+    # eligible: every running row decodes, nothing is preempted or pending release, and the
+    # waiting queue can admit nobody (empty, or max_num_seqs reached): then each next step is
+    # the same decode step one token longer, until e_max
+    comp, zombie = small["comp"], small["zombie"] > 0
+    decoding = (ntok > plen) & (comp == ntok - 1) & ~zombie
+    # the head of the waiting queue stays blocked through the run: free blocks only shrink
+    nf = small["nf"]
+    head = jnp.clip(nf, 0, st.requests - 1)
+    t_head = lane["plen"][head]
+    left = lane["budget"] - R * (1 + k)
+    chunk = jnp.minimum(t_head, jnp.maximum(left, 0))
+    b_head = _cdiv(jnp.minimum(chunk + la, mml), bs)
+    g_head = jnp.where(lane["reserve_full_isl"],
+                       jnp.maximum(_cdiv(jnp.minimum(t_head, mml), bs) + jnp.where(R > 0, lane["watermark"], 0), b_head),
+                       b_head)
+    free_first = spare                              # free blocks after the run's first step
+    blocked = ((_arrived(small, lane, 0.0) <= nf) | (R >= lane["max_num_seqs"]) | (left <= 0)
+               | (g_head > free_first))
+    eligible = ((R > 0) & (small["P"] == 0) & jnp.all(jnp.where(running, decoding, True))
+                & (R * (1 + k) <= lane["budget"]) & blocked & ~lane["open"])
+    return jnp.where(eligible & (spare >= 0), jnp.maximum(e, 0), 0)
+
+
+def _decode_run(st: Static, small, lane, e, T):
+    S, N = st.slots, st.requests
+    j = jnp.arange(S)
+    i64 = jnp.int64
+    R = small["R"]
+    running = j < R
+    k, la, bs, mml, acc = lane["k"], lane["lookahead"], lane["block_size"], lane["max_model_len"], lane["acc"]
+    s = small["s"]
+    ntok, plen, olen, held, rid = small["ntok"], small["plen"], small["olen"], small["held"], small["rid"]
+    e1 = jnp.maximum(e, 1)
+    g0 = G(s, acc)
+    base, slope = _law_slopes(st, lane, ntok + k, running)
+    ntok2 = jnp.where(running, jnp.minimum(ntok + G(s + e1, acc) - g0, plen + olen), ntok)
+    nt_last = ntok + G(s + e1 - 1, acc) - g0
+    w = _cdiv(jnp.minimum(nt_last + k + la, mml), bs)
+    held2 = jnp.where(running, jnp.maximum(w, held), held)
+    fin = running & (ntok2 - plen >= olen)
+    none = jnp.full(S, N, i64)
+    req_idx = jnp.stack([none, jnp.where(fin, rid, none), jnp.where(running, rid, none), none])
+    req_val = jnp.stack([jnp.zeros(S, i64), jnp.full(S, s + e1), jnp.full(S, e1), jnp.zeros(S, i64)])
+    async_ = lane["async"]
+    release = jnp.where(async_, False, fin)
+    new = dict(small, ntok=ntok2, comp=jnp.where(running, ntok2 - 1, small["comp"]), held=held2,
+               zombie=jnp.where(async_, fin, small["zombie"] > 0).astype(i64),
+               finished=small["finished"] + jnp.sum(fin), done=small["done"] + jnp.sum(release),
+               s=s + e1, pure=jnp.zeros((), bool))
+    Rf = R.astype(jnp.float64)
+    row = _row({"m": e1, "tokens": Rf * (1 + k), "n_decode": Rf, "n_requests": Rf, "decode_tokens": Rf * (1 + k),
+                "n_off_width": jnp.where(1 + k != lane["uniform_width"], Rf, 0.0), "resident": Rf,
+                "kv_blocks": jnp.sum(jnp.where(running, held2, 0)), "emit_decode": Rf, "finishes": jnp.sum(fin),
+                "waiting": jnp.maximum(_arrived(small, lane, T) - small["nf"], 0)})
+    out = {"row": row, "reads": base, "pairs": jnp.zeros_like(base), "slope": slope, "floor": jnp.asarray(T, jnp.float64),
+           "req_idx": req_idx, "req_val": req_val}
+    return new, release, out
+
+
+def lane_iteration(st: Static, small, lane, T):
+    """One loop iteration of one lane: a general step, then (where it only decoded) the decode
+    run that repeats it; two records (the run's has m = 0 when there is none)."""
+    new, release, out1 = _general_step(st, small, lane, T)
+    new = _compact(new, release)
+    if st.fast_forward:
+        e = _decode_run_length(st, new, lane)
+        run, release2, out2 = _decode_run(st, new, lane, e, T)
+        run = _compact(run, release2)
+        new = jax.tree_util.tree_map(lambda a, b: jnp.where(e > 0, a, b), run, new)
+        out2 = dict(out2, row=jnp.where(e > 0, out2["row"], jnp.zeros_like(out2["row"])),
+                    req_idx=jnp.where(e > 0, out2["req_idx"], st.requests))
+    else:
+        out2 = jax.tree_util.tree_map(jnp.zeros_like, out1)
+        out2["req_idx"] = jnp.full_like(out1["req_idx"], st.requests)
+    new["it"] = small["it"] + 2
+    out = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), out1, out2)
+    return new, out
+
+
+def _apply(st, big, out, active):
+    """Write each active lane's two records and request updates into the big arrays."""
+    lanes_n = active.shape[0]
+    lane_ix = jnp.arange(lanes_n)[:, None]
+    it = jnp.where(active[:, None], out["it"][:, None] + jnp.arange(2)[None, :], st.records)   # dropped if inactive
+    big = dict(big)
+    for key, name in (("rec", "row"), ("rec_reads", "reads"), ("rec_pairs", "pairs"), ("rec_slope", "slope"),
+                      ("rec_floor", "floor")):
+        big[key] = big[key].at[lane_ix, it].set(out[name], mode="drop")
+    idx = jnp.where(active[:, None, None, None], out["req_idx"], st.requests)      # [lanes, 2, 4, S]
+    rows = jnp.broadcast_to(jnp.arange(len(REQ_ROWS))[None, None, :, None], idx.shape)
+    lanes4 = jnp.broadcast_to(jnp.arange(lanes_n)[:, None, None, None], idx.shape)
+    big["req"] = big["req"].at[lanes4, rows, idx].add(out["req_val"], mode="drop")
+    return big
+
+
+def _loop(st, lanes, T_fn=None, price_fn=None):
+    lanes_n = lanes["n"].shape[0]
+    small = jax.vmap(lambda _: init_small(st))(jnp.arange(lanes_n))
+    big = init_big(st, lanes_n)
+
+    def cond(carry):
+        small, big, T = carry
+        return ~jnp.all(jax.vmap(lambda x, l: lane_done(st, x, l))(small, lanes))
+
+    def body(carry):
+        small, big, T = carry
+        active = ~jax.vmap(lambda x, l: lane_done(st, x, l))(small, lanes)
+        if price_fn is not None:
+            idle = jax.vmap(lambda x, l: (x["R"] + x["P"] == 0) & (x["nf"] >= _arrived(x, l, T)))(small, lanes)
+            nxt = jnp.min(jnp.where(idle & active, jax.vmap(
+                lambda x, l: l["arrival"][jnp.clip(x["nf"], 0, st.requests - 1)])(small, lanes), jnp.inf))
+            T = jnp.where(jnp.all(idle | ~active) & jnp.isfinite(nxt), jnp.maximum(T, nxt), T)
+        new, out = jax.vmap(lambda x, l: lane_iteration(st, x, l, T))(small, lanes)
+        out["it"] = small["it"]
+        big = _apply(st, big, out, active)
+        small = jax.tree_util.tree_map(
+            lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, small)
+        if price_fn is not None:
+            dt = jax.vmap(price_fn)(out["row"][:, 0], out["reads"][:, 0], out["pairs"][:, 0])
+            dt = jnp.max(jnp.where(active & (out["row"][:, 0, COL["tokens"]] > 0), dt, 0.0))
+            T = T + dt
+        return small, big, T
+
+    small, big, T = jax.lax.while_loop(cond, body, (small, big, jnp.zeros(())))
+    res = dict(big)
+    res.update({k: small[k] for k in ("it", "finished", "stuck", "s")})
+    req = big["req"]
+    res["first"] = req[:, 0] - 1
+    res["finish"] = req[:, 1] - 1
+    res["emits"] = req[:, 2]
+    res["npre"] = req[:, 3]
+    del res["req"]
+    return res
+
+
+@functools.partial(jax.jit, static_argnames=("st",))
+def run_closed(st: Static, lanes):
+    """Every lane's schedule (closed loop: no times needed); lanes are independent."""
+    return _loop(st, lanes)
+
+
+def run_open(st: Static, lanes, price_fn):
+    """Open loop: arrivals depend on times, so the kernel prices each step inside the loop.
+    The lanes (data-parallel ranks) step together; a step takes its slowest rank's time. When
+    every rank is idle and a request is still to come, time jumps to its arrival."""
+    return _loop(st, lanes, price_fn=price_fn)
+
+
+# ----------------------------------------------------------------------------- expansion
+
+
+def expand(rec, rec_reads, rec_pairs, rec_slope, n_records, acc):
+    """Records of one lane -> per-step arrays (NumPy): dict of [steps] columns, reads/pairs
+    [steps, L], the floor (not-before time) of each step, and each step's record index."""
+    rec = np.asarray(rec)[:n_records]
+    m = rec[:, COL["m"]].astype(np.int64)
+    steps = int(m.sum())
+    idx = np.repeat(np.arange(n_records), m)
+    s0 = np.concatenate([[0], np.cumsum(m)[:-1]]).astype(np.int64)
+    s = np.arange(steps, dtype=np.int64)
+    acc = int(acc)
+    # a run's first step is its record's s0; G-offset within the record
+    du = ((s * acc) // ACC_DEN - (s0[idx] * acc) // ACC_DEN).astype(np.float64)
+    cols = {c: rec[idx, COL[c]] for c in COLS if c != "m"}
+    reads = np.asarray(rec_reads)[:n_records][idx] + np.asarray(rec_slope)[:n_records][idx] * du[:, None]
+    pairs = np.asarray(rec_pairs)[:n_records][idx]
+    # per-record counts that happen once (at the record's last step): finishes, admissions, preemptions
+    last = np.zeros(steps, bool)
+    if steps:
+        last[np.cumsum(m) - 1] = True
+    first_of = np.zeros(steps, bool)
+    if steps:
+        first_of[s0[m > 0]] = True
+    for c in ("finishes",):
+        cols[c] = np.where(last, cols[c], 0.0)
+    for c in ("admitted", "admitted_tokens", "preempted", "emit_first"):
+        cols[c] = np.where(first_of, cols[c], 0.0)
+    return cols, reads, pairs, idx, s0
+
+
+# ----------------------------------------------------------------------------- reference
+
+
+def reference_schedule(plen, olen, *, concurrency=None, arrival_steps=None, max_num_seqs, budget, block_size,
+                       kv_blocks, max_model_len, k=0, lookahead=0, acceptance=1.0, reserve_full_isl=True,
+                       async_scheduling=False, watermark_blocks=0, max_steps=10 ** 7, partial=False):
+    """The same scheduler as plain Python over lists, one engine step per loop turn, written
+    from serving-reference.md §1 independently of the array code: the oracle of the tests and
+    the pure-Python baseline of experiments/bench.py. Closed loop (``concurrency``) only.
+
+    Returns dict: steps (list per step of [(request, scheduled, computed)] in batch order),
+    first, finish (step per request), preemptions (per request), preempted (per step)."""
+    n_req = len(plen)
+    acc = int(round(acceptance * ACC_DEN))
+    ntok = [int(p) for p in plen]
+    comp = [0] * n_req
+    held = [0] * n_req
+    npre = [0] * n_req
+    first = [-1] * n_req
+    finish = [-1] * n_req
+    running, waiting, zombies = [], [], set()
+    nxt, done, s = 0, 0, 0
+    steps, pre_steps = [], []
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    while done < n_req or zombies:
+        if s >= max_steps:
+            if partial:
+                break
+            raise RuntimeError("reference schedule did not finish")
+        arrived = min(n_req, concurrency + done)
+        while nxt < arrived:
+            waiting.append(nxt)
+            nxt += 1
+        free = kv_blocks - sum(held[r] for r in running)
+        B = budget
+        rows, preempted = [], False
+        is_dec = {}
+        # Phase A
+        i = 0
+        while i < len(running) and B > 0:
+            r = running[i]
+            if r in zombies:
+                i += 1
+                continue
+            dec = ntok[r] > plen[r] and comp[r] == ntok[r] - 1
+            is_dec[r] = dec
+            n = (1 + k) if dec else ntok[r] - comp[r]
+            n = min(n, B, max_model_len - 1 - comp[r])
+            if n <= 0:
+                i += 1
+                continue
+            want = cdiv(min(comp[r] + n + lookahead, max_model_len), block_size)
+            need = max(want - held[r], 0)
+            victim_self = False
+            while need > free:
+                v = running.pop()
+                free += held[v]
+                held[v], comp[v] = 0, 0
+                npre[v] += 1
+                waiting.insert(0, v)
+                preempted = True
+                if v == r:
+                    victim_self = True
+                    break
+            if victim_self:
+                break
+            held[r] += need
+            free -= need
+            rows.append((r, n, comp[r]))
+            B -= n
+            i += 1
+        # Phase B
+        if not preempted:
+            while waiting and B > 0 and len(running) < max_num_seqs:
+                r = waiting[0]
+                t = ntok[r] - comp[r]
+                n = min(t, B)
+                b = cdiv(min(n + lookahead, max_model_len), block_size)
+                gate = (cdiv(min(t, max_model_len), block_size) + (watermark_blocks if running else 0)
+                        if reserve_full_isl else b)
+                if max(gate, b) > free:
+                    break
+                waiting.pop(0)
+                running.append(r)
+                comp[r] = 0
+                held[r] = b
+                free -= b
+                is_dec[r] = False
+                rows.append((r, n, 0))
+                B -= n
+        steps.append(rows)
+        pre_steps.append(preempted)
+        # outputs
+        g = (((s + 1) * acc) // ACC_DEN) - ((s * acc) // ACC_DEN)
+        finished = []
+        for r, n, c in rows:
+            comp[r] = c + n
+            if comp[r] >= ntok[r]:
+                out = ntok[r] - plen[r]
+                gen = min(g if is_dec.get(r) else 1, olen[r] - out)
+                if out == 0:
+                    first[r] = s
+                ntok[r] += gen
+                comp[r] = ntok[r] - 1
+                if ntok[r] - plen[r] >= olen[r]:
+                    finish[r] = s
+                    finished.append(r)
+        if async_scheduling:
+            for r in list(zombies):
+                running.remove(r)
+                held[r] = 0
+                done += 1
+            zombies = set(finished)
+        else:
+            for r in finished:
+                running.remove(r)
+                held[r] = 0
+                done += 1
+        s += 1
+    return {"steps": steps, "first": first, "finish": finish, "preemptions": npre, "preempted": pre_steps}

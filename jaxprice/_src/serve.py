@@ -1,0 +1,743 @@
+"""Serving under load: the benchmark client and vLLM v1's scheduler over the step kernel.
+
+``simulate(deployment, workload, client)`` runs the engine's scheduler step by step
+(schedule.py), prices every step with the kernel, and returns per-request latencies (TTFT,
+TPOT, E2E, ITL) and the run's summary (``ServingResult``). ``simulate_sweep`` does a whole
+closed-loop concurrency sweep in one vmapped scheduler call and one vmapped pricing call.
+
+The engine (vLLM v1, serving-reference.md §1-3), per data-parallel rank:
+
+* ``max_num_seqs`` running requests at most, a token budget ``max_num_batched_tokens`` per
+  step, chunked prefill (running requests first in admission order, so decodes before
+  prefill chunks, then the waiting queue in arrival order, a long prompt split across steps);
+* a KV cache of ``floor(kv_capacity_tokens / block_size) - 1`` usable blocks (vLLM's null block
+  excluded; ``kv_capacity_tokens`` per rank from ``plan.memory``); a request holds
+  ``cdiv(computed + scheduled + lookahead, block_size)`` blocks; admission only when its blocks
+  are free; with ``reserve_full_isl`` (default True: vLLM's engine-args default since PR #37307,
+  2026-03, before almost all measured runs) only when the whole prompt's blocks fit; a running
+  request that cannot grow preempts the latest-admitted running requests (recompute: its
+  blocks freed, re-prefilled with its outputs when readmitted at the head of the queue);
+* speculative decoding: a decode row schedules 1 + k tokens (k = num_spec_tokens, k lookahead
+  slots) and emits ``acceptance`` tokens per step on average (input; default 1 + k * 0.7 ...
+  see ``ENGINE_DEFAULTS``); without speculation 1;
+* data parallelism: each rank has its own scheduler, queue, budget and KV cache. Closed loop:
+  the C clients are spread evenly over the ranks (rank r keeps C // dp (+1 for r < C % dp)
+  requests in flight; vLLM's balancer sends a new request to the least-loaded rank, which is
+  the one whose request just finished) and the requests round-robin (request i to rank
+  i mod dp). Open loop: requests round-robin. The ranks step together (lockstep): each rank's
+  batch is priced by the kernel and the step takes the slowest rank's time;
+* async scheduling (default on, vLLM's default since 2025-12 for this kind of deployment):
+  step k+1 is scheduled before step k's outputs are processed, so a request finishing in step k
+  frees its slot and blocks (and its client's next request arrives) for step k+2, not k+1.
+
+Time: a step costs the kernel's estimate (NoOverlap by default, Overlap with
+``estimate="overlap"``) plus the registry's host costs where the deployment's coefficients carry
+them: ``host_output_token`` once per step that emits tokens (so at C = 1 TPOT = one decode step +
+host_output_token, as the accuracy harness adds it once per TPOT), ``host_completion`` per
+request finishing in the step, ``host_admission_per_request`` / ``_per_token`` per new request
+(and its prompt tokens) admitted in the step. A step that schedules nothing costs nothing. A
+token appears at the end of the step that computes it. Per request (IX ``calculate_metrics``):
+TTFT = first token - arrival, TPOT = (finish - first token) / (output - 1) (requests with
+output > 1), E2E = finish - arrival, ITL = the gaps between its token-emitting steps, pooled.
+
+Closed loop: the schedule depends on token counts only, so it is computed once
+(``build_schedule``, no step times) and its steps priced in vmapped calls; every metric is then
+differentiable in the coefficients exactly through the step times (``schedule_metrics``). Open
+loop: arrivals depend on times, so the scheduler loop prices each step with the kernel inside
+the ``jax.lax.while_loop``; its gradient is that of the FIXED schedule the loop produced
+(the schedule's discrete choices are not differentiated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import schedule as S
+from .client import ClosedLoop, OpenLoop, Trace, Workload
+from .errors import refuse
+from .step import exact_at_zero, _step_time, temperature_arg
+
+ESTIMATES = ("no_overlap", "overlap")
+ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_capacity_tokens", "max_model_len",
+               "reserve_full_isl", "async_scheduling", "decode_threshold", "num_spec_tokens", "lookahead",
+               "watermark", "fast_forward", "gpu_count")
+DEFAULT_ACCEPTANCE_PER_DRAFT = 0.7     # mean accepted share of each draft token when none is given
+
+
+def _next_pow2(x):
+    return 1 << max(int(x) - 1, 0).bit_length()
+
+
+# ----------------------------------------------------------------------------- engine settings
+
+
+def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
+    """The engine settings a run uses, and where each came from: ({key: value}, {key: (value, source)})."""
+    engine = dict(engine or {})
+    unknown = [k for k in engine if k not in ENGINE_KEYS]
+    if unknown:
+        refuse(f"unknown engine setting (known: {', '.join(ENGINE_KEYS)})", field="engine", value=unknown[0])
+    eng = dict(dep.scenario.engine or {})
+    path = str(dep.scenario.path) if getattr(dep.scenario, "path", None) else dep.name
+    out, src = {}, {}
+
+    def take(key, default, default_src, *, scen_key=None):
+        if key in engine and engine[key] is not None:
+            out[key], src[key] = engine[key], "engine= override"
+        elif (scen_key or key) in eng and eng[scen_key or key] is not None:
+            out[key], src[key] = eng[scen_key or key], f"{path}: engine.{scen_key or key}"
+        else:
+            out[key], src[key] = default, default_src
+
+    big = dep.chip.memory_gib >= 70 and "a100" not in dep.chip.name
+    take("max_num_batched_tokens", 8192 if big else 2048, "vLLM default for this part (8192 on >= 70 GiB, else 2048)")
+    take("max_num_seqs", dep.resolution.get("max_num_seqs", 1024 if big else 256), "resolve (vLLM default for this part)")
+    take("block_size", int(dep.plan.memory.get("block_size", 16)), "plan.memory block_size")
+    take("kv_capacity_tokens", float(dep.plan.memory["kv_capacity_tokens"]), "plan.memory kv_capacity_tokens (per dp rank)")
+    take("max_model_len", (max_len + 256) if max_len else 32768,
+         "isl + osl + 256 (InferenceX's max-model-len)" if max_len else "32768")
+    take("reserve_full_isl", True, "vLLM default (scheduler_reserve_full_isl, V-new, PR #37307 2026-03)")
+    take("async_scheduling", True, "vLLM default (on unless PP > 1 or non-EAGLE/MTP speculation)")
+    take("decode_threshold", int(dep.resolution.get("decode_threshold", 1)),
+         "resolve: 1 + num_spec_tokens (a row scheduling more is a prefill)")
+    spec = (eng.get("speculative") or {})
+    take("num_spec_tokens", int(spec.get("num_spec_tokens", 0)) if spec else 0, "scenario speculative.num_spec_tokens")
+    k = int(out["num_spec_tokens"])
+    take("lookahead", k, "num_spec_tokens (EAGLE/MTP lookahead slots)")
+    take("watermark", 0.0, "vLLM default 0")
+    take("fast_forward", True, "decode runs recorded as one linear record (exact)")
+    par = dep.scenario.parallel or {}
+    take("gpu_count", int(dep.plan.scalars.get("tp", 1)) * int(dep.plan.scalars.get("dp", 1)) * int(par.get("pp", 1)),
+         "tp x dp x pp")
+    if acceptance is None:
+        acceptance = 1.0 + k * DEFAULT_ACCEPTANCE_PER_DRAFT if k else 1.0
+        a_src = f"assumed 1 + {DEFAULT_ACCEPTANCE_PER_DRAFT} x num_spec_tokens" if k else "no speculation: 1"
+    else:
+        a_src = "acceptance= argument"
+    if not (isinstance(acceptance, (int, float)) and math.isfinite(acceptance) and 1 <= acceptance <= k + 1):
+        refuse(f"must be a number in [1, 1 + num_spec_tokens = {k + 1}] (mean tokens emitted per decode step)",
+               field="acceptance", value=acceptance, has_value=True)
+    out["acceptance"], src["acceptance"] = float(acceptance), a_src
+    for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
+        v = out[key]
+        if not (isinstance(v, (int, float, np.integer)) and not isinstance(v, bool) and v == int(v) and v >= 1):
+            refuse("must be an integer >= 1", file=src[key], field=key, value=v, has_value=True)
+        out[key] = int(v)
+    cap = out["kv_capacity_tokens"]
+    if not (isinstance(cap, (int, float)) and cap >= 0):
+        refuse("must be a number >= 0 (tokens per dp rank)", file=src["kv_capacity_tokens"], field="kv_capacity_tokens",
+               value=cap, has_value=True)
+    blocks = int(cap // out["block_size"]) - 1 if math.isfinite(cap) else 2 ** 40
+    out["kv_blocks"] = max(blocks, 0)
+    src["kv_blocks"] = f"floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)"
+    out["dp"] = int(dep.plan.scalars.get("dp", 1))
+    src["dp"] = "plan dp"
+    assumptions = {key: (out[key], src[key]) for key in src}
+    return out, assumptions
+
+
+# ----------------------------------------------------------------------------- lanes
+
+
+def _requests(workload, client):
+    """(arrival times or None, input lengths, output lengths) for a client."""
+    if isinstance(client, Trace):
+        return (np.asarray(client.arrival_s, float), np.asarray(client.input_len, np.int64),
+                np.asarray(client.output_len, np.int64))
+    if workload is None:
+        refuse("a workload is needed for this client", field="workload")
+    workload.validate()
+    client.validate()
+    if isinstance(client, ClosedLoop):
+        ins, outs = workload.lengths(client.prompts)
+        return None, ins, outs
+    if isinstance(client, OpenLoop):
+        ins, outs = workload.lengths(int(client.num_prompts))
+        return client.arrivals(), ins, outs
+    refuse("must be a ClosedLoop, OpenLoop or Trace", field="client", value=type(client).__name__)
+
+
+def _check_lengths(settings, ins, outs, source):
+    mml = settings["max_model_len"]
+    total = ins + outs
+    bad = np.flatnonzero(total > mml)
+    if bad.size:
+        i = int(bad[0])
+        refuse(f"input + output = {int(total[i])} tokens exceeds max_model_len {mml}", file=source,
+               field=f"request {i}", value=(int(ins[i]), int(outs[i])), has_value=True)
+    bs, k = settings["block_size"], settings["lookahead"]
+    need = -(-(np.minimum(total.max() + k, mml)) // bs)
+    if need > settings["kv_blocks"]:
+        refuse(f"the KV cache holds {settings['kv_blocks']} blocks of {bs} tokens per rank "
+               f"({settings['kv_capacity_tokens']:.0f} tokens), fewer than one request needs ({int(need)} blocks "
+               f"for {int(total.max())} tokens)", file="deployment", field="kv_capacity_tokens",
+               value=settings["kv_capacity_tokens"], has_value=True)
+
+
+def _lane(settings, *, n, concurrency, plen, olen, arrival, open_loop, law_arrays, uniform_width):
+    return {**law_arrays, "uniform_width": float(uniform_width), "bs_max": np.zeros(_next_pow2(settings["block_size"])),"n": n, "concurrency": concurrency, "plen": plen, "olen": olen, "arrival": arrival,
+            "open": open_loop, "k": settings["num_spec_tokens"], "lookahead": settings["lookahead"],
+            "block_size": settings["block_size"], "max_model_len": settings["max_model_len"],
+            "budget": settings["max_num_batched_tokens"], "kv_blocks": settings["kv_blocks"],
+            "max_num_seqs": settings["max_num_seqs"], "thr": settings["decode_threshold"],
+            "acc": int(round(settings["acceptance"] * S.ACC_DEN)),
+            "reserve_full_isl": bool(settings["reserve_full_isl"]), "async": bool(settings["async_scheduling"]),
+            "watermark": int(settings["watermark"] * (settings["kv_blocks"] + 1)), "run_cap": S.BIG}
+
+
+def _split(settings, arrival, ins, outs, concurrency):
+    """Per dp rank: (indices of its requests, its concurrency)."""
+    dp = settings["dp"]
+    n = ins.size
+    out = []
+    for r in range(dp):
+        idx = np.arange(r, n, dp)
+        c = concurrency // dp + (1 if r < concurrency % dp else 0) if concurrency is not None else None
+        out.append((idx, c))
+    return out
+
+
+def _record_estimate(lane, settings, n_laws):
+    n = max(int(lane["n"]), 1)
+    b_eff = max(settings["max_num_batched_tokens"] - min(settings["max_num_seqs"], n) * (1 + settings["num_spec_tokens"]), 1)
+    chunks = int(np.sum(-(-np.asarray(lane["plen"][:n]) // b_eff)))
+    return 4 * n + 2 * chunks + 2 * n * n_laws + 64
+
+
+def _stack_lanes(lanes, N):
+    out = {}
+    for key in lanes[0]:
+        vals = [l[key] for l in lanes]
+        if key in ("plen", "olen"):
+            out[key] = jnp.asarray(np.stack([np.concatenate([v, np.ones(N - v.size, np.int64)]) for v in vals]))
+        elif key == "arrival":
+            out[key] = jnp.asarray(np.stack([np.concatenate([v, np.full(N - v.size, np.inf)]) for v in vals]))
+        elif key in ("open", "reserve_full_isl", "async", "law_on"):
+            out[key] = jnp.asarray(np.array(vals, bool))
+        elif key.startswith("law_") or key == "uniform_width":
+            out[key] = jnp.asarray(np.array(vals, float))
+        elif key == "bs_max":
+            out[key] = jnp.zeros((len(vals), max(v.size for v in vals)))
+        else:
+            out[key] = jnp.asarray(np.array(vals, np.int64))
+    return out
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+@dataclasses.dataclass
+class Schedule:
+    """The steps of one run (all dp ranks), as per-step row sums, with the data mapping step
+    times to per-request times. Build with ``build_schedule``; price with ``step_times``;
+    summarise with ``schedule_metrics``.
+
+    sums: dict of [dp, steps] arrays (tokens, prefill_tokens, n_decode, ..., reads/pairs
+    [dp, steps, L] per distinct read law); host: per-step counts the host costs scale with;
+    requests: per-request arrays (input_len, output_len, rank, first_step, finish_step,
+    arrival_step (closed loop; -1 = at t=0), arrival (open loop, s), emits, preemptions)."""
+    plan: object
+    settings: dict
+    assumptions: dict
+    laws: object
+    sums: dict
+    requests: dict
+    floor: np.ndarray
+    open_loop: bool
+    concurrency: int | None
+    steps: int
+    iterations: int
+
+    @property
+    def dp(self):
+        return self.settings["dp"]
+
+    def step_times(self, coefficients, estimate="no_overlap", temperature=None):
+        """Each step's time (s): the kernel's estimate of every rank's batch plus the host
+        costs, the slowest rank; a jnp array, differentiable in the coefficients."""
+        return price_steps(self, coefficients, estimate=estimate, temperature=temperature)
+
+
+def _sums_for_kernel(plan, laws, cols, reads, pairs):
+    """Per-step row sums (any leading shape) in step.row_sums' layout."""
+    out = {k: cols[k] for k in ("tokens", "prefill_tokens", "n_decode", "n_prefill", "n_requests", "n_off_width")}
+    if len(plan.arrays["rec_kind"]):
+        out["decode_tokens"] = cols["decode_tokens"]
+    if laws.inverse is not None:
+        out["reads"] = reads[..., laws.inverse]
+        out["pairs"] = pairs[..., laws.inverse]
+    return out
+
+
+HOST_TERMS = (("host_output_token", "emit"), ("host_completion", "finishes"),
+              ("host_admission_per_request", "admitted"), ("host_admission_per_token", "admitted_tokens"))
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "estimate", "smooth", "has_rec"))
+def _price_chunk(plan, coefs, x, inverse, tau, estimate, smooth, has_rec):
+    """One fixed-size chunk of per-step sums (dict of [chunk] / [chunk, L]) -> [chunk] step times."""
+    def one(x):
+        sums = {k: x[k] for k in ("tokens", "prefill_tokens", "n_decode", "n_prefill", "n_requests", "n_off_width")}
+        if has_rec:
+            sums["decode_tokens"] = x["decode_tokens"]
+        if inverse is not None:
+            sums["reads"] = x["reads"][inverse]
+            sums["pairs"] = x["pairs"][inverse]
+        r = _step_time(plan, coefs, None, tau, False, sums=sums)
+        t = r.no_overlap if estimate == "no_overlap" else r.overlap
+        for name, col in HOST_TERMS:
+            if name in coefs:
+                amount = (x[col] > 0).astype(float) if col == "emit" else x[col]
+                t = t + coefs[name] * amount
+        return jnp.where(x["tokens"] > 0, t, 0.0)
+    return exact_at_zero(lambda t: jax.vmap(lambda row: _one_with(one, row))(x), tau if smooth else None)
+
+
+def _one_with(fn, row):
+    return fn(row)
+
+
+SMALL_CHUNK, LARGE_CHUNK = 8192, 8192      # one fixed shape: one compile per plan and mode
+
+
+def price_flat(plan, coefs, laws, flat, *, estimate="no_overlap", temperature=None):
+    """Price per-step sums given as a dict of NumPy arrays [n] (reads/pairs [n, L]): fixed-size
+    chunks, each ONE vmapped kernel call (a Python loop over chunks, not steps)."""
+    if estimate not in ESTIMATES:
+        refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
+    n = int(flat["tokens"].shape[0])
+    if n == 0:
+        return jnp.zeros(0)
+    chunk = SMALL_CHUNK if n <= 4 * SMALL_CHUNK else LARGE_CHUNK
+    total = -(-n // chunk) * chunk
+    padded = {k: np.concatenate([v, np.zeros((total - n,) + v.shape[1:])]) for k, v in flat.items()}
+    smooth, tau = temperature_arg(temperature)
+    has_rec = bool(len(plan.arrays["rec_kind"]))
+    inverse = jnp.asarray(laws.inverse) if laws.inverse is not None else None
+    outs = []
+    for o in range(0, total, chunk):
+        part = {k: jnp.asarray(v[o:o + chunk]) for k, v in padded.items()}
+        outs.append(_price_chunk(plan, coefs, part, inverse, tau, estimate, smooth, has_rec))
+    return jnp.concatenate(outs)[:n] if len(outs) > 1 else outs[0][:n]
+
+
+def _flat_columns(sched):
+    """The schedule's per-step sums of all ranks as one flat dict [dp * steps]."""
+    keys = ("tokens", "prefill_tokens", "decode_tokens", "n_decode", "n_prefill", "n_requests", "n_off_width",
+            "emit", "finishes", "admitted", "admitted_tokens")
+    flat = {k: np.asarray(sched.sums[k], float).reshape(-1) for k in keys}
+    L = sched.sums["reads"].shape[-1]
+    flat["reads"] = np.asarray(sched.sums["reads"]).reshape(-1, L)
+    flat["pairs"] = np.asarray(sched.sums["pairs"]).reshape(-1, L)
+    return flat
+
+
+def price_steps(sched: Schedule, coefficients, *, estimate="no_overlap", temperature=None):
+    t = price_flat(sched.plan, coefficients, sched.laws, _flat_columns(sched), estimate=estimate,
+                   temperature=temperature)
+    return jnp.max(t.reshape(sched.dp, sched.steps), axis=0) if sched.steps else t
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _prepare(dep, items, engine, acceptance, *, coefficients=None):
+    """items: list of (workload, client). Returns per item (settings, assumptions, lane list, meta)."""
+    prepared = []
+    for workload, client in items:
+        arrival, ins, outs = _requests(workload, client)
+        settings, assumptions = engine_settings(dep, engine, max_len=int((ins + outs).max()) if workload is not None else None,
+                                                acceptance=acceptance)
+        if isinstance(client, Trace) and (engine or {}).get("max_model_len") is None and "max_model_len" not in (dep.scenario.engine or {}):
+            settings["max_model_len"] = int((ins + outs).max()) + 256
+        _check_lengths(settings, ins, outs, getattr(client, "source", "workload"))
+        open_loop = arrival is not None
+        conc = None if open_loop else int(client.concurrency)
+        lanes, index = [], []
+        for idx, c in _split(settings, arrival, ins, outs, conc):
+            lanes.append(_lane(settings, n=idx.size, concurrency=c if c is not None else 0, plen=ins[idx],
+                               olen=outs[idx], arrival=arrival[idx] if open_loop else np.zeros(idx.size),
+                               open_loop=open_loop, law_arrays=S.law_arrays(S.read_laws(dep.plan)),
+                               uniform_width=dep.plan.scalars["uniform_width"]))
+            index.append(idx)
+        assumptions["client"] = (repr(client) if not isinstance(client, Trace) else f"Trace({client.source}, "
+                                 f"{client.num_prompts} requests)", "argument")
+        if workload is not None:
+            assumptions["workload"] = (repr(workload), "argument")
+        assumptions["dp_placement"] = ("closed loop: C spread evenly over ranks, requests round-robin; "
+                                       "open loop: round-robin" if settings["dp"] > 1 else "single rank", "serve.py")
+        assumptions["step_price"] = ("each rank's batch priced, the step takes the slowest rank", "serve.py")
+        prepared.append((settings, assumptions, lanes, index, ins, outs, arrival, conc))
+    return prepared
+
+
+SLOT_BUCKETS = (16, 64, 256, 1024)      # then powers of two: few shapes, so few compiles
+REQUESTS_PER_SLOT, RECORDS_PER_REQUEST = 16, 32
+
+
+def _slot_bucket(slots):
+    for b in SLOT_BUCKETS:
+        if slots <= b:
+            return b
+    return _next_pow2(slots)
+
+
+def _static(slots, requests, records, fast_forward=True, laws=1):
+    """The scheduler's shapes, bucketed: slots to SLOT_BUCKETS, requests to 16 per slot (or the next
+    power of two), records to 32 per request (or the next power of two of the estimate)."""
+    S_ = _slot_bucket(slots)
+    N_ = max(REQUESTS_PER_SLOT * S_, _next_pow2(requests))
+    I_ = max(RECORDS_PER_REQUEST * N_, _next_pow2(records))
+    return S.Static(slots=S_, requests=N_, records=I_, fast_forward=bool(fast_forward), laws=max(int(laws), 1))
+
+
+def _run_lanes(dep, laws, lanes, settings_list, open_loop, coefficients=None, estimate="no_overlap",
+               temperature=None):
+    """Run lanes (closed: vmapped, independent; open: one coupled group) with retry on record overflow."""
+    N = max(max(l["n"] for l in lanes), 1)
+    if open_loop:
+        slots = max(s["max_num_seqs"] for s in settings_list)
+    else:
+        slots = max(max(min(max(l["concurrency"], 1), s["max_num_seqs"]) for l, s in zip(lanes, settings_list)), 1)
+    est = max(_record_estimate(l, s, len(laws.a)) for l, s in zip(lanes, settings_list))
+    ff = all(s["fast_forward"] for s in settings_list) and all(1 + s["num_spec_tokens"] <= s["decode_threshold"]
+                                                                for s in settings_list)
+    records = 2 * est
+    st0 = _static(slots, N, records, ff and not open_loop, len(laws.a))
+    stacked = _stack_lanes(lanes, st0.requests)
+    for _ in range(3):
+        st = _static(slots, N, records, ff and not open_loop, len(laws.a))
+        if open_loop:
+            states = _run_open_jit(st, dep.plan, coefficients, stacked, estimate, *temperature_arg(temperature),
+                                   None if laws.inverse is None else jnp.asarray(laws.inverse))
+        else:
+            states = S.run_closed(st, stacked)
+        states = jax.tree_util.tree_map(np.asarray, states)
+        overflow = (states["it"] + 2 > st.records) & (states["finished"] < np.array([l["n"] for l in lanes]))
+        if not overflow.any():
+            break
+        records *= 8
+    else:
+        refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
+    if states["stuck"].any():
+        refuse("the scheduler stalled: a request cannot be admitted (KV cache or budget too small)",
+               field="engine", value=None)
+    return states
+
+
+@functools.partial(jax.jit, static_argnames=("st", "plan", "estimate", "smooth"))
+def _run_open_jit(st, plan, coefs, lanes, estimate, smooth, tau, inverse):
+    has_rec = bool(len(plan.arrays["rec_kind"]))
+
+    def price(row, reads, pairs):
+        cols = {c: row[S.COL[c]] for c in S.COLS}
+        sums = {k: cols[k] for k in ("tokens", "prefill_tokens", "n_decode", "n_prefill", "n_requests", "n_off_width")}
+        if has_rec:
+            sums["decode_tokens"] = cols["decode_tokens"]
+        if inverse is not None:
+            sums["reads"] = reads[inverse]
+            sums["pairs"] = pairs[inverse]
+        r = exact_at_zero(lambda t: _step_time(plan, coefs, None, t, False, sums=sums), tau if smooth else None)
+        t = r.no_overlap if estimate == "no_overlap" else r.overlap
+        emit = cols["emit_decode"] + cols["emit_first"]
+        for name, col in HOST_TERMS:
+            if name in coefs:
+                amount = (emit > 0).astype(float) if col == "emit" else cols[col]
+                t = t + coefs[name] * amount
+        return t
+    return S.run_open(st, lanes, price)
+
+
+def _assemble(dep, laws, states, lane_ids, prepared_item):
+    settings, assumptions, lanes, index, ins, outs, arrival, conc = prepared_item
+    dp = len(lanes)
+    per = []
+    for r, li in enumerate(lane_ids):
+        st = {k: v[li] for k, v in states.items()}
+        cols, reads, pairs, idx, s0 = S.expand(st["rec"], st["rec_reads"], st["rec_pairs"], st["rec_slope"],
+                                              int(st["it"]), lanes[r]["acc"])
+        floor = np.asarray(st["rec_floor"])[: int(st["it"])][idx] if idx.size else np.zeros(0)
+        per.append((st, cols, reads, pairs, floor))
+    steps = max(p[1]["tokens"].size for p in per)
+    L = len(laws.a)
+
+    def pad(x):
+        return np.concatenate([x, np.zeros((steps - x.shape[0],) + x.shape[1:])])
+    sums = {}
+    for c in S.COLS:
+        if c == "m":
+            continue
+        sums[c] = np.stack([pad(p[1][c]) for p in per])
+    sums["emit"] = sums["emit_decode"] + sums["emit_first"]
+    sums["reads"] = np.stack([pad(p[2][:, :L]) for p in per]).reshape(dp, steps, L)
+    sums["pairs"] = np.stack([pad(p[3][:, :L]) for p in per]).reshape(dp, steps, L)
+    floor = np.max(np.stack([pad(p[4]) for p in per]), axis=0) if steps else np.zeros(0)
+    n = ins.size
+    req = {"input_len": ins.copy(), "output_len": outs.copy(), "rank": np.zeros(n, np.int64),
+           "first_step": np.zeros(n, np.int64), "finish_step": np.zeros(n, np.int64),
+           "emits": np.zeros(n, np.int64), "preemptions": np.zeros(n, np.int64),
+           "arrival_step": np.full(n, -1, np.int64),
+           "arrival": np.asarray(arrival, float) if arrival is not None else np.zeros(n)}
+    for r, (st, *_rest) in enumerate(per):
+        idx = index[r]
+        k = idx.size
+        req["rank"][idx] = r
+        req["first_step"][idx] = st["first"][:k]
+        req["finish_step"][idx] = st["finish"][:k]
+        req["emits"][idx] = st["emits"][:k]
+        req["preemptions"][idx] = st["npre"][:k]
+        if conc is not None:
+            c = lanes[r]["concurrency"]
+            fin_sorted = np.sort(st["finish"][:k])
+            later = np.arange(k) >= c
+            arr = np.full(k, -1, np.int64)
+            arr[later] = fin_sorted[np.arange(k)[later] - c]
+            req["arrival_step"][idx] = arr
+    iters = int(sum(int(p[0]["it"]) for p in per))
+    return Schedule(plan=dep.plan, settings=settings, assumptions=assumptions, laws=laws, sums=sums,
+                    requests=req, floor=floor, open_loop=conc is None, concurrency=conc, steps=steps,
+                    iterations=iters)
+
+
+def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=None, estimate="no_overlap",
+                    temperature=None):
+    """Schedules of several (workload, client) pairs; the closed-loop ones in ONE vmapped scheduler
+    call (every concurrency level and dp rank a lane), each open-loop one in its own loop."""
+    laws = S.read_laws(dep.plan)
+    prepared = _prepare(dep, items, engine, acceptance)
+    out = [None] * len(items)
+    closed = [i for i, p in enumerate(prepared) if p[7] is not None]
+    groups = {}          # closed-loop runs by slot bucket: each bucket ONE vmapped scheduler call
+    for i in closed:
+        sett = prepared[i][0]
+        slots = max(min(max(l["concurrency"], 1), sett["max_num_seqs"]) for l in prepared[i][2])
+        groups.setdefault(_slot_bucket(slots), []).append(i)
+    for members in groups.values():
+        lanes, settings_list, ids = [], [], []
+        for i in members:
+            ids.append(list(range(len(lanes), len(lanes) + len(prepared[i][2]))))
+            lanes.extend(prepared[i][2])
+            settings_list.extend([prepared[i][0]] * len(prepared[i][2]))
+        states = _run_lanes(dep, laws, lanes, settings_list, False)
+        for i, lane_ids in zip(members, ids):
+            out[i] = _assemble(dep, laws, states, lane_ids, prepared[i])
+    for i, p in enumerate(prepared):
+        if p[7] is None:
+            coefs = dep.coefficients if coefficients is None else coefficients
+            states = _run_lanes(dep, laws, p[2], [p[0]] * len(p[2]), True, coefficients=coefs, estimate=estimate,
+                                temperature=temperature)
+            out[i] = _assemble(dep, laws, states, list(range(len(p[2]))), p)
+    return out
+
+
+def build_schedule(deployment, workload, client, *, engine=None, acceptance=None, coefficients=None,
+                   estimate="no_overlap", temperature=None) -> Schedule:
+    """The schedule of one run, without step times (closed loop). An open-loop client's schedule
+    depends on times: it is simulated with ``coefficients`` (default the deployment's) and
+    returned as the fixed schedule it produced."""
+    return build_schedules(deployment, [(workload, client)], engine=engine, acceptance=acceptance,
+                           coefficients=coefficients, estimate=estimate, temperature=temperature)[0]
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _xp(x):
+    return jnp if isinstance(x, (jax.Array, jax.core.Tracer)) else np
+
+
+def step_end_times(sched: Schedule, step_times):
+    """End time (s) of every step: cumulative step times, never before a step's floor (open loop:
+    the engine idles until a request arrives)."""
+    xp = _xp(step_times)
+    dt = step_times
+    c = xp.cumsum(dt)
+    if not sched.open_loop or sched.steps == 0:
+        return c
+    cprev = c - dt
+    gap = xp.asarray(sched.floor) - cprev
+    if xp is jnp:
+        x = jax.lax.cummax(jnp.maximum(gap, 0.0))
+    else:
+        x = np.maximum.accumulate(np.maximum(gap, 0.0))
+    return c + x
+
+
+def _weighted_percentile(xp, values, weights, q):
+    order = xp.argsort(values)
+    v = values[order]
+    w = xp.asarray(weights)[order] if xp is np else jnp.asarray(weights)[order]
+    cw = xp.cumsum(w)
+    total = cw[-1]
+    i = xp.searchsorted(cw, q / 100.0 * total, side="left")
+    i = xp.clip(i, 0, v.shape[0] - 1)
+    return v[i]
+
+
+def schedule_metrics(sched: Schedule, step_times) -> dict:
+    """The run's metrics from each step's time: per-request arrays (ttft, tpot, e2e, first_token,
+    finish, arrival) and the summary (ttft_mean/median/p90/p99, the same for tpot, itl, e2e,
+    output_tps, output_tps_per_gpu, output_tps_per_user (= 1 / mean TPOT, InferenceX's
+    interactivity), requests_per_s, duration, and the schedule's counts). jnp in, jnp out
+    (differentiable in step_times); NumPy in, NumPy out."""
+    xp = _xp(step_times)
+    req = sched.requests
+    end = step_end_times(sched, step_times)
+    first = end[req["first_step"]]
+    finish = end[req["finish_step"]]
+    if sched.open_loop:
+        arrival = xp.asarray(req["arrival"])
+    else:
+        a_step = req["arrival_step"]
+        arrival = xp.where(xp.asarray(a_step) >= 0, end[np.maximum(a_step, 0)], 0.0)
+    out_len = req["output_len"]
+    ttft = first - arrival
+    multi = out_len > 1
+    tpot = (finish - first) / np.maximum(out_len - 1, 1)
+    e2e = finish - arrival
+    duration = end[-1] if sched.steps else xp.asarray(0.0)
+    m = {"ttft": ttft, "tpot": tpot, "e2e": e2e, "first_token": first, "finish": finish, "arrival": arrival}
+    summary = {}
+    for name, vals in (("ttft", ttft), ("tpot", tpot[multi] if not multi.all() else tpot), ("e2e", e2e)):
+        summary[f"{name}_mean"] = xp.mean(vals)
+        summary[f"{name}_median"] = xp.median(vals)
+        summary[f"{name}_p90"] = xp.percentile(vals, 90)
+        summary[f"{name}_p99"] = xp.percentile(vals, 99)
+    gaps = np.maximum(req["emits"] - 1, 0)
+    summary["itl_mean"] = xp.sum(finish - first) / max(int(gaps.sum()), 1)
+    w = np.asarray(sched.sums["emit_decode"]).sum(axis=0)
+    if w.sum() > 0:
+        for q, name in ((50, "median"), (90, "p90"), (99, "p99")):
+            summary[f"itl_{name}"] = _weighted_percentile(xp, step_times, w, q)
+    else:
+        for name in ("median", "p90", "p99"):
+            summary[f"itl_{name}"] = summary["itl_mean"]
+    total_out = float(out_len.sum())
+    gpus = sched.settings["gpu_count"]
+    summary["output_tps"] = total_out / duration
+    summary["output_tps_per_gpu"] = summary["output_tps"] / gpus
+    summary["output_tps_per_user"] = 1.0 / summary["tpot_mean"]
+    summary["requests_per_s"] = out_len.size / duration
+    summary["duration"] = duration
+    counts = schedule_counts(sched)
+    summary.update(counts)
+    m["summary"] = summary
+    return m
+
+
+def schedule_counts(sched: Schedule) -> dict:
+    """Counts that do not depend on times: resident batch, tokens per step, KV peak, preemptions, steps."""
+    s = sched.sums
+    steps = max(sched.steps, 1)
+    resident = s["resident"].sum(axis=0)
+    tokens = s["tokens"].sum(axis=0)
+    kv = s["kv_blocks"].max(axis=0) if sched.steps else np.zeros(1)
+    return {"resident_mean": float(resident.mean()) if sched.steps else 0.0,
+            "resident_peak": float(resident.max()) if sched.steps else 0.0,
+            "tokens_per_step_mean": float(tokens.sum() / steps),
+            "kv_peak_fraction": float(np.max(s["kv_blocks"]) / max(sched.settings["kv_blocks"], 1)) if sched.steps else 0.0,
+            "preemptions": int(sched.requests["preemptions"].sum()), "steps": int(sched.steps),
+            "gpus": int(sched.settings["gpu_count"]), "iterations": int(sched.iterations)}
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclasses.dataclass
+class ServingResult:
+    """One simulated run. requests: per-request NumPy arrays (arrival, first_token, finish,
+    input_len, output_len, ttft, tpot, e2e, preemptions; seconds / counts). steps: per-step
+    arrays (time, end, tokens, resident, prefill_tokens, kv_blocks). summary: see
+    ``schedule_metrics``. assumptions: every engine/client setting -> (value, where from)."""
+    requests: dict
+    steps: dict
+    summary: dict
+    assumptions: dict
+    schedule: Schedule = dataclasses.field(repr=False, default=None)
+    estimate: str = "no_overlap"
+
+    def summary_ms(self) -> dict:
+        return {k: (v * 1e3 if k.split("_")[0] in ("ttft", "tpot", "itl", "e2e") else v) for k, v in self.summary.items()}
+
+
+def _result(sched: Schedule, step_times, estimate):
+    dt = np.asarray(step_times)
+    met = schedule_metrics(sched, dt)
+    req = {k: np.asarray(met[k]) for k in ("arrival", "ttft", "tpot", "e2e")}
+    req["first_token"] = np.asarray(met["first_token"])
+    req["finish"] = np.asarray(met["finish"])
+    for k in ("input_len", "output_len", "preemptions", "rank", "first_step", "finish_step", "emits"):
+        req[k] = sched.requests[k]
+    s = sched.sums
+    steps = {"time": dt, "end": np.asarray(step_end_times(sched, dt)), "tokens": s["tokens"].sum(axis=0),
+             "resident": s["resident"].sum(axis=0), "prefill_tokens": s["prefill_tokens"].sum(axis=0),
+             "kv_blocks": s["kv_blocks"].sum(axis=0), "preempted": s["preempted"].sum(axis=0)}
+    summary = {k: (float(v) if not isinstance(v, int) else v) for k, v in met["summary"].items()}
+    return ServingResult(requests=req, steps=steps, summary=summary, assumptions=dict(sched.assumptions),
+                         schedule=sched, estimate=estimate)
+
+
+def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap", coefficients=None,
+             acceptance=None, temperature=None) -> ServingResult:
+    """Simulate one benchmark run: the client's requests through vLLM v1's scheduler, every
+    step priced by the kernel (see the module docstring for the model and its assumptions)."""
+    if estimate not in ESTIMATES:
+        refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
+    coefs = deployment.coefficients if coefficients is None else coefficients
+    sched = build_schedule(deployment, workload, client, engine=engine, acceptance=acceptance, coefficients=coefs,
+                           estimate=estimate, temperature=temperature)
+    dt = price_steps(sched, coefs, estimate=estimate, temperature=temperature)
+    res = _result(sched, dt, estimate)
+    res.assumptions["estimate"] = (estimate, "argument")
+    return res
+
+
+def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate="no_overlap", coefficients=None,
+                   num_prompts=None, acceptance=None, temperature=None, callback=None) -> list:
+    """A closed-loop sweep: one ServingResult per concurrency level, every level's schedule in
+    ONE vmapped scheduler call and all their steps in ONE vmapped pricing call. ``engine`` may
+    be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran)."""
+    if estimate not in ESTIMATES:
+        refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
+    coefs = deployment.coefficients if coefficients is None else coefficients
+    concs = [int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool) else c for c in concurrencies]
+    for c in concs:
+        ClosedLoop(c).validate()
+    items = [(workload, ClosedLoop(c, num_prompts if num_prompts is None else int(num_prompts))) for c in concs]
+    if callable(engine):
+        scheds = []
+        groups = {}
+        for i, c in enumerate(concs):
+            key = tuple(sorted((engine(c) or {}).items()))
+            groups.setdefault(key, []).append(i)
+        scheds = [None] * len(items)
+        for key, ids in groups.items():
+            got = build_schedules(deployment, [items[i] for i in ids], engine=dict(key), acceptance=acceptance)
+            for i, sc in zip(ids, got):
+                scheds[i] = sc
+    else:
+        scheds = build_schedules(deployment, items, engine=engine, acceptance=acceptance)
+    if callback:
+        callback(1, 2, stage="scheduled")
+    # price every level's steps in one call
+    flats = [_flat_columns(sc) for sc in scheds]
+    flat = {k: np.concatenate([f[k] for f in flats]) for k in flats[0]}
+    laws = scheds[0].laws
+    times = np.asarray(price_flat(deployment.plan, coefs, laws, flat, estimate=estimate, temperature=temperature))
+    out, o = [], 0
+    for sc in scheds:
+        n = sc.dp * sc.steps
+        dt = times[o:o + n].reshape(sc.dp, sc.steps).max(axis=0) if sc.steps else np.zeros(0)
+        o += n
+        res = _result(sc, dt, estimate)
+        res.assumptions["estimate"] = (estimate, "argument")
+        out.append(res)
+    if callback:
+        callback(2, 2, stage="priced")
+    return out

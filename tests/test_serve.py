@@ -1,0 +1,276 @@
+"""The serving simulation: vLLM v1's scheduler (schedule.py) and its metrics (serve.py).
+
+Hand-worked cases fix the exact composition of every step; random workloads compare the array
+scheduler (lax loop, decode runs) with the plain-Python reference scheduler, and check the
+invariants; pricing and gradients are checked against price() and central differences. All
+small cases share one compiled scheduler (the shape buckets of serve.MIN_*).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxprice as jp
+from jaxprice._src import schedule as S
+from jaxprice._src import serve
+
+DEP = "deepseek-v3-h200-fp8-sglang-tp8"
+SYNC = {"async_scheduling": False}
+
+
+@pytest.fixture(scope="module")
+def dep():
+    return jp.load_deployment(DEP)
+
+
+def _sched(dep, isl, osl, c, n=None, rr=1.0, seed=0, **engine):
+    return jp.build_schedule(dep, jp.Workload(isl, osl, rr, seed), jp.ClosedLoop(c, n), engine=engine)
+
+
+def _reference(sched, ins, outs, c):
+    st = sched.settings
+    return S.reference_schedule(list(ins), list(outs), concurrency=c, max_num_seqs=st["max_num_seqs"],
+                                budget=st["max_num_batched_tokens"], block_size=st["block_size"],
+                                kv_blocks=st["kv_blocks"], max_model_len=st["max_model_len"],
+                                k=st["num_spec_tokens"], lookahead=st["lookahead"], acceptance=st["acceptance"],
+                                reserve_full_isl=st["reserve_full_isl"], async_scheduling=st["async_scheduling"])
+
+
+# ----------------------------------------------------------------------------- hand-worked
+
+
+def test_two_requests_tiny_budget_every_step(dep):
+    """Budget 8, two prompts of 10, 3 outputs each (sync scheduling):
+    step 0: A prefills 8 | 1: A its last 2, B its first 6 (A's first token) | 2: A decodes, B its
+    last 4 (B's first token) | 3: A and B decode (A finishes) | 4: B decodes (B finishes)."""
+    sc = _sched(dep, 10, 3, 2, 2, max_num_batched_tokens=8, max_num_seqs=2, **SYNC)
+    s = sc.sums
+    assert sc.steps == 5
+    np.testing.assert_array_equal(s["tokens"][0], [8, 8, 5, 2, 1])
+    np.testing.assert_array_equal(s["prefill_tokens"][0], [8, 8, 4, 0, 0])
+    np.testing.assert_array_equal(s["n_prefill"][0], [1, 2, 1, 0, 0])
+    np.testing.assert_array_equal(s["n_decode"][0], [0, 0, 1, 2, 1])
+    # dense MLA law: a decode row reads its context (computed + scheduled)
+    np.testing.assert_array_equal(s["reads"][0][:, 0], [0, 0, 11, 12 + 11, 12])
+    # prefill pairs (x4) of chunks (c, c + s]: 4 (s c + s^2 / 2)
+    pairs = lambda sch, c: 4 * (sch * c + sch * sch / 2)  # noqa: E731
+    np.testing.assert_allclose(s["pairs"][0][:, 0], [pairs(8, 0), pairs(2, 8) + pairs(6, 0), pairs(4, 6), 0, 0])
+    np.testing.assert_array_equal(sc.requests["first_step"], [1, 2])
+    np.testing.assert_array_equal(sc.requests["finish_step"], [3, 4])
+    # times by hand: step times 1..5 s -> ends 1, 3, 6, 10, 15
+    m = jp.schedule_metrics(sc, np.arange(1.0, 6.0))
+    np.testing.assert_allclose(m["ttft"], [3.0, 6.0])
+    np.testing.assert_allclose(m["tpot"], [(10 - 3) / 2, (15 - 6) / 2])
+    np.testing.assert_allclose(m["e2e"], [10.0, 15.0])
+    assert m["summary"]["ttft_mean"] == pytest.approx(4.5)
+    assert m["summary"]["output_tps"] == pytest.approx(6 / 15)
+
+
+def test_preemption_and_recompute_by_hand(dep):
+    """3 usable blocks of 4 tokens, prompts of 4, 6 outputs, first-chunk admission (V-old):
+    both admitted at step 0 (1 block each); at step 1 A grows into a 2nd block and B cannot,
+    so B (the latest admitted) is preempted; A runs alone to its finish at step 5 (its 3rd block
+    at step 5); B is readmitted at step 6, recomputing its prompt AND its first output (5 tokens),
+    emits its 2nd token there and finishes at step 10."""
+    sc = _sched(dep, 4, 6, 2, 2, block_size=4, kv_capacity_tokens=16, reserve_full_isl=False, **SYNC)
+    s = sc.sums
+    assert sc.settings["kv_blocks"] == 3
+    np.testing.assert_array_equal(s["tokens"][0], [8, 1, 1, 1, 1, 1, 5, 1, 1, 1, 1])
+    np.testing.assert_array_equal(s["preempted"][0], [0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    # blocks held after each step; steps 7-10 are one decode run, recorded at its last (peak) value
+    np.testing.assert_array_equal(s["kv_blocks"][0], [2, 2, 2, 2, 2, 3, 2, 3, 3, 3, 3])
+    np.testing.assert_array_equal(sc.requests["preemptions"], [0, 1])
+    np.testing.assert_array_equal(sc.requests["first_step"], [0, 0])
+    np.testing.assert_array_equal(sc.requests["finish_step"], [5, 10])
+    np.testing.assert_array_equal(sc.requests["emits"], [6, 6])     # every request: exactly its outputs
+    # with the full-prompt gate nothing is over-admitted here either (both prompts fit), same step 1
+    full = _sched(dep, 4, 6, 2, 2, block_size=4, kv_capacity_tokens=16, reserve_full_isl=True, **SYNC)
+    assert full.requests["preemptions"].sum() == 1
+
+
+def test_async_frees_one_step_later(dep):
+    """Under async scheduling a finished request's slot (and its client's next request) is used
+    one step later: C = 1, two requests of 4 + 3 tokens."""
+    sync = _sched(dep, 4, 3, 1, 2, **SYNC)
+    asy = _sched(dep, 4, 3, 1, 2, async_scheduling=True)
+    np.testing.assert_array_equal(sync.sums["tokens"][0], [4, 1, 1, 4, 1, 1])
+    np.testing.assert_array_equal(asy.sums["tokens"][0], [4, 1, 1, 0, 4, 1, 1])
+    # the idle step costs nothing, so TTFT is the same
+    t_sync = sync.step_times(jp.load_deployment(DEP).coefficients)
+    t_asy = asy.step_times(jp.load_deployment(DEP).coefficients)
+    assert float(t_asy[3]) == 0.0
+    np.testing.assert_allclose(jp.schedule_metrics(asy, np.asarray(t_asy))["ttft"],
+                               jp.schedule_metrics(sync, np.asarray(t_sync))["ttft"])
+
+
+# ----------------------------------------------------------------------------- random workloads
+
+CASES = [
+    dict(c=4, isl=200, osl=40, engine=dict(SYNC)),
+    dict(c=6, isl=120, osl=70, engine=dict(max_num_batched_tokens=64, max_num_seqs=4, async_scheduling=True)),
+    dict(c=5, isl=100, osl=60, engine=dict(max_num_batched_tokens=48, kv_capacity_tokens=16 * 25,
+                                           reserve_full_isl=False, **SYNC)),
+    dict(c=7, isl=90, osl=50, engine=dict(max_num_batched_tokens=40, kv_capacity_tokens=16 * 30,
+                                          reserve_full_isl=True, async_scheduling=True)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_random_workloads_match_reference_and_invariants(dep, case):
+    cfg = CASES[case]
+    c, n = cfg["c"], 6 * cfg["c"]
+    w = jp.Workload(cfg["isl"], cfg["osl"], 0.5, seed=case)
+    sc = jp.build_schedule(dep, w, jp.ClosedLoop(c, n), engine=cfg["engine"])
+    ins, outs = w.lengths(n)
+    ref = _reference(sc, ins, outs, c)
+    ref_tokens = [sum(r[1] for r in rows) for rows in ref["steps"]]
+    # the reference runs one extra (empty) step to release the last async request
+    assert sc.steps in (len(ref_tokens), len(ref_tokens) - 1)
+    np.testing.assert_array_equal(sc.sums["tokens"][0], ref_tokens[:sc.steps])
+    np.testing.assert_array_equal(sc.requests["first_step"], ref["first"])
+    np.testing.assert_array_equal(sc.requests["finish_step"], ref["finish"])
+    np.testing.assert_array_equal(sc.requests["preemptions"], ref["preemptions"])
+    st, s = sc.settings, sc.sums
+    # invariants
+    np.testing.assert_array_equal(sc.requests["emits"], outs)             # exactly its output tokens
+    assert (s["tokens"] <= st["max_num_batched_tokens"]).all()
+    assert (s["resident"] <= st["max_num_seqs"]).all()
+    assert (s["kv_blocks"] <= st["kv_blocks"]).all()
+    assert (s["resident"] + s["waiting"] <= c).all()                       # closed loop: <= C in flight
+    assert (sc.requests["first_step"] <= sc.requests["finish_step"]).all()
+    if case >= 2:
+        assert sc.requests["preemptions"].sum() > 0                         # the KV cases do preempt
+
+
+def test_speculative_decoding_matches_reference(dep):
+    """1 + k tokens per decode row, acceptance 1.6 tokens per step (the G(s) pattern)."""
+    eng = dict(num_spec_tokens=2, lookahead=2, decode_threshold=3, **SYNC)
+    w = jp.Workload(50, 40, 0.5, seed=3)
+    sc = jp.build_schedule(dep, w, jp.ClosedLoop(3, 9), engine=eng, acceptance=1.6)
+    ins, outs = w.lengths(9)
+    ref = _reference(sc, ins, outs, 3)
+    np.testing.assert_array_equal(sc.sums["tokens"][0], [sum(r[1] for r in rows) for rows in ref["steps"]])
+    np.testing.assert_array_equal(sc.requests["finish_step"], ref["finish"])
+    assert set(np.unique(sc.sums["n_decode"][0] * 3 - sc.sums["decode_tokens"][0])) == {0.0}
+    # fewer steps than one token per step would take
+    assert sc.steps < sum(outs) / 3 + 9 * 2
+
+
+# ----------------------------------------------------------------------------- time
+
+
+def test_c1_tpot_is_one_decode_step_plus_host(dep):
+    sc = _sched(dep, 512, 64, 1, 3)
+    coefs = dep.coefficients
+    dt = np.asarray(sc.step_times(coefs))
+    m = jp.schedule_metrics(sc, dt)
+    host = float(coefs["host_output_token"])
+    ctx = 512 + np.arange(1, 64)                  # context of the decode steps (computed + 1)
+    steps = [float(jp.price(dep.plan, coefs, jp.Batch.decode(1, int(x), pad_to=8)).no_overlap) + host for x in ctx]
+    np.testing.assert_allclose(m["tpot"], np.mean(steps), rtol=1e-12)
+    # TTFT of the first request: one prefill step of 512 tokens (+ host, it emits)
+    pre = float(jp.price(dep.plan, coefs, jp.Batch.from_requests([512], [0], pad_to=8)).no_overlap) + host
+    assert m["ttft"][0] == pytest.approx(pre, rel=1e-12)
+
+
+def test_vmapped_pricing_equals_price_step_by_step():
+    """Every step of a schedule with prefill chunks, mixed batches and a sliding-window law,
+    priced from its row sums, equals price() of the step's batch (from the reference scheduler)."""
+    d = jp.load_deployment("gpt-oss-120b-h200-fp4-vllm-tp1")
+    w = jp.Workload(150, 40, 0.5, seed=1)
+    sc = jp.build_schedule(d, w, jp.ClosedLoop(4, 12), engine=dict(max_num_batched_tokens=64, **SYNC))
+    assert sc.sums["reads"].shape[-1] >= 2            # dense and windowed laws
+    ins, outs = w.lengths(12)
+    ref = _reference(sc, ins, outs, 4)
+    dt = np.asarray(sc.step_times(d.coefficients))
+    host = float(d.coefficients.get("host_output_token", 0.0))
+    thr = sc.settings["decode_threshold"]
+    step = jax.jit(lambda b: jp.step_time(d.plan, d.coefficients, b).no_overlap)
+    emit = sc.sums["emit"][0]
+    for i in np.linspace(0, sc.steps - 1, 40).astype(int):
+        rows = ref["steps"][i]
+        b = jp.Batch.from_requests([r[1] for r in rows], [r[2] for r in rows], pad_to=8, decode_threshold=thr)
+        want = float(step(b)) + (host if emit[i] > 0 else 0.0)
+        assert dt[i] == pytest.approx(want, rel=1e-12, abs=1e-15), i
+
+
+def test_gradients_equal_central_differences(dep):
+    sc = _sched(dep, 300, 30, 3, 9, rr=0.5, max_num_batched_tokens=256, **SYNC)
+    coefs = dep.coefficients
+    names = ("hbm_derate", "host_output_token")
+
+    def f(vals, key):
+        c = coefs.replace(**{n: v for n, v in zip(names, vals)})
+        return jp.schedule_metrics(sc, sc.step_times(c))["summary"][key]
+
+    x0 = jnp.asarray([float(coefs[n]) for n in names])
+    for key in ("tpot_mean", "ttft_mean", "e2e_p99"):
+        g = np.asarray(jax.grad(lambda v: f(v, key))(x0))
+        for i in range(len(names)):
+            h = 1e-6 * float(x0[i])
+            e = jnp.zeros(len(names)).at[i].set(h)
+            fd = (float(f(x0 + e, key)) - float(f(x0 - e, key))) / (2 * h)
+            assert g[i] == pytest.approx(fd, rel=1e-5), (key, names[i])
+
+
+def test_simulate_result_and_sweep(dep):
+    w = jp.Workload(256, 32)
+    res = jp.simulate_sweep(dep, w, [1, 4], engine=SYNC)
+    one = jp.simulate(dep, w, jp.ClosedLoop(4), engine=SYNC)
+    assert res[1].summary["tpot_mean"] == pytest.approx(one.summary["tpot_mean"], rel=1e-12)
+    assert res[0].summary["tpot_mean"] < res[1].summary["tpot_mean"]
+    s = one.summary
+    assert s["steps"] == one.steps["time"].size and s["resident_peak"] == 4
+    assert s["output_tps"] == pytest.approx(one.requests["output_len"].sum() / s["duration"])
+    assert s["output_tps_per_gpu"] == pytest.approx(s["output_tps"] / 8)
+    assert one.requests["ttft"].shape == (40,) and (one.requests["ttft"] > 0).all()
+    assert one.assumptions["max_num_batched_tokens"][0] == 8192
+    assert one.assumptions["async_scheduling"] == (False, "engine= override")
+    ov = jp.simulate(dep, w, jp.ClosedLoop(4), engine=SYNC, estimate="overlap")
+    assert ov.summary["tpot_mean"] <= s["tpot_mean"]
+
+
+def test_open_loop_and_trace(dep, tmp_path):
+    res = jp.simulate(dep, jp.Workload(128, 16), jp.OpenLoop(rate=20.0, num_prompts=12, seed=1))
+    r = res.requests
+    assert (r["first_token"] > r["arrival"]).all() and (r["finish"] >= r["first_token"]).all()
+    np.testing.assert_array_equal(r["emits"], r["output_len"])
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,input_len,output_len\n0.0,100,5\n0.5,50,3\n")
+    tr = jp.load_trace(p)
+    res = jp.simulate(dep, None, tr)
+    assert res.requests["arrival"].tolist() == [0.0, 0.5]
+    assert res.requests["first_token"][1] > 0.5
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda d: jp.simulate(d, jp.Workload(100, 10), jp.ClosedLoop(0)), "concurrency"),
+    (lambda d: jp.simulate(d, jp.Workload(100, 0), jp.ClosedLoop(2)), "osl"),
+    (lambda d: jp.simulate(d, jp.Workload(100, 10), jp.ClosedLoop(2), engine={"max_model_len": 64}), "max_model_len"),
+    (lambda d: jp.simulate(d, jp.Workload(100, 10), jp.OpenLoop(rate=0.0, num_prompts=3)), "rate"),
+    (lambda d: jp.simulate(d, jp.Workload(100, 10), jp.ClosedLoop(2), engine={"kv_capacity_tokens": 64}),
+     "KV cache"),
+    (lambda d: jp.simulate(d, jp.Workload(100, 10), jp.ClosedLoop(2), engine={"max_num_sequences": 4}), "engine"),
+])
+def test_bad_input_refused(dep, make, match):
+    with pytest.raises(jp.JaxpriceError, match=match):
+        make(dep)
+
+
+@pytest.mark.parametrize("text, where", [
+    ("arrival_s,input_len,output_len\n0,10,5\n1,x,5\n", ":3.*input_len.*'x'"),
+    ("arrival_s,input_len,output_len\n0,10,5\n-1,10,5\n", ":3.*arrival_s"),
+    ("arrival_s,input_len,output_len\n0,10,0\n", ":2.*output_len"),
+    ("arrival_s,input_len\n0,10\n", "output_len"),
+])
+def test_bad_trace_row_refused(tmp_path, text, where):
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(jp.JaxpriceError, match=where):
+        jp.load_trace(p)
