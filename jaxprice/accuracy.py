@@ -8,7 +8,10 @@ host_output_token; or, with ``batch_rule='capped'`` or ``'interleaved'``, the en
 batch and the prefill chunks that keep it full: ``point_requests``) with one vmapped call per
 deployment, and scores shape error and absolute
 TPOT error per model and overall, for NoOverlap and Overlap. ``format_report``,
-``write_points_csv`` and ``plot_sweeps`` present the ``AccuracyReport``; the lower-level steps
+``write_points_csv`` and ``plot_sweeps`` present the ``AccuracyReport``. With
+``batch_rule='simulate'`` each point's mean TPOT and mean TTFT come from the serving simulation
+(``simulate_points``) with the engine settings of the published InferenceX recipe
+(``engine_assumptions``); the lower-level steps
 (``read_measurements``, ``group_points``, ``predict_groups``, ``score``) let a fit reuse the same
 points and batches. The command line is ``jaxprice accuracy``.
 
@@ -22,6 +25,9 @@ from jaxprice._src.accuracy import (BATCH_RULES, DECODE_THRESHOLD, ESTIMATES, Ac
                                     point_requests, predict_groups, prefill_chunks, read_measurements,
                                     resident_batch, scenario_from_columns, score, shape_errors, summarize,
                                     upper_median, write_points_csv)
+from jaxprice._src.accuracy import (CONCURRENCY_BUCKETS, IX_RECIPES, STATIC_BATCH_RULES, SimulatedPoints,
+                                    assumptions_text, concurrency_bucket, engine_assumptions, format_assumptions,
+                                    format_breakdowns, recipe_deployment, simulate_points)
 
 __all__ = [
     "BATCH_RULES", "DECODE_THRESHOLD", "ESTIMATES",
@@ -31,4 +37,7 @@ __all__ = [
     "check_batch_rule", "point_requests", "resident_batch", "kv_capacity_tokens", "prefill_chunks",
     "shape_errors", "summarize", "upper_median",
     "format_report", "write_points_csv", "plot_sweeps",
+    "STATIC_BATCH_RULES", "CONCURRENCY_BUCKETS", "IX_RECIPES", "SimulatedPoints", "engine_assumptions",
+    "assumptions_text", "recipe_deployment", "simulate_points", "concurrency_bucket", "format_breakdowns",
+    "format_assumptions",
 ]

@@ -10,6 +10,7 @@ reason, file, line and column.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -236,8 +237,8 @@ def test_refused_points_are_counted_listed_and_kept(tmp_path):
         if r["deployment"] == MINIMAX:
             r["hardware"] = "tpu-v9"                     # no such chip: the deployment does not resolve
             r["deployment"] = r["deployment"].replace("b300", "tpu-v9")
-        if r["deployment"] == KIMI_INT4 and r["concurrency"] == "16":
-            r["concurrency"] = "0"                       # a batch of no request
+        if r["deployment"] == KIMI_INT4 and r["concurrency"] == "4":
+            r["isl"], r["osl"] = "0", "1"                # a request of no context (the sweep's anchor)
     path = write_rows(tmp_path / "refused.csv", rows)
     rep = acc.evaluate_accuracy(path)
     assert len(rep.records) == 21
@@ -246,9 +247,9 @@ def test_refused_points_are_counted_listed_and_kept(tmp_path):
     for c in (4, 8, 16):
         reason = bad[("minimax-m2.5-tpu-v9-fp8-vllm-tp1", c)]
         assert reason.startswith("deployment does not resolve") and "tpu-v9" in reason
-    assert bad[(KIMI_INT4, 0)] == "concurrency must be >= 1 (got 0)"
+    assert bad[(KIMI_INT4, 4)] == "context isl + osl // 2 must be >= 1 (isl 0, osl 1)"
     recs = {(r["deployment"], r["concurrency"]): r for r in rep.records}
-    assert recs[(KIMI_INT4, 0)]["status"] == "refused" and math.isnan(recs[(KIMI_INT4, 0)]["no_overlap_tpot_us"])
+    assert recs[(KIMI_INT4, 4)]["status"] == "refused" and math.isnan(recs[(KIMI_INT4, 4)]["no_overlap_tpot_us"])
     for e in acc.ESTIMATES:
         s = rep.summary[e]
         assert (s["all"]["points"], s["all"]["priced"], s["all"]["refused"]) == (21, 17, 4)
@@ -258,12 +259,12 @@ def test_refused_points_are_counted_listed_and_kept(tmp_path):
     text = acc.format_report(rep)
     assert "4 refused" in text and "refused points (4):" in text
     assert "minimax-m2.5-tpu-v9-fp8-vllm-tp1: 3 point(s) (line 38 (8k1k, C=4), line 40 (8k1k, C=8)" in text
-    assert f"{KIMI_INT4}: 1 point(s) (line 26 (1k1k, C=0)): concurrency must be >= 1" in text
+    assert f"{KIMI_INT4}: 1 point(s) (line 22 (1k1k, C=4)): context isl + osl // 2 must be >= 1" in text
     out = acc.write_points_csv(rep, tmp_path / "points.csv")
     written = {(r["deployment"], r["concurrency"]): r for r in rows_of(out)}
-    assert written[(KIMI_INT4, "0")]["status"] == "refused"
-    assert written[(KIMI_INT4, "0")]["reason"] == "concurrency must be >= 1 (got 0)"
-    assert written[(KIMI_INT4, "0")]["no_overlap_tpot_us"] == ""
+    assert written[(KIMI_INT4, "4")]["status"] == "refused"
+    assert written[(KIMI_INT4, "4")]["reason"] == "context isl + osl // 2 must be >= 1 (isl 0, osl 1)"
+    assert written[(KIMI_INT4, "4")]["no_overlap_tpot_us"] == ""
 
 
 def test_an_unknown_dtype_is_refused_with_its_reason(tmp_path):
@@ -368,7 +369,7 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):
 
 def test_plot_marks_refused_points(tmp_path):
     rows = [r for r in rows_of() if r["deployment"] == MINIMAX]
-    rows[0]["concurrency"] = "0"
+    rows[0]["isl"], rows[0]["osl"] = "0", "1"
     rep = acc.evaluate_accuracy(write_rows(tmp_path / "r.csv", rows))
     assert len(rep.refused) == 1
     path = acc.plot_sweeps(rep, tmp_path / "r.png", estimate="overlap")
@@ -381,11 +382,12 @@ def test_plot_marks_refused_points(tmp_path):
 @pytest.fixture(scope="module")
 def by_rule(report):
     """{rule: AccuracyReport} on the excerpt ('anchor' priced again, independently of ``report``)."""
-    return {rule: acc.evaluate_accuracy(EXCERPT, batch_rule=rule) for rule in acc.BATCH_RULES}
+    return {rule: acc.evaluate_accuracy(EXCERPT, batch_rule=rule) for rule in acc.STATIC_BATCH_RULES}
 
 
 def test_the_anchor_rule_is_the_default_and_unchanged(report, by_rule):
-    assert acc.BATCH_RULES == ("anchor", "capped", "interleaved")
+    assert acc.STATIC_BATCH_RULES == ("anchor", "capped", "interleaved")
+    assert acc.BATCH_RULES == acc.STATIC_BATCH_RULES + ("simulate",)
     points, _ = acc.read_measurements(EXCERPT)
     default, _ = acc.group_points(points)
     anchor, _ = acc.group_points(points, batch_rule="anchor")
@@ -394,9 +396,16 @@ def test_the_anchor_rule_is_the_default_and_unchanged(report, by_rule):
         np.testing.assert_array_equal(g.resident, [points[i].concurrency for i in g.index])
         for leaf_g, leaf_h in zip(jax_leaves(g.batches), jax_leaves(h.batches)):
             np.testing.assert_array_equal(leaf_g, leaf_h)
-    # every number of every record, bit for bit
-    assert by_rule["anchor"].records == report.records
+    # every number of every record, bit for bit (NaN where nothing is predicted: TTFT, static rules)
+    assert same_records(by_rule["anchor"].records, report.records)
     assert report.info["batch_rule"] == "anchor" and report.info["resident_below_concurrency"] == 0
+
+
+def same_records(a, b):
+    """Record lists equal field by field, NaN equal to NaN."""
+    def same(x, y):
+        return (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y)) or x == y
+    return len(a) == len(b) and all(r.keys() == q.keys() and all(same(r[k], q[k]) for k in r) for r, q in zip(a, b))
 
 
 def jax_leaves(tree):
@@ -489,8 +498,10 @@ def test_a_point_a_rule_cannot_price_is_refused_with_its_reason():
     groups, refused = acc.group_points([short, p], batch_rule="interleaved")
     assert refused == [(0, "the interleaved rule needs osl >= 1 (requests finish every osl steps)")]
     assert groups[0].index.tolist() == [1]
-    with pytest.raises(jp.JaxpriceError, match=r"unknown batch rule \(known: anchor, capped, interleaved\)"):
+    with pytest.raises(jp.JaxpriceError, match=r"unknown batch rule \(known: anchor, capped, interleaved, simulate\)"):
         acc.evaluate_accuracy(EXCERPT, batch_rule="fifo")
+    with pytest.raises(jp.JaxpriceError, match=r"known: anchor, capped, interleaved\) \('simulate' prices whole runs"):
+        acc.group_points(points, batch_rule="simulate")
 
 
 def test_cli_batch_rule(tmp_path, capsys):
@@ -508,4 +519,264 @@ def test_cli_batch_rule(tmp_path, capsys):
     assert cli_main(["accuracy", str(EXCERPT), "--batch-rule", "fifo", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["jaxprice accuracy: error: field '--batch-rule', value 'fifo': unknown batch rule "
-                   "(known: anchor, capped, interleaved)"]
+                   "(known: anchor, capped, interleaved, simulate)"]
+
+
+# ----------------------------------------------------------------------------- TTFT beside TPOT
+
+
+def test_each_point_carries_its_mean_ttft_row(tmp_path):
+    points, info = acc.read_measurements(EXCERPT)
+    assert info["ttft_points"] == 21 and info["ttft_rows_without_tpot"] == []
+    raw = rows_of()
+    for p in points:
+        (t,) = [r for r in raw if r["quantity"] == "mean_ttft" and r["scenario"] == p.scenario
+                and r["workload"] == p.workload and int(r["concurrency"]) == p.concurrency]
+        assert p.measured_ttft == pytest.approx(float(t["value"]) * 1e-6, rel=1e-15)
+    assert points[0].run_date == raw[0]["source_run_date"]
+    # a TTFT row whose TPOT row is gone is counted, not a point; the point without TTFT is NaN
+    rows = [r for k, r in enumerate(raw) if k != 2]             # line 4: the second point's TPOT row
+    pts, info = acc.read_measurements(write_rows(tmp_path / "t.csv", rows))
+    assert (len(pts), info["ttft_points"], info["ttft_rows_without_tpot"]) == (20, 20, [4])
+    rows = [r for k, r in enumerate(raw) if k != 3]             # now its TTFT row
+    pts, info = acc.read_measurements(write_rows(tmp_path / "u.csv", rows))
+    assert math.isnan(pts[1].measured_ttft) and info["ttft_points"] == 20
+    dup = raw[:4] + [raw[3]]
+    with pytest.raises(jp.JaxpriceError, match=r":6, field 'concurrency'.*second mean_ttft point.*first on line 5"):
+        acc.read_measurements(write_rows(tmp_path / "d.csv", dup))
+
+
+def test_static_rules_say_ttft_is_not_predicted(report):
+    r = record(report, GPT, 4)
+    assert r["measured_ttft_us"] == pytest.approx(400117.766, rel=1e-12)
+    for e in acc.ESTIMATES:
+        assert math.isnan(r[f"{e}_ttft_us"]) and math.isnan(r[f"{e}_ttft_error"])
+        s = report.summary[e]["all"]
+        assert s["ttft_priced"] == 0
+        assert all(math.isnan(s[k]) for k in ("ttft_mape", "ttft_mean_signed", "ttft_shape_mean", "ttft_shape_median"))
+    assert report.info["ttft_predicted"] is False
+    text = acc.format_report(report)
+    assert "TTFT: not predicted under batch rule anchor" in text
+
+
+def test_summaries_by_concurrency_bucket_and_held_out_deployments(report):
+    assert [acc.concurrency_bucket(c) for c in (1, 16, 17, 64, 65, 256, 257, 2048)] == [
+        "C <= 16", "C <= 16", "16 < C <= 64", "16 < C <= 64", "64 < C <= 256", "64 < C <= 256", "C > 256", "C > 256"]
+    by = report.summarize_by(lambda r: acc.concurrency_bucket(r["concurrency"]))
+    assert [by[b]["points"] for b in ("C <= 16", "16 < C <= 64", "64 < C <= 256", "C > 256", "all")] == [12, 6, 1, 2, 21]
+    sel = [r for r in report.records if 16 < r["concurrency"] <= 64]
+    assert by["16 < C <= 64"]["tpot_mape"] == pytest.approx(np.mean([abs(r["no_overlap_error"]) for r in sel]))
+    # the held-out deployments are jaxprice fit's: split_by_deployment(0.25, seed 0, by model)
+    from jaxprice import fit
+    models = {GPT: "gpt-oss-120b", KIMI_INT4: "kimi-k2.5", MINIMAX: "minimax-m2.5", EPDP: "minimax-m2.5"}
+    train, test = fit.split_by_deployment(list(models), 0.25, seed=0, stratify=models)
+    assert (report.info["split"]["train"], report.info["split"]["test"]) == (train, test) and len(test) == 1
+    sp = report.split_summary()
+    n_test = sum(r["deployment"] in test for r in report.records)
+    assert (sp["test"]["points"], sp["train"]["points"], sp["all"]["points"]) == (n_test, 21 - n_test, 21)
+    text = acc.format_report(report)
+    assert "NoOverlap by concurrency bucket:" in text and "on the held-out deployments (1 of 4" in text
+
+
+# ----------------------------------------------------------------------------- engine assumptions
+
+
+def _point(name, model, hardware, dtype, tp=1, ep=1, dp=1, isl=1024, osl=1024, c=16):
+    return acc.Point(row=2, scenario=f"{name}-cfg1.yaml", deployment=name, model=model, hardware=hardware, dtype=dtype,
+                     engine="vllm", tp=tp, ep=ep, dp=dp, workload="x", isl=isl, osl=osl, concurrency=c,
+                     measured=1e-2, anchor_concurrency=4)
+
+
+def test_engine_assumptions_follow_the_published_recipes():
+    def values(p):
+        return {k: v for k, (v, _) in acc.engine_assumptions(p).items()}
+    gpt = values(_point(GPT, "gpt-oss-120b", "h200", "fp4", isl=8192, c=16))
+    assert {k: gpt[k] for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype",
+                                "block_size", "max_model_len", "range_ratio", "num_prompts", "warmups", "dp_spread")} == {
+        "max_num_seqs": 16, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "cache_dtype": "auto",
+        "block_size": 16, "max_model_len": 8192 + 1024 + 256, "range_ratio": 0.8, "num_prompts": 160, "warmups": 32,
+        "dp_spread": 1}
+    assert values(_point(GPT, "gpt-oss-120b", "h200", "fp4", c=4))["max_model_len"] == 1024 + 1024 + 20
+    b200 = values(_point("g", "gpt-oss-120b", "b200", "fp4", c=4))
+    assert (b200["max_num_seqs"], b200["cache_dtype"]) == (512, "fp8")
+    kimi = values(_point(KIMI_INT4, "kimi-k2.5", "h200", "int4", tp=8, c=64))
+    assert (kimi["max_num_seqs"], kimi["max_num_batched_tokens"], kimi["gpu_memory_utilization"]) == (64, 8192, 0.95)
+    kfp4 = values(_point("k", "kimi-k2.5", "b300", "fp4", tp=4, isl=8192, osl=1024, c=8))
+    assert (kfp4["max_num_batched_tokens"], kfp4["cache_dtype"], kfp4["max_num_seqs"]) == (16384, "fp8", 8)
+    mm = values(_point(MINIMAX, "minimax-m2.5", "b300", "fp8", isl=8192, c=8))
+    assert (mm["max_num_seqs"], mm["max_num_batched_tokens"], mm["block_size"], mm["num_prompts"]) == (1024, 16384, 32, 8)
+    h100 = values(_point("m", "minimax-m2.5", "h100", "fp8", tp=4, ep=4, c=64))
+    assert (h100["max_num_seqs"], h100["max_num_batched_tokens"], h100["gpu_memory_utilization"]) == (256, 8192, 0.9)
+    epdp = values(_point(EPDP, "minimax-m2.5", "b200", "fp4", tp=2, ep=2, dp=2, c=512))
+    assert (epdp["max_num_seqs"], epdp["max_num_batched_tokens"], epdp["dp_spread"]) == (1024, 2048, 2)
+    # every setting says where it came from; C where the recipe passes $CONC, vLLM's default where unset
+    a = acc.engine_assumptions(_point(KIMI_INT4, "kimi-k2.5", "h200", "int4", tp=8, c=64))
+    assert "client concurrency C" in a["max_num_seqs"][1] and "kimik2.5_int4" in a["max_num_seqs"][1]
+    assert a["max_num_batched_tokens"][1].startswith("vLLM's default")
+    assert all(isinstance(src, str) and src for _, src in a.values())
+    # no recipe: vLLM's defaults, said so
+    none = acc.engine_assumptions(_point("q", "qwen3", "h200", "bf16"))
+    assert none["recipe"][0] == "vLLM defaults" and "no InferenceX recipe" in none["recipe"][1]
+    assert none["max_num_seqs"][0] == 1024 and none["max_num_batched_tokens"][0] == 8192
+
+
+# ----------------------------------------------------------------------------- batch rule simulate
+
+
+def acc_src():
+    from jaxprice._src import accuracy
+    return accuracy
+
+
+def serve_mod():
+    from jaxprice._src import serve
+    return serve
+
+
+class Spy:
+    """Wraps serve.build_schedules, recording its arguments; ``fail`` makes it refuse instead of
+    running (the engine settings a run gets can be read without running it)."""
+
+    def __init__(self, fail=False):
+        self.calls, self.fail, self.real = [], fail, serve_mod().build_schedules
+
+    def __call__(self, dep, items, *, engine=None, **kw):
+        self.calls.append(dict(deployment=dep, items=list(items), engine=dict(engine or {})))
+        if self.fail:
+            from jaxprice._src.errors import refuse
+            refuse("spy: not run", field="engine", value=None)
+        return self.real(dep, items, engine=engine, **kw)
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    """The real serving simulation of the smallest deployment of the excerpt (minimax-m2.5 on b300,
+    tp1, 8k1k at C = 4, 8, 16; its recipe sends C prompts)."""
+    spy = Spy()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(serve_mod(), "build_schedules", spy)
+        rep = acc.evaluate_accuracy(EXCERPT, batch_rule="simulate", deployments=[MINIMAX])
+    return rep, spy.calls
+
+
+def test_simulate_scores_tpot_and_ttft_from_the_serving_runs(simulated):
+    rep, calls = simulated
+    assert rep.refused == [] and rep.info["batch_rule"] == "simulate" and rep.info["ttft_predicted"] is True
+    (call,) = calls                                   # one vmapped scheduler call for the sweep's 3 levels
+    serve = serve_mod()
+    assert [it[1] for it in call["items"]] == [serve.ClosedLoop(c, c) for c in (4, 8, 16)]
+    assert call["items"][0][0] == serve.Workload(8192, 1024, 0.8, 0)
+    # as serve.simulate prices a schedule: its steps one by one (Schedule.step_times), then its metrics
+    sched = serve.build_schedules(call["deployment"], call["items"], engine=call["engine"])[0]
+    ref = serve.schedule_metrics(sched, np.asarray(sched.step_times(call["deployment"].coefficients)))["summary"]
+    r4 = record(rep, MINIMAX, 4)
+    assert r4["no_overlap_tpot_us"] == pytest.approx(float(ref["tpot_mean"]) * 1e6, rel=1e-9)
+    assert r4["no_overlap_ttft_us"] == pytest.approx(float(ref["ttft_mean"]) * 1e6, rel=1e-9)
+    assert r4["resident"] == round(float(ref["resident_mean"]))
+    for r in rep.records:
+        assert r["batch_rule"] == "simulate" and r["status"] == "priced" and r["bottleneck"] == ""
+        assert 0 < r["overlap_tpot_us"] <= r["no_overlap_tpot_us"] < r["no_overlap_ttft_us"]
+        assert 0 < r["overlap_ttft_us"] <= r["no_overlap_ttft_us"]
+        for e in acc.ESTIMATES:
+            assert math.isnan(r[f"{e}_step_us"])
+            assert r[f"{e}_ttft_error"] == pytest.approx(r[f"{e}_ttft_us"] / r["measured_ttft_us"] - 1, rel=1e-12)
+        assert 1 <= r["resident"] <= r["concurrency"]
+    # TTFT shape error by hand: C = 16 against the sweep's anchor C = 4
+    a, b = r4, record(rep, MINIMAX, 16)
+    want = abs((b["no_overlap_ttft_us"] / a["no_overlap_ttft_us"]) / (b["measured_ttft_us"] / a["measured_ttft_us"]) - 1)
+    assert b["no_overlap_ttft_shape_error"] == pytest.approx(want, rel=1e-12) and a["no_overlap_ttft_shape_error"] == 0
+    for e in acc.ESTIMATES:
+        s = rep.summary[e]["all"]
+        rel = np.array([r[f"{e}_ttft_error"] for r in rep.records])
+        shape = np.array([r[f"{e}_ttft_shape_error"] for r in rep.records])
+        assert s["ttft_priced"] == 3
+        assert s["ttft_mape"] == pytest.approx(np.mean(np.abs(rel)), rel=1e-12)
+        assert s["ttft_mean_signed"] == pytest.approx(np.mean(rel), rel=1e-12)
+        assert s["ttft_shape_mean"] == pytest.approx(np.mean(shape), rel=1e-12)
+        assert s["ttft_shape_median"] == np.sort(shape)[len(shape) // 2]
+    text = acc.format_report(rep)
+    assert "batch rule simulate" in text and "not predicted" not in text
+    assert set(rep.info["sweep_seconds"]) == {f"{MINIMAX}|8k1k"}
+
+
+def test_simulate_runs_with_the_recipe_settings_and_records_them(simulated):
+    rep, (call, *_) = simulated
+    points, _ = acc.read_measurements(EXCERPT)
+    p = next(q for q in points if q.deployment == MINIMAX)
+    base, _ = acc.build_deployment(p)
+    full = acc.recipe_deployment(base, acc.engine_assumptions(p), full=True)
+    assert call["engine"] == {"max_num_seqs": 1024, "max_num_batched_tokens": 16384, "block_size": 32,
+                              "max_model_len": 9472, "async_scheduling": True,
+                              "kv_capacity_tokens": float(full.plan.memory["kv_capacity_tokens"])}
+    assert call["deployment"].scenario.engine["block_size"] == 32 and call["deployment"].plan.memory["block_size"] == 32
+    r = record(rep, MINIMAX, 8)
+    assert r["assumptions"].startswith("max_num_seqs=1024 budget=16384 gmu=0.9 kv=fp8 block=32 kv_tokens/rank=")
+    assert "prompts=8" in r["assumptions"] and "max_model_len=9472" in r["assumptions"]
+    (row,) = rep.info["assumptions"]
+    assert (row["deployment"], row["workload"][0]) == (MINIMAX, "8k1k")
+    assert "dp_placement" in row                                 # what the simulation adds is kept
+    assert "minimaxm2.5_fp8_b300.sh" in row["num_prompts"][1]
+    lines = acc.format_assumptions(rep, markdown=True)
+    assert any(ln.startswith(f"| {MINIMAX} | 8k1k | 1024 [") for ln in lines)
+
+
+def test_simulate_gives_each_deployment_its_recipe_engine():
+    """Read without running (the spy refuses): gpt-oss on h200 prices a bf16 ('auto') KV cache,
+    max_num_seqs = C runs as the sweep's largest C; the dp2 deployment gets 2 x isl tokens."""
+    spy = Spy(fail=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(serve_mod(), "build_schedules", spy)
+        rep = acc.evaluate_accuracy(EXCERPT, batch_rule="simulate", deployments=[GPT, EPDP], estimates=("no_overlap",))
+    assert len(rep.refused) == 13 and all(r["reason"] == "the simulation refuses the run: field 'engine': spy: not run"
+                                          for r in rep.refused)
+    first = {}
+    for c in spy.calls:
+        first.setdefault(c["deployment"].name, c)
+    g = first[GPT]
+    assert [it[1].concurrency for it in g["items"]] == [4, 8, 16, 32, 64]
+    assert [it[1].num_prompts for it in g["items"]] == [None] * 5            # 10 x C
+    assert (g["engine"]["max_num_seqs"], g["engine"]["max_num_batched_tokens"], g["engine"]["max_model_len"]) == (
+        64, 8192, 9472)
+    dep = g["deployment"]
+    assert dep.scenario.engine["cache_dtype"] == "auto"
+    points, _ = acc.read_measurements(EXCERPT)
+    base, _ = acc.build_deployment(points[0])
+    assert base.scenario.engine["cache_dtype"] == "fp8"
+    assert dep.plan.memory["kv_bytes_per_token"] == pytest.approx(2 * base.plan.memory["kv_bytes_per_token"], rel=1e-12)
+    e = first[EPDP]
+    assert (e["engine"]["max_num_seqs"], e["engine"]["max_num_batched_tokens"]) == (1024, 2048)
+    # after the whole sweep was refused, each level was tried alone
+    assert sum(c["deployment"].name == GPT for c in spy.calls) == 1 + 5
+
+
+def test_a_run_the_simulation_refuses_is_a_refused_point_with_its_reason(tmp_path):
+    rows = [r for r in rows_of() if r["deployment"] == MINIMAX and r["concurrency"] == "16"]
+    for r in rows:
+        r["isl"] = "1000000"              # a prompt the KV cache cannot hold (refused before any step runs)
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "big.csv", rows), batch_rule="simulate")
+    (bad,) = rep.refused
+    assert bad["concurrency"] == 16 and bad["reason"].startswith("the simulation refuses the run: ")
+    assert "KV cache" in bad["reason"]
+    s = rep.summary["no_overlap"]["all"]
+    assert (s["points"], s["priced"], s["refused"]) == (1, 0, 1)
+    assert record(rep, MINIMAX, 16)["status"] == "refused"
+
+
+def test_cli_simulate_json_has_ttft_buckets_and_split(simulated, capsys, tmp_path):
+    rc = cli_main(["accuracy", str(EXCERPT), "--batch-rule", "simulate", "--deployment", MINIMAX,
+                   "--json", "--quiet", "--out", str(tmp_path), "--plot", str(tmp_path / "s.png")])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    s = doc["summary"]["no_overlap"]["all"]
+    assert s["points"] == 3 and s["ttft_priced"] == 3
+    assert s["ttft_mape"] == pytest.approx(simulated[0].summary["no_overlap"]["all"]["ttft_mape"], rel=1e-12)
+    assert {"ttft_mape", "ttft_mean_signed", "ttft_shape_mean", "ttft_shape_median"} <= set(s)
+    assert doc["by_concurrency"]["no_overlap"]["C <= 16"]["points"] == 3
+    assert set(doc["split"]["overlap"]) >= {"all"}
+    pts = rows_of(tmp_path / "accuracy_points.csv")
+    assert {"measured_ttft_us", "no_overlap_ttft_us", "no_overlap_ttft_error", "no_overlap_ttft_shape_error",
+            "overlap_ttft_us", "assumptions"} <= set(pts[0])
+    md = (tmp_path / "accuracy.md").read_text()
+    assert md.startswith("# Accuracy: predicted against measured mean TPOT and mean TTFT (batch rule `simulate`)")
+    assert "Engine settings of the simulated runs" in md and "--batch-rule simulate" in md
+    assert (tmp_path / "s.png").stat().st_size > 10_000 and (tmp_path / "s-ttft.png").stat().st_size > 10_000

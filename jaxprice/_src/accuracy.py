@@ -1,8 +1,11 @@
-"""Accuracy: predicted mean TPOT against measured serving latencies.
+"""Accuracy: predicted mean TPOT and mean TTFT against measured serving latencies.
 
 Reads a CSV of client-side measurements in the layout of ``shared/measured/inferencex_vllm_dev.csv``
-(one row per point and quantity; only ``mean_tpot`` rows are scored: TTFT includes queueing) and
-prices every point by a batch rule. The default, ``anchor``, is the anchor kernel's rule
+(one row per point and quantity: each ``mean_tpot`` row is a point, and its ``mean_ttft`` row
+rides along as ``Point.measured_ttft``) and prices every point by a batch rule. The static
+rules (anchor, capped, interleaved) price one or a few steps per point and predict TPOT only:
+TTFT contains the queueing and prefill before a first token, which no static batch has, so
+their TTFT columns are NaN and the reports say so. The ``simulate`` rule predicts both (below). The default, ``anchor``, is the anchor kernel's rule
 (``shared/measured/README.md``, 'From a step-time model to a TPOT prediction'), so the figures
 are comparable with the anchor's:
 
@@ -61,16 +64,29 @@ for a prefill chunk), and priced in ONE
 vmapped call (45 compiles for the development set, not 1,155); ``DeploymentPoints.combine``
 (``[points, batches]``, interleaved only) maps the batch estimates to each point's TPOT.
 
-Metrics (per model and overall, with point counts):
+``simulate`` (``simulate_points``): the serving simulation (``jaxprice/_src/serve.py``: vLLM
+v1's scheduler step by step, every step priced by the kernel plus the registry's host costs)
+of the benchmark client's closed loop at the point's C, with the point's isl/osl, lengths drawn
+uniformly on [floor(0.8 L), L] (InferenceX's --random-range-ratio 0.8), 10 x C prompts (C where
+the recipe sends C), and the engine settings of the published InferenceX recipe for the
+point's (model, chip, dtype) (``engine_assumptions``: max_num_seqs, max_num_batched_tokens,
+gpu_memory_utilization and so the KV capacity, KV-cache dtype, block size, max_model_len, each
+with its source; recorded per point in the ``assumptions`` column and per deployment in the
+report). Mean TPOT and mean TTFT are the run's means over requests, as the client computes
+them. One vmapped sweep per deployment, workload and estimate.
+
+Metrics (per model and overall, with point counts), for TPOT and (where predicted) TTFT alike:
 
 * shape error, per point ``|(pred(C)/pred(C0)) / (meas(C)/meas(C0)) - 1|`` with C0 the lowest
   concurrency of the point's sweep (one scenario file and workload); each sweep's first point
   counts as 0. Summaries: mean, median (the upper median ``sorted(err)[n // 2]`` as the anchor
   kernel reports it), max, and the mean over non-anchor points.
 * absolute TPOT: MAPE ``mean |pred/meas - 1|`` and mean signed error ``mean (pred/meas - 1)``.
+* the same by concurrency bucket (C <= 16, <= 64, <= 256, > 256; ``concurrency_bucket``) and over
+  the deployments ``jaxprice fit`` holds out (``AccuracyReport.split_summary``).
 
-A point the kernel refuses (its deployment does not resolve, its batch is invalid, or its price
-is not finite) is kept in ``AccuracyReport.refused`` with the reason and counted in every summary
+A point the kernel refuses (its deployment does not resolve, its batch is invalid, its price
+is not finite, or the simulation refuses its run) is kept in ``AccuracyReport.refused`` with the reason and counted in every summary
 (``points`` = ``priced`` + ``refused``); it is never dropped silently. A malformed CSV (missing
 column, bad number, unknown unit, duplicate point) is refused as a whole with a JaxpriceError
 naming file:line, column and value. Everything here returns values; printing is left to the
@@ -84,6 +100,7 @@ import dataclasses
 import functools
 import math
 import re
+import time
 from pathlib import Path
 
 import jax
@@ -103,7 +120,10 @@ DEFAULT_SETS = ("cost-model-primitives", "cost-model-collectives", "cost-model-h
 DTYPE_QUANTIZATION = {"fp4": "nvfp4", "nvfp4": "nvfp4", "mxfp4": "mxfp4", "fp8": "fp8", "bf16": "",
                       "int4": ""}
 DECODE_THRESHOLD = 8
-BATCH_RULES = ("anchor", "capped", "interleaved")
+STATIC_BATCH_RULES = ("anchor", "capped", "interleaved")     # one or a few priced batches per point
+BATCH_RULES = STATIC_BATCH_RULES + ("simulate",)             # simulate: the serving simulation (serve.py)
+# concurrency buckets of the reports (upper bounds, inclusive)
+CONCURRENCY_BUCKETS = (("C <= 16", 16), ("16 < C <= 64", 64), ("64 < C <= 256", 256), ("C > 256", math.inf))
 # one line per rule, for reports (the formulas are in the module docstring)
 BATCH_RULE_TEXT = {
     "anchor": "the anchor kernel's rule: a batch of C decoding requests",
@@ -113,6 +133,10 @@ BATCH_RULE_TEXT = {
                     "it full, TPOT = S(R decodes) + (R / osl) x sum over the prompt's chunks of "
                     "[S(R decodes + chunk) - S(R decodes)] + host_output_token, chunks of at most "
                     "max_num_batched_tokens - R tokens"),
+    "simulate": ("batch rule `simulate`: the serving simulation (vLLM v1's scheduler, step by step, every step "
+                 "priced by the kernel) of the benchmark client's closed loop at the point's C, 10 x C prompts, "
+                 "lengths drawn on [0.8 L, L], with the engine settings of the published InferenceX recipe "
+                 "(`engine_assumptions`); mean TPOT and mean TTFT over the requests"),
 }
 ESTIMATES = ("no_overlap", "overlap")
 ESTIMATE_LABELS = {"no_overlap": "NoOverlap", "overlap": "Overlap"}
@@ -143,6 +167,8 @@ class Point:
     concurrency: int
     measured: float          # seconds
     anchor_concurrency: int | None
+    measured_ttft: float = math.nan      # seconds: the point's mean-TTFT row (NaN when the file has none)
+    run_date: str = ""                   # source_run_date (where the file has it)
 
     @property
     def sweep(self) -> str:
@@ -168,8 +194,12 @@ def _int(text, *, where, field, minimum=None):
 def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point], dict]:
     """Read the ``quantity`` rows (default mean TPOT) of a measurement CSV.
 
+    With the default quantity each point also carries its ``mean_ttft`` row (same scenario,
+    workload and concurrency) as ``measured_ttft`` (seconds; NaN where the file has none).
     Returns (points in file order, info); info counts the rows read, the points, the rows of
-    other quantities (ignored) and lists sweeps whose lowest concurrency is not the file's
+    other quantities (not points themselves), ``ttft_points`` (points with a TTFT),
+    ``ttft_rows_without_tpot`` (line numbers of TTFT rows no TPOT point matches) and lists
+    sweeps whose lowest concurrency is not the file's
     ``anchor_concurrency`` (``anchor_mismatch``: their shape errors are relative to a different
     point than the anchor kernel's). Every row is checked, whatever its quantity: a malformed
     row (missing field, bad number, unknown unit, non-positive value, a second point of one
@@ -177,6 +207,8 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
     and the value; a bad row in a measurement file is a data error, not a point the kernel
     refuses.
     """
+    from .schema import check_measurement_file
+    check_measurement_file(path)          # the declared schema: readable text CSV, ranges (schema.py)
     file = str(path)
     try:
         fh = open(path, newline="")
@@ -189,7 +221,7 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
         if missing:
             refuse(f"missing column(s) {', '.join(missing)} (the layout of inferencex_vllm_dev.csv: "
                    f"{', '.join(REQUIRED_COLUMNS)})", file=f"{file}:1", field=missing[0])
-        points, other, seen = [], 0, {}
+        points, other, seen, ttft = [], 0, {}, {}
         for i, r in enumerate(reader, start=2):
             where = f"{file}:{i}"
             if None in r:
@@ -210,6 +242,14 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
                        value=r["value"])
             if r["quantity"] != quantity:
                 other += 1
+                if quantity == "mean_tpot" and r["quantity"] == "mean_ttft":
+                    key = (f"{r['scenario']}|{r['workload']}",
+                           _int(r["concurrency"], where=where, field="concurrency"))
+                    if key in ttft:
+                        refuse(f"a second mean_ttft point of sweep {r['scenario']} ({r['workload']}) at this "
+                               f"concurrency (first on line {ttft[key][1]})", file=where, field="concurrency",
+                               value=r["concurrency"])
+                    ttft[key] = (value * UNIT_SECONDS[unit], i)
                 continue
             for c in ("scenario", "model", "hardware", "workload"):
                 if not r[c]:
@@ -226,7 +266,8 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
                 osl=_int(r["osl"], where=where, field="osl", minimum=0),
                 concurrency=_int(r["concurrency"], where=where, field="concurrency"),
                 measured=value * UNIT_SECONDS[unit],
-                anchor_concurrency=_int(anchor, where=where, field="anchor_concurrency") if anchor else None)
+                anchor_concurrency=_int(anchor, where=where, field="anchor_concurrency") if anchor else None,
+                run_date=(r.get("source_run_date") or "").strip())
             key = (p.sweep, p.concurrency)
             if key in seen:
                 refuse(f"a second {quantity} point of sweep {p.scenario} ({p.workload}) at this concurrency "
@@ -235,13 +276,20 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
             points.append(p)
     if not points:
         refuse(f"no {quantity} rows", file=file, field="quantity", value=quantity)
+    matched = 0
+    for k, p in enumerate(points):
+        t = ttft.pop((p.sweep, p.concurrency), None)
+        if t is not None:
+            points[k] = dataclasses.replace(p, measured_ttft=t[0])
+            matched += 1
     lowest: dict = {}
     for p in points:
         lowest[p.sweep] = min(lowest.get(p.sweep, p.concurrency), p.concurrency)
     mismatch = sorted({p.sweep for p in points
                        if p.anchor_concurrency is not None and p.anchor_concurrency != lowest[p.sweep]})
     return points, {"rows": len(points) + other, "points": len(points), "other_quantity_rows": other,
-                    "anchor_mismatch": mismatch}
+                    "anchor_mismatch": mismatch, "ttft_points": matched,
+                    "ttft_rows_without_tpot": sorted(line for _, line in ttft.values())}
 
 
 # ----------------------------------------------------------------------------- deployments
@@ -297,6 +345,166 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
     return resolve(scenario_from_columns(p, source=source), registry, extra_sets=extra), "columns"
 
 
+# ----------------------------------------------------------------------------- engine assumptions
+
+IX = "SemiAnalysisAI/InferenceX"
+REF5 = "shared/spec/serving-reference.md §5"
+# The engine flags of InferenceX's vLLM recipe per (model, chip, dtype), as published (read in the
+# recipes, not fitted; see ENGINE_ASSUMPTIONS_TEXT). Values: "C" = the client concurrency; "2*isl";
+# None = not set by the recipe (vLLM's default applies). Each entry names its source.
+IX_RECIPES = {
+    ("gpt-oss-120b", ("h100", "h200"), "fp4"): dict(
+        max_num_seqs="C", max_num_batched_tokens=8192, gpu_memory_utilization=0.9, cache_dtype="auto",
+        block_size=None, num_prompts="10*C",
+        source=f"{REF5}: gptoss fp4 H200 / H100 (IX-may, HEAD): config max-num-batched-tokens 8192, "
+               "--gpu-memory-utilization 0.9 --max-num-seqs $CONC, no kv-cache-dtype flag"),
+    ("gpt-oss-120b", ("b200", "b300"), "fp4"): dict(
+        max_num_seqs=512, max_num_batched_tokens=8192, gpu_memory_utilization=0.9, cache_dtype="fp8",
+        block_size=None, num_prompts="10*C",
+        source=f"{REF5}: gptoss fp4 B200 (HEAD); {IX} benchmarks/single_node/fixed_seq_len/gptoss_fp4_b200.sh"
+               "@8eec0d4: kv-cache-dtype fp8, max-num-batched-tokens 8192, --max-num-seqs 512, gmu 0.9"),
+    ("kimi-k2.5", ("h200", "b200", "b300"), "int4"): dict(
+        max_num_seqs="C", max_num_batched_tokens=None, gpu_memory_utilization=0.95, cache_dtype="auto",
+        block_size=None, num_prompts="10*C",
+        source=f"{REF5}: kimi-k2.5 int4 H200 (IX-may); {IX} benchmarks/single_node/fixed_seq_len/"
+               "kimik2.5_int4_{h200,b200,b300}.sh@8eec0d4: gmu 0.95, --max-num-seqs $CONC, default batched "
+               "tokens, no kv-cache-dtype flag"),
+    ("kimi-k2.5", ("b200", "b300"), "fp4"): dict(
+        max_num_seqs="C", max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
+        block_size=None, num_prompts="10*C",
+        source=f"{REF5}: kimi-k2.5 fp4 B200 (IX-may: gmu 0.90, --max-num-seqs $CONC, --max-num-batched-tokens "
+               f"2*ISL); {IX} benchmarks/single_node/fixed_seq_len/kimik2.5_fp4_b300.sh@3274c53 (the B200 recipe "
+               "as is): kv-cache-dtype fp8"),
+    ("minimax-m2.5", ("h200",), "fp8"): dict(
+        max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.95, cache_dtype="auto",
+        block_size=None, num_prompts="10*C",
+        source=f"{REF5}: minimax-m2.5 fp8 H200 (IX-may): gmu 0.95, no prefix caching, no max-num-seqs, "
+               "batched-token or kv-cache-dtype flag (HEAD later adds kv fp8, 512 seqs, 16384-32768 tokens)"),
+    ("minimax-m2.5", ("h100",), "fp8"): dict(
+        max_num_seqs=256, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="auto",
+        block_size=None, num_prompts="10*C",
+        source=f"{IX} benchmarks/single_node/minimaxm2.5_fp8_h100.sh@34bc7c4: gmu 0.90, --max-num-seqs 256, "
+               "PIECEWISE graphs, no batched-token or kv-cache-dtype flag"),
+    ("minimax-m2.5", ("b200",), "fp8"): dict(
+        max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
+        block_size=32, num_prompts="10*C",
+        source=f"{IX} benchmarks/single_node/fixed_seq_len/minimaxm2.5_fp8_b200.sh@8eec0d4: gmu 0.90, block 32, "
+               "kv fp8, --max-num-batched-tokens 2*ISL, no max-num-seqs (an earlier version, @07e171a, had gmu "
+               "0.95 and the default budget)"),
+    ("minimax-m2.5", ("b300",), "fp8"): dict(
+        max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
+        block_size=32, num_prompts="C",
+        source=f"{IX} benchmarks/single_node/minimaxm2.5_fp8_b300.sh@5632483 (the B200 recipe as is): gmu 0.90, "
+               "block 32, kv fp8, 2*ISL batched tokens, --num-prompts $CONC"),
+    ("minimax-m2.5", ("b200",), "fp4"): dict(
+        max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
+        block_size=None, num_prompts="10*C",
+        source=f"{REF5}: minimax-m2.5 fp4 B200 (IX-may): gmu 0.90, --max-num-batched-tokens 2*ISL, no prefix "
+               f"caching; kv fp8 from {IX} benchmarks/single_node/minimaxm2.5_fp4_b300.sh@5632483 (the B200 "
+               "recipe as is)"),
+    ("minimax-m2.5", ("b300",), "fp4"): dict(
+        max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
+        block_size=None, num_prompts="C",
+        source=f"{IX} benchmarks/single_node/minimaxm2.5_fp4_b300.sh@5632483 (the B200 recipe as is): gmu 0.90, "
+               "kv fp8, 2*ISL batched tokens, --num-prompts $CONC"),
+}
+VLLM_DEFAULT_MAX_NUM_SEQS = 1024          # serving-reference §1.1: OpenAI server, GPU >= 70 GiB, not A100
+VLLM_DEFAULT_BATCHED_TOKENS = 8192
+VLLM_DEFAULT_BLOCK_SIZE = 16
+RANGE_RATIO = 0.8
+# choices made after looking at the development set's errors (reported as in sample); none so far
+IN_SAMPLE_CHOICES: dict = {}
+
+
+def recipe_for(p: Point):
+    """(recipe dict, key) of the point's (model, chip, dtype), or (None, None)."""
+    for (model, chips, dtype), rec in IX_RECIPES.items():
+        if p.model == model and p.hardware in chips and p.dtype == dtype:
+            return rec, (model, chips, dtype)
+    return None, None
+
+
+def engine_assumptions(p: Point) -> dict:
+    """The engine and client settings a simulated run of point ``p`` uses, each with where it came
+    from: {name: (value, source)}.
+
+    From InferenceX's published vLLM recipe for the point's (model, chip, dtype) (``IX_RECIPES``;
+    serving-reference §5 and the recipe scripts it names), with the point's C and isl filled in:
+    ``max_num_seqs`` (C in most recipes; where the recipe sets none, vLLM's default 1024),
+    ``max_num_batched_tokens`` (8192, 2 x isl, or vLLM's default 8192), ``gpu_memory_utilization``,
+    ``cache_dtype`` ('auto' = the model's activation dtype where the recipe sets no kv-cache-dtype),
+    ``block_size`` (the recipe's, else vLLM's CUDA default 16), ``max_model_len`` (isl + osl + 256;
+    gpt-oss at 1k1k + 20), ``range_ratio`` 0.8 (uniform lengths on [floor(0.8 L), L]),
+    ``num_prompts`` (10 x C, C where the recipe passes --num-prompts $CONC), ``warmups`` (2 x C,
+    finished before the timed run: the simulation starts from an empty engine), prefix caching
+    off, async scheduling on, ``dp_spread`` (each data-parallel rank schedules its own requests;
+    how the simulation spreads them is its own, reported in its assumptions). A point whose
+    (model, chip, dtype) has no recipe gets vLLM's defaults, said so in the source. None of
+    these is tuned to the data; any that is gets "in sample" in its source
+    (``IN_SAMPLE_CHOICES``)."""
+    rec, key = recipe_for(p)
+    C, isl, osl = int(p.concurrency), int(p.isl), int(p.osl)
+    if rec is None:
+        rec = dict(max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="fp8",
+                   block_size=None, num_prompts="10*C",
+                   source=f"no InferenceX recipe read for {p.model} on {p.hardware} ({p.dtype}): vLLM defaults, "
+                          "gmu 0.9 and an fp8 KV cache as the bundled scenarios")
+        name = "vLLM defaults"
+    else:
+        name = f"{key[0]} {p.dtype} on {'/'.join(key[1])}"
+    src = rec["source"]
+    out = {"recipe": (name, src)}
+    mns = rec["max_num_seqs"]
+    out["max_num_seqs"] = ((C, f"the client concurrency C (--max-num-seqs $CONC): {src}") if mns == "C" else
+                           (int(mns), src) if mns is not None else
+                           (VLLM_DEFAULT_MAX_NUM_SEQS, f"vLLM's default (not set by the recipe; serving-reference "
+                                                       f"§1.1): {src}"))
+    mbt = rec["max_num_batched_tokens"]
+    out["max_num_batched_tokens"] = ((2 * isl, f"2 x isl (--max-num-batched-tokens $((ISL * 2))): {src}")
+                                     if mbt == "2*isl" else (int(mbt), src) if mbt is not None else
+                                     (VLLM_DEFAULT_BATCHED_TOKENS, f"vLLM's default (not set by the recipe; "
+                                                                   f"serving-reference §1.1): {src}"))
+    out["gpu_memory_utilization"] = (float(rec["gpu_memory_utilization"]), src)
+    out["cache_dtype"] = (rec["cache_dtype"], src if rec["cache_dtype"] != "auto" else
+                          f"'auto' (the model's activation dtype, bf16): no kv-cache-dtype flag: {src}")
+    out["block_size"] = ((int(rec["block_size"]), src) if rec["block_size"] else
+                         (VLLM_DEFAULT_BLOCK_SIZE, "vLLM's CUDA default (not set by the recipe; serving-reference "
+                                                   "§1.6, §7.3 open)"))
+    extra = 20 if (p.model.startswith("gpt-oss") and isl == 1024 and osl == 1024) else 256
+    out["max_model_len"] = (isl + osl + extra, f"isl + osl + {extra} (InferenceX generate_sweep_configs.py; "
+                                               f"gpt-oss recipes + 20 at 1k1k; {REF5})")
+    out["range_ratio"] = (RANGE_RATIO, f"RANDOM_RANGE_RATIO 0.8 (InferenceX benchmark-tmpl.yml; {REF5}): "
+                                       "lengths uniform on [floor(0.8 L), L], serving-reference §4.3")
+    npr = 10 * C if rec["num_prompts"] == "10*C" else C
+    out["num_prompts"] = (npr, ("10 x C (--num-prompts $((CONC * 10)))" if rec["num_prompts"] == "10*C"
+                                else "C (--num-prompts $CONC)") + f": {src}")
+    out["warmups"] = (2 * C, "--num-warmups 2 x C, finished before the timed run (serving-reference §4.2): "
+                             "not simulated; the timed run starts from an empty engine")
+    out["prefix_caching"] = (False, f"--no-enable-prefix-caching in the recipes ({REF5})")
+    out["async_scheduling"] = (True, "vLLM's default since v0.14 (serving-reference §3); the measured images "
+                                     "are v0.15.1 and later (§0)")
+    out["dp_spread"] = (int(p.dp), "each data-parallel rank its own scheduler, queue, max_num_seqs and budget "
+                                   "(serving-reference §2.1); how requests are spread: the simulation's own")
+    for k, why in IN_SAMPLE_CHOICES.items():
+        if k in out:
+            out[k] = (out[k][0], out[k][1] + f" [in sample: {why}]")
+    return out
+
+
+def assumptions_text(a: dict) -> str:
+    """One line of the settings (values only; the sources are in the report's table)."""
+    keys = (("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "budget"), ("gpu_memory_utilization", "gmu"),
+            ("cache_dtype", "kv"), ("block_size", "block"), ("kv_capacity_tokens", "kv_tokens/rank"),
+            ("max_model_len", "max_model_len"), ("range_ratio", "range_ratio"), ("num_prompts", "prompts"),
+            ("dp_spread", "dp"))
+    parts = []
+    for k, label in keys:
+        if k in a:
+            v = a[k][0]
+            parts.append(f"{label}={v:.0f}" if isinstance(v, float) and k == "kv_capacity_tokens" else f"{label}={v}")
+    return " ".join(parts)
+
+
 def padding(max_requests: int) -> int:
     """Rows a deployment's batches are padded to: the next power of two of its largest C."""
     return 1 << max(int(max_requests) - 1, 0).bit_length()
@@ -305,10 +513,13 @@ def padding(max_requests: int) -> int:
 # ----------------------------------------------------------------------------- batch rules
 
 
-def check_batch_rule(rule, *, field="batch_rule"):
-    """The rule itself, or a JaxpriceError naming the known rules."""
-    if not isinstance(rule, str) or rule not in BATCH_RULES:
-        refuse(f"unknown batch rule (known: {', '.join(BATCH_RULES)})", field=field, value=rule)
+def check_batch_rule(rule, *, field="batch_rule", static=False):
+    """The rule itself, or a JaxpriceError naming the known rules (``static``: the rules that
+    price batches, ``STATIC_BATCH_RULES``; 'simulate' prices whole runs, ``simulate_points``)."""
+    known = STATIC_BATCH_RULES if static else BATCH_RULES
+    if not isinstance(rule, str) or rule not in known:
+        extra = " ('simulate' prices whole runs: simulate_points)" if rule == "simulate" else ""
+        refuse(f"unknown batch rule (known: {', '.join(known)}){extra}", field=field, value=rule)
     return rule
 
 
@@ -354,7 +565,7 @@ def point_requests(dep: Deployment, p: Point, batch_rule: str = "anchor"):
     (scheduled, computed) per-row token lists (the first the R decode rows), and
     ``TPOT - host_output_token = sum_k weights[k] * S(requests[k])``. Refused (JaxpriceError)
     where the rule cannot price the point."""
-    check_batch_rule(batch_rule)
+    check_batch_rule(batch_rule, static=True)
     ctx = p.context
     if p.concurrency < 1:
         refuse(f"concurrency must be >= 1 (got {p.concurrency})", field="concurrency", value=p.concurrency)
@@ -399,7 +610,7 @@ def group_points(points, *, registry=None, scenario_dirs=None, extra_coefficient
 
     Returns (groups, refused): groups a list of DeploymentPoints in order of first appearance,
     refused a list of (point index, reason) for points that cannot be priced."""
-    check_batch_rule(batch_rule)
+    check_batch_rule(batch_rule, static=True)
     registry = registry or Registry()
     by_dep: dict[str, list[int]] = {}
     for i, p in enumerate(points):
@@ -456,8 +667,11 @@ def _price_points(plan, coefs, batches):
     return r.no_overlap, r.overlap, r.bottleneck
 
 
-def predict_groups(groups, coefficients=None, *, temperature=None, callback=None):
-    """Price every group in one vmapped call each.
+def predict_groups(groups, coefficients=None, *, temperature=None, callback=None, per_deployment=False):
+    """Price every group: one call, and one compile, per plan structure (``stack.Structure``:
+    the deployments of one model graph share one whatever their chip, parallelism or
+    quantization), on the deployment axis (``stack.price_deployments``; each group's batches
+    padded to the structure's widest, which prices the same).
 
     Returns {group name: dict(no_overlap, overlap, bottleneck [n] arrays (seconds; bottleneck an
     index into RESOURCES), host_output_token (seconds))}: per point, its TPOT less
@@ -465,23 +679,263 @@ def predict_groups(groups, coefficients=None, *, temperature=None, callback=None
     is that of the point's decode batch). ``coefficients`` optionally maps group name ->
     Coefficients to use instead of the deployment's own (e.g. fitted values).
     ``temperature``: None for exact mode (the default; compiled with FAST_COMPILE), a float for
-    smooth mode (``price_many``). ``callback(done, total, deployment=name)`` after each group."""
+    smooth mode. ``callback(done, total, deployment=name)`` after each group.
+    ``per_deployment``: the former path, one vmapped call and one compile per deployment
+    (``price_many``; kept for comparison, experiments/bench.py). ``stack.kernel_compiles()``
+    counts the deployment-axis compiles."""
+    from .stack import group_by_structure, pad_batches, price_deployments, stack_coefficients, stack_plans
     from .step import price_many
+    coefs_of = [(coefficients or {}).get(g.name, g.deployment.coefficients) for g in groups]
+    raw, done = {}, 0
+
+    def report(name):
+        nonlocal done
+        done += 1
+        if callback is not None:
+            callback(done, len(groups), deployment=name)
+
+    if per_deployment:
+        for g, coefs in zip(groups, coefs_of):
+            if temperature is None:
+                raw[g.name] = _price_points(g.deployment.plan, coefs, g.batches)
+            else:
+                res = price_many(g.deployment.plan, coefs, g.batches, temperature=temperature)
+                raw[g.name] = res.no_overlap, res.overlap, res.bottleneck
+            report(g.name)
+    else:
+        for _, idx in group_by_structure([g.deployment.plan for g in groups]):
+            stack = stack_plans([groups[i].deployment.plan for i in idx])
+            coefs = stack_coefficients([coefs_of[i] for i in idx])
+            batches, counts = pad_batches([groups[i].batches for i in idx])
+            res = price_deployments(stack, coefs, batches, temperature=temperature,
+                                    fast_compile=temperature is None)
+            no, ov, bn = (np.asarray(x) for x in (res.no_overlap, res.overlap, res.bottleneck))
+            for k, i in enumerate(idx):
+                raw[groups[i].name] = no[k, :counts[k]], ov[k, :counts[k]], bn[k, :counts[k]]
+                report(groups[i].name)
     out = {}
-    for k, g in enumerate(groups):
-        coefs = (coefficients or {}).get(g.name, g.deployment.coefficients)
-        if temperature is None:
-            no, ov, bn = _price_points(g.deployment.plan, coefs, g.batches)
-        else:
-            res = price_many(g.deployment.plan, coefs, g.batches, temperature=temperature)
-            no, ov, bn = res.no_overlap, res.overlap, res.bottleneck
+    for g, coefs in zip(groups, coefs_of):
+        no, ov, bn = raw[g.name]
         if g.combine is not None:
             no, ov, bn = g.combine @ np.asarray(no), g.combine @ np.asarray(ov), np.asarray(bn)[:len(g.index)]
         out[g.name] = {"no_overlap": np.asarray(no), "overlap": np.asarray(ov), "bottleneck": np.asarray(bn),
                        "host_output_token": float(host_output_token(coefs))}
-        if callback is not None:
-            callback(k + 1, len(groups), deployment=g.name)
     return out
+
+
+# ----------------------------------------------------------------------------- the serving simulation
+
+
+def _serving_api():
+    """jaxprice's serving layer (``jaxprice/_src/serve.py``: ``Workload``, ``simulate_sweep``); a
+    JaxpriceError where it is not there."""
+    try:
+        from . import serve
+    except ImportError as err:
+        refuse(f"the serving simulation is not available ({err})", field="batch_rule", value="simulate")
+    return serve
+
+
+@dataclasses.dataclass
+class SimulatedPoints:
+    """The points of one deployment under the ``simulate`` rule: its Deployment as the harness
+    resolves it for the other rules (``deployment``; its scenario or columns), where each point
+    sits (``index``), the measured mean TPOT (seconds, [n]), the mean resident batch of each
+    point's run (``resident``, rounded) and the engine settings each point's run used
+    (``assumptions``: one ``engine_assumptions`` dict per point, plus what the simulation adds)."""
+    name: str
+    deployment: Deployment
+    source: str
+    index: np.ndarray
+    measured: np.ndarray
+    resident: np.ndarray | None = None
+    assumptions: list = dataclasses.field(default_factory=list)
+    batch_rule: str = "simulate"
+
+
+def recipe_deployment(dep: Deployment, a: dict, *, registry=None, extra_coefficient_files=(), full=False):
+    """The deployment re-resolved with the recipe's engine settings ``a`` (``engine_assumptions``):
+    its cache dtype, gpu_memory_utilization and block size (what the plan prices and sizes the
+    KV cache by); with ``full`` also its max_num_batched_tokens, max_num_seqs and max_model_len
+    (which move only memory terms: the KV capacity is read from this one)."""
+    eng = dict(dep.scenario.engine)
+    eng.update(cache_dtype=a["cache_dtype"][0], gpu_memory_utilization=a["gpu_memory_utilization"][0],
+               block_size=a["block_size"][0])
+    if full:
+        eng.update(max_num_batched_tokens=a["max_num_batched_tokens"][0], max_num_seqs=a["max_num_seqs"][0],
+                   max_model_len=a["max_model_len"][0])
+    extra = [load_coefficient_set(f) for f in extra_coefficient_files]
+    return resolve(dataclasses.replace(dep.scenario, engine=eng), registry or Registry(), extra_sets=extra)
+
+
+def _sweep(serve, dep, p, concurrencies, engine, num_prompts_rule, estimates, coefficients):
+    """{C: {estimate: summary dict}, "assumptions": {C: serve's assumptions}} of one
+    deployment-workload: every level's closed-loop schedule in ONE vmapped scheduler call
+    (``serve.build_schedules``), then all their steps priced in one vmapped call per estimate
+    (``serve.price_flat``; the schedule depends on token counts only, so one schedule serves
+    both estimates) and summarised by ``serve.schedule_metrics``, as ``serve.simulate_sweep``
+    does for one estimate."""
+    workload = serve.Workload(isl=int(p.isl), osl=int(p.osl), range_ratio=RANGE_RATIO, seed=0)
+    items = [(workload, serve.ClosedLoop(int(c), None if num_prompts_rule == "10*C" else int(c)))
+             for c in concurrencies]
+    scheds = serve.build_schedules(dep, items, engine=engine)
+    coefs = dep.coefficients if coefficients is None else coefficients
+    flats = [serve._flat_columns(sc) for sc in scheds]
+    flat = {k: np.concatenate([f[k] for f in flats]) for k in flats[0]}
+    out = {c: {} for c in concurrencies}
+    for e in estimates:
+        times = np.asarray(serve.price_flat(dep.plan, coefs, scheds[0].laws, flat, estimate=e))
+        o = 0
+        for c, sc in zip(concurrencies, scheds):
+            n = sc.dp * sc.steps
+            dt = times[o:o + n].reshape(sc.dp, sc.steps).max(axis=0) if sc.steps else np.zeros(0)
+            o += n
+            out[c][e] = {k: v for k, v in serve.schedule_metrics(sc, dt)["summary"].items()}
+    out["assumptions"] = {c: dict(sc.assumptions) for c, sc in zip(concurrencies, scheds)}
+    return out
+
+
+def simulate_points(points, *, registry=None, scenario_dirs=None, extra_coefficient_files=(), source="columns",
+                    coefficients=None, estimates=ESTIMATES, callback=None, timings=None):
+    """Each point's mean TPOT and mean TTFT from the serving simulation (``batch_rule='simulate'``).
+
+    Per deployment and workload, one closed-loop sweep over the points' concurrencies (every
+    level's schedule in one vmapped scheduler call, ``serve.build_schedules``; its steps priced
+    in one vmapped call per estimate; lengths drawn on [floor(0.8 L), L], seed 0; 10 x C
+    prompts, or C where the recipe sends C), with the engine settings of ``engine_assumptions`` (the published InferenceX
+    recipe): the deployment is re-resolved with the recipe's cache dtype, memory utilisation and
+    block size, and the run gets max_num_seqs, max_num_batched_tokens, max_model_len, block_size
+    and the KV capacity per rank (``kv_capacity_tokens``, from ``resolve`` under the recipe's
+    settings). ``max_num_seqs = C`` is passed as the sweep's largest C: the closed loop never
+    has more than C requests in the engine, so the two are the same run. One schedule serves
+    every estimate (``estimates``: 'no_overlap', 'overlap'). ``coefficients``: optional map
+    deployment name -> Coefficients (e.g. fitted values). ``callback(done, total, deployment=)``
+    after each deployment. ``timings``: a dict that receives the wall time (s) of each
+    (deployment, workload) sweep.
+
+    Returns (groups, refused, predictions) for ``score``: groups a list of SimulatedPoints,
+    refused (point index, reason) pairs (a deployment that does not resolve, a run the
+    simulation refuses: its JaxpriceError's text), predictions {name: tpot_<e>, ttft_<e> [n]
+    (seconds), host_output_token, assumptions [n] (text)}."""
+    serve = _serving_api()
+    registry = registry or Registry()
+    by_dep: dict[str, list[int]] = {}
+    for i, p in enumerate(points):
+        by_dep.setdefault(p.deployment, []).append(i)
+    groups, refused, predictions = [], [], {}
+    seconds: dict = {}
+    for k, (name, idx) in enumerate(by_dep.items()):
+        try:
+            base, where = build_deployment(points[idx[0]], registry=registry, scenario_dirs=scenario_dirs,
+                                           extra_coefficient_files=extra_coefficient_files, source=source)
+        except JaxpriceError as err:
+            refused.extend((i, f"deployment does not resolve: {err}") for i in idx)
+            continue
+        coefs = (coefficients or {}).get(name)
+        results, assumed, reasons = {}, {}, {}
+        by_workload: dict = {}
+        for i in idx:
+            by_workload.setdefault((points[i].isl, points[i].osl), []).append(i)
+        for (isl, osl), widx in by_workload.items():
+            p0 = points[widx[0]]
+            a0 = engine_assumptions(p0)
+            try:
+                dep = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files)
+                cap = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files,
+                                        full=True)
+            except JaxpriceError as err:
+                for i in widx:
+                    reasons[i] = f"the recipe's deployment does not resolve: {err}"
+                continue
+            kv = float(cap.plan.memory["kv_capacity_tokens"])
+            t_start = time.perf_counter()
+            concs = sorted({points[i].concurrency for i in widx})
+            seqs = {points[i].concurrency: engine_assumptions(points[i])["max_num_seqs"][0] for i in widx}
+            engine = {"max_num_seqs": int(max(seqs.values())),
+                      "max_num_batched_tokens": int(a0["max_num_batched_tokens"][0]),
+                      "block_size": int(a0["block_size"][0]), "max_model_len": int(a0["max_model_len"][0]),
+                      "async_scheduling": bool(a0["async_scheduling"][0])}
+            if math.isfinite(kv):
+                engine["kv_capacity_tokens"] = kv
+            rule = recipe_prompts(p0)
+            try:
+                runs = _sweep(serve, dep, p0, concs, engine, rule, estimates, coefs)
+            except Exception:                  # noqa: BLE001 (any failure: refuse its points with the reason)
+                runs = {"assumptions": {}}     # find which level the simulation refuses: one at a time
+                for c in concs:
+                    try:
+                        one = _sweep(serve, dep, p0, [c], engine, rule, estimates, coefs)
+                    except JaxpriceError as err:
+                        for i in widx:
+                            if points[i].concurrency == c:
+                                reasons[i] = f"the simulation refuses the run: {err}"
+                        continue
+                    except Exception as err:   # noqa: BLE001 (a failure of the simulation itself)
+                        for i in widx:
+                            if points[i].concurrency == c:
+                                reasons[i] = f"the simulation failed: {type(err).__name__}: {err}"
+                        continue
+                    runs[c] = one[c]
+                    runs["assumptions"][c] = one["assumptions"][c]
+            seconds[(name, p0.workload)] = time.perf_counter() - t_start
+            for i in widx:
+                c = points[i].concurrency
+                if c not in runs:
+                    continue
+                a = engine_assumptions(points[i])
+                a["kv_capacity_tokens"] = (kv, "resolve (the reference memory model) under the recipe's gmu, "
+                                               "cache dtype and budget: HBM x gmu less weights, activations, "
+                                               "CUDA graphs and communication buffers, over KV bytes per token")
+                if engine["max_num_seqs"] != a["max_num_seqs"][0]:
+                    a["max_num_seqs"] = (a["max_num_seqs"][0], a["max_num_seqs"][1] + f" (run with "
+                                         f"{engine['max_num_seqs']}, the sweep's largest C: the same run, as the "
+                                         "closed loop keeps at most C requests in the engine)")
+                for key, val in runs["assumptions"].get(c, {}).items():
+                    if key not in a:
+                        a[key] = tuple(val) if isinstance(val, (tuple, list)) and len(val) == 2 else (val, "serve")
+                a["workload"] = (points[i].workload, "the CSV row")
+                results[i], assumed[i] = runs[c], a
+        ok = [i for i in idx if i in results]
+        refused.extend((i, reasons[i]) for i in idx if i in reasons)
+        if ok:
+            pr = {"host_output_token": float(host_output_token(coefs or base.coefficients)),
+                  "assumptions": [assumptions_text(assumed[i]) for i in ok]}
+            for e in estimates:
+                pr[f"tpot_{e}"] = np.array([float(results[i][e]["tpot_mean"]) for i in ok])
+                pr[f"ttft_{e}"] = np.array([float(results[i][e]["ttft_mean"]) for i in ok])
+            resident = np.array([int(round(float(results[i][estimates[0]].get("resident_mean",
+                                                                                points[i].concurrency))))
+                                 for i in ok])
+            groups.append(SimulatedPoints(name=name, deployment=base, source=where, index=np.array(ok),
+                                          measured=np.array([points[i].measured for i in ok]), resident=resident,
+                                          assumptions=[assumed[i] for i in ok]))
+            predictions[name] = pr
+        if callback is not None:
+            callback(k + 1, len(by_dep), deployment=name)
+    if timings is not None:
+        timings.update(seconds)
+    return groups, refused, predictions
+
+
+def recipe_prompts(p: Point) -> str:
+    """'10*C' or 'C': how many prompts the point's recipe sends."""
+    rec, _ = recipe_for(p)
+    return rec["num_prompts"] if rec else "10*C"
+
+
+def deployment_assumptions(groups) -> list:
+    """One row per simulated deployment and workload: the settings its runs used, each with its
+    source (for the report's table). max_num_seqs shows 'C' where it is the concurrency."""
+    rows = []
+    for g in groups:
+        if not isinstance(g, SimulatedPoints):
+            continue
+        seen = {}
+        for a in g.assumptions:
+            seen.setdefault(a["workload"][0], a)
+        for w, a in seen.items():
+            rows.append({"deployment": g.name, **a})
+    return rows
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -516,11 +970,14 @@ def upper_median(x):
     return float(x[len(x) // 2]) if len(x) else float("nan")
 
 
-def summarize(shape_err, anchor, predicted, measured):
+def summarize(shape_err, anchor, predicted, measured, ttft_shape=None, ttft_predicted=None, ttft_measured=None):
     """Summary of one estimate over some points (NaN entries = not priced: excluded, counted).
 
     Keys: points, priced, shape_points (points with a shape error), shape_mean, shape_median
-    (upper median), shape_max, shape_mean_non_anchor, tpot_mape, tpot_mean_signed (fractions)."""
+    (upper median), shape_max, shape_mean_non_anchor, tpot_mape, tpot_mean_signed (fractions);
+    and the same for mean TTFT: ttft_priced (points with a predicted and a measured TTFT),
+    ttft_mape, ttft_mean_signed, ttft_shape_mean, ttft_shape_median (NaN, with ttft_priced 0,
+    where TTFT is not predicted: the static batch rules)."""
     shape_err = np.asarray(shape_err, dtype=float)
     rel = np.asarray(predicted, dtype=float) / np.asarray(measured, dtype=float) - 1.0
     ok = np.isfinite(rel)
@@ -529,11 +986,20 @@ def summarize(shape_err, anchor, predicted, measured):
 
     def mean(x):
         return float(np.mean(x)) if len(x) else float("nan")
-    return {"points": int(len(rel)), "priced": int(ok.sum()),
+    n = len(rel)
+    nan = np.full(n, np.nan)
+    t_shape = nan if ttft_shape is None else np.asarray(ttft_shape, dtype=float)
+    t_rel = (nan if ttft_predicted is None or ttft_measured is None else
+             np.asarray(ttft_predicted, dtype=float) / np.asarray(ttft_measured, dtype=float) - 1.0)
+    tok, tsok = np.isfinite(t_rel), np.isfinite(t_shape)
+    return {"points": int(n), "priced": int(ok.sum()),
             "shape_mean": mean(shape_err[sok]), "shape_median": upper_median(shape_err[sok]),
             "shape_max": float(np.max(shape_err[sok])) if sok.any() else float("nan"),
             "shape_mean_non_anchor": mean(shape_err[non_anchor]), "shape_points": int(sok.sum()),
-            "tpot_mape": mean(np.abs(rel[ok])), "tpot_mean_signed": mean(rel[ok])}
+            "tpot_mape": mean(np.abs(rel[ok])), "tpot_mean_signed": mean(rel[ok]),
+            "ttft_priced": int(tok.sum()), "ttft_mape": mean(np.abs(t_rel[tok])),
+            "ttft_mean_signed": mean(t_rel[tok]), "ttft_shape_mean": mean(t_shape[tsok]),
+            "ttft_shape_median": upper_median(t_shape[tsok])}
 
 
 # ----------------------------------------------------------------------------- the harness
@@ -553,6 +1019,12 @@ class AccuracyReport:
     def models(self):
         return sorted({r["model"] for r in self.records})
 
+    def split_summary(self, estimate: str = "no_overlap") -> dict:
+        """Summaries over the held-out ('test') and the other ('train') deployments of
+        ``info['split']`` (see ``evaluate_accuracy``), plus 'all'."""
+        test = set(self.info.get("split", {}).get("test", []))
+        return self.summarize_by(lambda r: "test" if r["deployment"] in test else "train", estimate)
+
     def summarize_by(self, field, estimate: str = "no_overlap") -> dict:
         """Summaries of one estimate grouped by a record field (e.g. 'hardware', 'workload',
         'deployment') or by ``field(record) -> label``, plus 'all'."""
@@ -561,13 +1033,16 @@ class AccuracyReport:
         pred = np.array([r[f"{estimate}_tpot_us"] for r in recs], dtype=float)
         meas = np.array([r["measured_us"] for r in recs], dtype=float)
         shape = np.array([r[f"{estimate}_shape_error"] for r in recs], dtype=float)
+        t_pred = np.array([r.get(f"{estimate}_ttft_us", math.nan) for r in recs], dtype=float)
+        t_meas = np.array([r.get("measured_ttft_us", math.nan) for r in recs], dtype=float)
+        t_shape = np.array([r.get(f"{estimate}_ttft_shape_error", math.nan) for r in recs], dtype=float)
         anchor = np.array([r["anchor"] for r in recs], dtype=bool)
         refused = np.array([r["status"] == "refused" for r in recs], dtype=bool)
         labels = [key(r) for r in recs]
         out = {}
         for k in sorted(set(labels)) + ["all"]:
             sel = np.array([k == "all" or lab == k for lab in labels], dtype=bool)
-            s = summarize(shape[sel], anchor[sel], pred[sel], meas[sel])
+            s = summarize(shape[sel], anchor[sel], pred[sel], meas[sel], t_shape[sel], t_pred[sel], t_meas[sel])
             s["refused"] = int(refused[sel].sum())
             out[k] = s
         return out
@@ -575,12 +1050,21 @@ class AccuracyReport:
 
 def score(points, groups, refused, predictions, *, csv_path="", info=None) -> AccuracyReport:
     """Assemble per-point records and summaries from priced groups. A priced point whose TPOT is
-    not finite (or not positive) is moved to the refused list with that reason."""
+    not finite (or not positive) is moved to the refused list with that reason.
+
+    ``predictions[g.name]`` holds, per point of the group, either the step estimates
+    (``no_overlap``, ``overlap``: TPOT less host_output_token; the static rules) or, from the
+    serving simulation, ``tpot_<estimate>`` and ``ttft_<estimate>`` (seconds, host costs
+    included; the step columns are then NaN; an estimate left out stays NaN without refusing
+    the point); ``bottleneck`` and ``assumptions`` (one text
+    per point) where known. TTFT is NaN where it is not predicted (the static rules)."""
     n = len(points)
     pred = {e: np.full(n, np.nan) for e in ESTIMATES}
+    ttft = {e: np.full(n, np.nan) for e in ESTIMATES}
     step = {e: np.full(n, np.nan) for e in ESTIMATES}
     bottleneck = [""] * n
     source = [""] * n
+    assumed = [""] * n
     hot = np.full(n, np.nan)
     resident = np.array([p.concurrency for p in points])
     reasons = dict(refused)
@@ -589,25 +1073,38 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
         if g.resident is not None:
             resident[g.index] = g.resident
         pr = predictions[g.name]
-        for e in ESTIMATES:
-            step[e][g.index] = pr[e]
-            pred[e][g.index] = pr[e] + pr["host_output_token"]
+        given = [e for e in ESTIMATES if e in pr or f"tpot_{e}" in pr]     # estimates this group predicts
+        for e in given:
+            if f"tpot_{e}" in pr:
+                pred[e][g.index] = pr[f"tpot_{e}"]
+            else:
+                step[e][g.index] = pr[e]
+                pred[e][g.index] = pr[e] + pr["host_output_token"]
+            if f"ttft_{e}" in pr:
+                ttft[e][g.index] = pr[f"ttft_{e}"]
         hot[g.index] = pr["host_output_token"]
         for j, i in enumerate(g.index):
-            bottleneck[i] = RESOURCES[int(pr["bottleneck"][j])]
+            if "bottleneck" in pr:
+                bottleneck[i] = RESOURCES[int(pr["bottleneck"][j])]
+            if "assumptions" in pr:
+                assumed[i] = pr["assumptions"][j]
             source[i] = g.source
-            bad = [e for e in ESTIMATES if not (np.isfinite(pred[e][i]) and pred[e][i] > 0)]
+            bad = [e for e in given if not (np.isfinite(pred[e][i]) and pred[e][i] > 0)]
             if bad:
-                reasons[i] = "the kernel priced the step at " + ", ".join(
-                    f"{ESTIMATE_LABELS[e]} {step[e][i]!r} s" for e in bad)
+                what = "the kernel priced the step at " if f"tpot_{bad[0]}" not in pr else "the simulation gave TPOT "
+                reasons[i] = what + ", ".join(
+                    f"{ESTIMATE_LABELS[e]} {(step[e][i] if f'tpot_{e}' not in pr else pred[e][i])!r} s" for e in bad)
                 for e in ESTIMATES:
                     pred[e][i] = np.nan
+                    ttft[e][i] = np.nan
     meas = np.array([p.measured for p in points])
+    meas_ttft = np.array([p.measured_ttft for p in points], dtype=float)
     sweeps = np.array([p.sweep for p in points])
     conc = np.array([p.concurrency for p in points])
-    shape = {}
+    shape, tshape = {}, {}
     for e in ESTIMATES:
         shape[e], anchor = shape_errors(sweeps, conc, pred[e], meas)
+        tshape[e], _ = shape_errors(sweeps, conc, ttft[e], meas_ttft)
     anchor_of = {sweeps[a]: a for a in np.flatnonzero(anchor)}
     records = []
     for i, p in enumerate(points):
@@ -618,6 +1115,7 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
                "context": p.context, "batch_rule": next(iter(rules)) if len(rules) == 1 else "",
                "resident": int(resident[i]), "anchor": bool(anchor[i]), "anchor_concurrency": int(conc[a]),
                "measured_us": p.measured * 1e6, "measured_rel": p.measured / meas[a],
+               "measured_ttft_us": meas_ttft[i] * 1e6,
                "status": "refused" if i in reasons else "priced", "reason": reasons.get(i, ""),
                "source": source[i], "bottleneck": bottleneck[i] if i not in reasons else "",
                "host_output_token_us": hot[i] * 1e6}
@@ -626,6 +1124,11 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
             rec[f"{e}_tpot_us"] = pred[e][i] * 1e6
             rec[f"{e}_error"] = pred[e][i] / p.measured - 1.0
             rec[f"{e}_shape_error"] = shape[e][i]
+        for e in ESTIMATES:
+            rec[f"{e}_ttft_us"] = ttft[e][i] * 1e6
+            rec[f"{e}_ttft_error"] = ttft[e][i] / meas_ttft[i] - 1.0
+            rec[f"{e}_ttft_shape_error"] = tshape[e][i]
+        rec["assumptions"] = assumed[i]
         records.append(rec)
     summary = {}
     models = sorted({p.model for p in points})
@@ -633,13 +1136,15 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
         summary[e] = {}
         for m in models + ["all"]:
             sel = np.array([m == "all" or p.model == m for p in points])
-            s = summarize(shape[e][sel], anchor[sel], pred[e][sel], meas[sel])
+            s = summarize(shape[e][sel], anchor[sel], pred[e][sel], meas[sel], tshape[e][sel], ttft[e][sel],
+                          meas_ttft[sel])
             s["refused"] = int(sum(1 for i in np.flatnonzero(sel) if i in reasons))
             summary[e][m] = s
     refused_list = [{"row": points[i].row, "deployment": points[i].deployment, "workload": points[i].workload,
                      "concurrency": points[i].concurrency, "reason": r} for i, r in sorted(reasons.items())]
-    return AccuracyReport(csv=str(csv_path), records=records, refused=refused_list, summary=summary,
-                          info=dict(info or {}))
+    info = dict(info or {})
+    info.setdefault("ttft_predicted", bool(np.isfinite(ttft["no_overlap"]).any()))
+    return AccuracyReport(csv=str(csv_path), records=records, refused=refused_list, summary=summary, info=info)
 
 
 def select_deployments(points, deployments, csv_path):
@@ -655,22 +1160,45 @@ def select_deployments(points, deployments, csv_path):
 
 
 def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coefficient_files=(),
-                      deployments=None, temperature=None, callback=None, batch_rule="anchor") -> AccuracyReport:
+                      deployments=None, temperature=None, callback=None, batch_rule="anchor",
+                      estimates=ESTIMATES) -> AccuracyReport:
     """Price every mean-TPOT point of a measurement CSV and score it (see the module docstring).
 
     extra_coefficient_files: coefficient sets applied after each deployment's own, overriding by
     name (e.g. a set written by ``jaxprice fit``). deployments: keep only these deployment names
-    (None: all). batch_rule: 'anchor' (the anchor kernel's rule, the default), 'capped' or
-    'interleaved' (``BATCH_RULES``; see the module docstring). callback(done, total, **info):
-    progress, once per deployment priced."""
+    (None: all). batch_rule: 'anchor' (the anchor kernel's rule, the default), 'capped',
+    'interleaved' or 'simulate' (``BATCH_RULES``; see the module docstring); only 'simulate'
+    predicts mean TTFT. estimates: under 'simulate', the estimates simulated (each is one
+    sweep per deployment and workload; one left out is NaN). callback(done, total, **info):
+    progress, once per deployment priced. ``info['split']`` holds the held-out deployments of
+    ``fit.split_by_deployment`` (fraction 0.25, seed 0, stratified by model, as ``jaxprice fit``
+    holds them out), for ``AccuracyReport.split_summary``."""
     check_batch_rule(batch_rule)
     points, info = read_measurements(csv_path)
     points = select_deployments(points, deployments, csv_path)
     info["points"] = len(points)
-    groups, refused = group_points(points, registry=registry, scenario_dirs=scenario_dirs,
-                                   extra_coefficient_files=extra_coefficient_files, source=str(csv_path),
-                                   batch_rule=batch_rule)
-    predictions = predict_groups(groups, temperature=temperature, callback=callback)
+    if batch_rule == "simulate":
+        timings: dict = {}
+        groups, refused, predictions = simulate_points(
+            points, registry=registry, scenario_dirs=scenario_dirs, extra_coefficient_files=extra_coefficient_files,
+            source=str(csv_path), estimates=tuple(estimates), callback=callback, timings=timings)
+        info["sweep_seconds"] = {f"{d}|{w}": round(t, 2) for (d, w), t in timings.items()}
+        info["assumptions"] = deployment_assumptions(groups)
+        info["estimates_simulated"] = list(estimates)
+    else:
+        groups, refused = group_points(points, registry=registry, scenario_dirs=scenario_dirs,
+                                       extra_coefficient_files=extra_coefficient_files, source=str(csv_path),
+                                       batch_rule=batch_rule)
+        from .stack import kernel_compiles
+        compiled = kernel_compiles()
+        predictions = predict_groups(groups, temperature=temperature, callback=callback)
+        info["kernel_compiles"] = kernel_compiles() - compiled     # one per plan structure
+    from .fit import split_by_deployment
+    names = sorted({p.deployment for p in points})
+    model_of = {p.deployment: p.model for p in points}
+    train, test = split_by_deployment(names, 0.25, seed=0, stratify=model_of)
+    info["split"] = {"train": train, "test": test,
+                     "how": "jaxprice.fit.split_by_deployment(deployments, 0.25, seed=0, stratify=model)"}
     notes = []
     for g in groups:
         if g.source != "columns":
@@ -699,12 +1227,107 @@ def _pct(x, signed=False):
     return f"{x:+.1%}" if signed else f"{x:.1%}"
 
 
+def concurrency_bucket(c) -> str:
+    """The report's concurrency bucket of C (``CONCURRENCY_BUCKETS``)."""
+    return next(label for label, top in CONCURRENCY_BUCKETS if c <= top)
+
+
+def _table(header, rows, *, markdown, widths=None, bold_last=False):
+    """Rows of strings as a Markdown table or as aligned text (first two columns left)."""
+    if markdown:
+        out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if k < 2 else "---:" for k in range(len(header))) + "|"]
+        out += ["| " + " | ".join(f"**{c}**" if bold_last and "all" in (r[0], r[1]) and k > 1 else c
+                                  for k, c in enumerate(r)) + " |" for r in rows]
+        return out
+    widths = widths or [max(len(str(x)) for x in col) + 2 for col in zip(header, *rows)]
+
+    def fmt(r):
+        return "".join(f"{c:<{w}}" if k < 2 else f"{c:>{w}}" for k, (c, w) in enumerate(zip(r, widths)))
+    return [fmt(header)] + [fmt(r) for r in rows]
+
+
+def _error_cells(s):
+    return [str(s["points"]), str(s["priced"]), _pct(s["shape_mean"]), _pct(s["tpot_mape"]),
+            _pct(s["tpot_mean_signed"], signed=True), _pct(s["ttft_mape"]), _pct(s["ttft_mean_signed"], signed=True),
+            _pct(s["ttft_shape_mean"])]
+
+
+ERROR_HEADER = ("points", "priced", "TPOT shape", "TPOT MAPE", "TPOT signed", "TTFT MAPE", "TTFT signed", "TTFT shape")
+
+
+def format_breakdowns(report: AccuracyReport, *, estimate="no_overlap", markdown=False) -> list:
+    """Lines: the errors of one estimate by concurrency bucket (C <= 16, <= 64, <= 256, > 256) and
+    over the held-out deployments of ``info['split']`` (TPOT shape mean, MAPE, signed; TTFT
+    MAPE, signed, shape mean)."""
+    lab = ESTIMATE_LABELS[estimate]
+    by = report.summarize_by(lambda r: concurrency_bucket(r["concurrency"]), estimate)
+    order = [b for b, _ in CONCURRENCY_BUCKETS if b in by] + ["all"]
+    lines = ["", f"{lab} by concurrency bucket:"]
+    if markdown:
+        lines.append("")
+    lines += _table(("concurrency", "estimate") + ERROR_HEADER, [(b, lab, *_error_cells(by[b])) for b in order],
+                    markdown=markdown, bold_last=True)
+    split = report.info.get("split")
+    if split and split.get("test"):
+        sp = report.split_summary(estimate)
+        lines += ["", f"{lab} on the held-out deployments ({len(split['test'])} of "
+                      f"{len(split['test']) + len(split['train'])}, {split['how']}): " + ", ".join(split["test"])]
+        if markdown:
+            lines.append("")
+        lines += _table(("deployments", "estimate") + ERROR_HEADER,
+                        [(k, lab, *_error_cells(sp[k])) for k in ("train", "test", "all") if k in sp],
+                        markdown=markdown, bold_last=True)
+    return lines
+
+
+def format_assumptions(report: AccuracyReport, *, markdown=False) -> list:
+    """Lines: the engine settings of each simulated deployment and workload (``batch_rule
+    simulate``), and where each came from (the sources once, numbered)."""
+    rows = report.info.get("assumptions") or []
+    if not rows:
+        return []
+    keys = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype", "block_size",
+            "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio", "dp_spread")
+    labels = ("max_num_seqs", "budget", "gmu", "kv dtype", "block", "KV tokens/rank", "max_model_len",
+              "prompts", "range", "dp")
+    sources: dict = {}
+    out_rows = []
+    for r in rows:
+        cells = [r["deployment"], r["workload"][0]]
+        for k in keys:
+            if k not in r:
+                cells.append("-")
+                continue
+            v, src = r[k]
+            if k == "max_num_seqs" and "client concurrency" in src:
+                v = "C"
+            elif k == "num_prompts":
+                v = "10 x C" if src.startswith("10 x C") else "C"
+            elif k == "kv_capacity_tokens":
+                v = f"{v:,.0f}" if isinstance(v, (int, float)) and math.isfinite(v) else str(v)
+            ref = sources.setdefault(src, len(sources) + 1)
+            cells.append(f"{v} [{ref}]")
+        out_rows.append(tuple(str(c) for c in cells))
+    lines = ["", "Engine settings of the simulated runs (per deployment and workload; [n]: source below):"]
+    if markdown:
+        lines.append("")
+    lines += _table(("deployment", "workload") + labels, out_rows, markdown=markdown)
+    lines += ["", "Sources:" if markdown else "sources:"]
+    if markdown:
+        lines.append("")
+    lines += [f"{'' if markdown else '  '}[{n}] {src}" + ("  " if markdown else "") for src, n in sources.items()]
+    return lines
+
+
 def format_report(report: AccuracyReport, *, title="", markdown=False) -> str:
     """The summary table as text (the CLI and experiments print it), or as Markdown.
 
     One line per estimate (NoOverlap, Overlap) and model, then 'all': points (priced + refused),
     shape error mean / upper median / max / mean over non-anchor points, TPOT MAPE and mean
-    signed error; then the refused points with their reasons and the notes."""
+    signed error, TTFT MAPE, mean signed error and shape error mean / median (TTFT only under
+    the ``simulate`` rule; a static rule does not predict it, said so); then the errors by
+    concurrency bucket and over the held-out deployments, the refused points with their
+    reasons and the notes."""
     info = report.info
     head = (f"{report.csv}: {info.get('points', len(report.records))} mean-TPOT points, "
             f"{info.get('sweeps', '?')} sweeps, {info.get('deployments', '?')} deployments "
@@ -712,38 +1335,52 @@ def format_report(report: AccuracyReport, *, title="", markdown=False) -> str:
             f"{len(info.get('from_columns', []))} from columns); {len(report.refused)} refused")
     if info.get("extra_coefficient_files"):
         head += "; extra coefficients: " + ", ".join(info["extra_coefficient_files"])
-    if info.get("batch_rule", "anchor") != "anchor":
-        head += (f"; batch rule {info['batch_rule']} ({info.get('resident_below_concurrency', '?')} point(s) with a "
+    if info.get("kernel_compiles") is not None:
+        head += f"; {info['kernel_compiles']} kernel compile(s) (one per plan structure)"
+    rule = info.get("batch_rule", "anchor")
+    if rule == "simulate":
+        head += (f"; batch rule simulate (the serving simulation; {info.get('resident_below_concurrency', '?')} "
+                 "point(s) with a mean resident batch below C)")
+    elif rule != "anchor":
+        head += (f"; batch rule {rule} ({info.get('resident_below_concurrency', '?')} point(s) with a "
                  f"resident batch below C)")
+    ttft_note = ("" if info.get("ttft_predicted") else
+                 f"TTFT: not predicted under batch rule {rule} (a static rule prices steps, not the queueing and "
+                 "prefill before a first token; its TTFT columns are '-' / NaN); --batch-rule simulate predicts it")
     cols = ("estimate", "model", "points", "priced", "refused", "shape mean", "shape median", "shape max",
-            "shape mean (non-anchor)", "TPOT MAPE", "TPOT signed")
+            "shape mean (non-anchor)", "TPOT MAPE", "TPOT signed", "TTFT MAPE", "TTFT signed", "TTFT shape mean",
+            "TTFT shape median")
     rows = []
     for e in ESTIMATES:
         for m, s in report.summary[e].items():
             rows.append((ESTIMATE_LABELS[e], m, str(s["points"]), str(s["priced"]), str(s["refused"]),
                          _pct(s["shape_mean"]), _pct(s["shape_median"]), _pct(s["shape_max"]),
                          _pct(s["shape_mean_non_anchor"]), _pct(s["tpot_mape"]),
-                         _pct(s["tpot_mean_signed"], signed=True)))
+                         _pct(s["tpot_mean_signed"], signed=True), _pct(s.get("ttft_mape", math.nan)),
+                         _pct(s.get("ttft_mean_signed", math.nan), signed=True),
+                         _pct(s.get("ttft_shape_mean", math.nan)), _pct(s.get("ttft_shape_median", math.nan))))
     lines = []
     if markdown:
         if title:
             lines += [f"# {title}", ""]
-        lines += [head, "", "| " + " | ".join(cols) + " |",
-                  "|" + "|".join("---" if k < 2 else "---:" for k in range(len(cols))) + "|"]
-        lines += ["| " + " | ".join(f"**{c}**" if r[1] == "all" and k > 1 else c for k, c in enumerate(r)) + " |"
-                  for r in rows]
+        lines += [head, ""]
+        if ttft_note:
+            lines += [ttft_note + ".", ""]
+        lines += _table(cols, rows, markdown=True, bold_last=True)
     else:
         if title:
             lines.append(title)
         lines.append(head)
+        if ttft_note:
+            lines.append(ttft_note)
         short = ("estimate", "model", "points", "priced", "refused", "shape", "median", "max", "non-anch",
-                 "MAPE", "signed")
-        widths = [10, max(len(r[1]) for r in rows) + 1] + [7, 7, 8, 7, 7, 8, 9, 7, 8]
-
-        def fmt(r):
-            return "".join(f"{c:<{w}}" if k < 2 else f"{c:>{w}}" for k, (c, w) in enumerate(zip(r, widths)))
-        lines.append(fmt(short) + "   (shape error: mean, median, max, non-anchor mean; TPOT: MAPE, signed)")
-        lines += [fmt(r) for r in rows]
+                 "MAPE", "signed", "TTFT", "signed", "shape", "median")
+        widths = [10, max(len(r[1]) for r in rows) + 1] + [7, 7, 8, 7, 7, 8, 9, 7, 8, 8, 8, 7, 7]
+        table = _table(short, rows, markdown=False, widths=widths)
+        lines.append(table[0] + "   (TPOT shape error: mean, median, max, non-anchor mean; TPOT: MAPE, signed; "
+                                "TTFT: MAPE, signed, shape mean, median)")
+        lines += table[1:]
+    lines += format_breakdowns(report, estimate="no_overlap", markdown=markdown)
     bullet = "- " if markdown else "  "
     if report.refused:
         lines += (["", f"Refused points ({len(report.refused)}):"] if markdown
@@ -793,12 +1430,19 @@ def _panel_order(dep_recs):
     return sorted(dep_recs.items(), key=key)
 
 
-def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=None, ncols=None) -> Path:
-    """One small panel per deployment: measured mean TPOT (markers, one per run of the sweep)
-    and predicted TPOT (solid: ``estimate``; dotted: the other estimate) against concurrency
+def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=None, ncols=None,
+                quantity="tpot") -> Path:
+    """One small panel per deployment: measured mean TPOT (``quantity='tpot'``) or mean TTFT
+    (``'ttft'``; predicted under the ``simulate`` rule only) (markers, one per run of the sweep)
+    and the prediction (solid: ``estimate``; dotted: the other estimate) against concurrency
     (log-2 axis), one colour per workload; refused points are black crosses at their
     measurement. Panels run by model, chip and parallelism; each title gives the deployment
     and its TPOT MAPE / mean shape error."""
+    if quantity not in ("tpot", "ttft"):
+        refuse("unknown quantity (known: tpot, ttft)", field="quantity", value=quantity)
+    Q = quantity.upper()
+    meas_key, pred_key = ("measured_us", "{}_tpot_us") if quantity == "tpot" else ("measured_ttft_us", "{}_ttft_us")
+    mape_key, shape_key = ("tpot_mape", "shape_mean") if quantity == "tpot" else ("ttft_mape", "ttft_shape_mean")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -828,16 +1472,16 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
                 rs = sorted((r for r in rw if r["scenario"] == scen), key=lambda r: r["concurrency"])
                 good = [r for r in rs if r["status"] == "priced"]
                 if good:
-                    ax.plot([r["concurrency"] for r in good], [r["measured_us"] / 1e3 for r in good],
+                    ax.plot([r["concurrency"] for r in good], [r[meas_key] / 1e3 for r in good],
                             markers[k % len(markers)], ms=3.4, color=col, alpha=0.8, mew=0)
                 bad = [r for r in rs if r["status"] != "priced"]
                 if bad:
-                    ax.plot([r["concurrency"] for r in bad], [r["measured_us"] / 1e3 for r in bad], "x",
+                    ax.plot([r["concurrency"] for r in bad], [r[meas_key] / 1e3 for r in bad], "x",
                             ms=4, color="k")
             pred = {}
             for r in rw:
                 if r["status"] == "priced":
-                    pred[r["concurrency"]] = (r[f"{estimate}_tpot_us"] / 1e3, r[f"{other}_tpot_us"] / 1e3)
+                    pred[r["concurrency"]] = (r[pred_key.format(estimate)] / 1e3, r[pred_key.format(other)] / 1e3)
             if pred:
                 cs = sorted(pred)
                 ax.plot(cs, [pred[c][0] for c in cs], "-", lw=1.1, color=col)
@@ -845,7 +1489,7 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         s = by_dep_stats.get(dep)
-        stat = (f"\nMAPE {_pct(s['tpot_mape'])}, shape {_pct(s['shape_mean'])}"
+        stat = (f"\nMAPE {_pct(s[mape_key])}, shape {_pct(s[shape_key])}"
                 if s and s["priced"] else "\nrefused")
         ax.set_title(dep + stat, fontsize=6.2)
         ax.tick_params(labelsize=5.5, which="both")
@@ -865,15 +1509,17 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
         handles.append(Line2D([], [], color="k", marker="x", ls="", label="refused"))
     s = report.summary[estimate]["all"]
     rule = report.info.get("batch_rule", "anchor")
-    fig.suptitle(title or (f"{Path(report.csv).name}: mean TPOT (ms) against concurrency C; predicted = "
-                           f"{ESTIMATE_LABELS[estimate]} + host_output_token at context isl + osl/2"
-                           f"{'' if rule == 'anchor' else f' (batch rule {rule})'}. "
-                           f"All {s['points']} points: TPOT MAPE {_pct(s['tpot_mape'])}, "
-                           f"shape error {_pct(s['shape_mean'])} (mean)"), fontsize=9, y=1 - 0.06 / height)
+    how = (f"the serving simulation (closed loop at C, recipe engine settings), every step priced by "
+           f"{ESTIMATE_LABELS[estimate]}" if rule == "simulate" else
+           f"{ESTIMATE_LABELS[estimate]} + host_output_token at context isl + osl/2"
+           f"{'' if rule == 'anchor' else f' (batch rule {rule})'}")
+    fig.suptitle(title or (f"{Path(report.csv).name}: mean {Q} (ms) against concurrency C; predicted = {how}. "
+                           f"All {s['points']} points: {Q} MAPE {_pct(s[mape_key])}, "
+                           f"shape error {_pct(s[shape_key])} (mean)"), fontsize=9, y=1 - 0.06 / height)
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.25 / height))
     fig.supxlabel("concurrency C (requests in flight)", fontsize=8, y=0.1 / height)
-    fig.supylabel("mean TPOT (ms)", fontsize=8, x=0.004)
+    fig.supylabel(f"mean {Q} (ms)", fontsize=8, x=0.004)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -4,22 +4,28 @@
     jaxprice accuracy data.csv --coefficients fitted.yaml          # with a fitted coefficient set
     jaxprice accuracy data.csv --deployment kimi-k2.5-h200-int4-vllm-tp8 --json
     jaxprice accuracy data.csv --batch-rule interleaved            # resident batch + interleaved prefills
+    jaxprice accuracy data.csv --batch-rule simulate               # the serving simulation: TPOT and TTFT
 
-Prints the summary table (shape error and TPOT error per model and overall, NoOverlap and
-Overlap, with point counts), the refused points with their reasons, and notes. ``--out DIR``
-writes ``DIR/accuracy_points.csv`` (one row per point) and ``DIR/accuracy.md`` (the table in
-Markdown); ``--plot FILE`` the sweeps (one panel per deployment). ``--batch-rule`` picks how a
-point's batches are built: ``anchor`` (default, the anchor kernel's rule: C decode rows),
-``capped`` (the engine's resident batch) or ``interleaved`` (the resident batch and the prefill
-chunks that keep it full); the formulas are in ``jaxprice/_src/accuracy.py``. Exit status 0 when the CSV
-was read and scored (refused points are listed, not an error), 2 on bad input (a malformed CSV:
-file, line, column and value named).
+Prints the summary table (TPOT shape error and TPOT error, and TTFT error and shape error where
+the rule predicts TTFT, per model and overall, NoOverlap and Overlap, with point counts), the
+errors by concurrency bucket (C <= 16, <= 64, <= 256, > 256) and over the deployments
+``jaxprice fit`` would hold out, the refused points with their reasons, and notes. ``--out
+DIR`` writes ``DIR/accuracy_points.csv`` (one row per point: measured and predicted TPOT and
+TTFT, errors, and the engine settings assumed) and ``DIR/accuracy.md`` (the tables in Markdown,
+with the engine settings of every simulated deployment and their sources); ``--plot FILE`` the
+sweeps (one panel per deployment). ``--batch-rule`` picks how a point is priced: ``anchor``
+(default, the anchor kernel's rule: C decode rows), ``capped`` (the engine's resident batch),
+``interleaved`` (the resident batch and the prefill chunks that keep it full), all three
+static (one step price per point, TPOT only), or ``simulate`` (the serving simulation of the
+benchmark's closed loop with the published recipe's engine settings: TPOT and TTFT); the
+formulas are in ``jaxprice/_src/accuracy.py``. Exit status 0 when the CSV was read and scored
+(refused points are listed, not an error), 2 on bad input (a malformed CSV: file, line, column
+and value named).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shlex
 import sys
 import time
@@ -42,7 +48,8 @@ def add_parser(subparsers):
     p.add_argument("--out", metavar="DIR", default=None,
                    help=f"write {POINTS_CSV} (one row per point) and {REPORT_MD} (the table) here")
     p.add_argument("--plot", metavar="FILE.png", default=None,
-                   help="draw measured and predicted TPOT against concurrency, one panel per deployment")
+                   help="draw measured and predicted TPOT against concurrency, one panel per deployment (and, "
+                        "where TTFT is predicted, TTFT in FILE-ttft.png)")
     p.add_argument("--markdown", metavar="FILE.md", default=None,
                    help=f"write the table in Markdown here (as {REPORT_MD} under --out)")
     p.add_argument("--coefficients", metavar="SET.yaml", nargs="+", action="extend", default=[],
@@ -54,9 +61,12 @@ def add_parser(subparsers):
     p.add_argument("--deployment", metavar="NAME", nargs="+", action="extend", default=None,
                    help="score only these deployments")
     p.add_argument("--batch-rule", metavar="RULE", default="anchor",
-                   help="how each point's batches are built: anchor (default: C decode rows, the anchor "
-                        "kernel's rule), capped (min(C, max_num_seqs x dp, KV-cache capacity / ctx) decode rows) "
-                        "or interleaved (the capped batch plus the steady-state prefill chunks)")
+                   help="how each point is priced: anchor (default: C decode rows, the anchor "
+                        "kernel's rule), capped (min(C, max_num_seqs x dp, KV-cache capacity / ctx) decode rows), "
+                        "interleaved (the capped batch plus the steady-state prefill chunks), or simulate (the "
+                        "serving simulation of the closed loop with the recipe's engine settings; predicts TTFT too)")
+    p.add_argument("--assumptions", action="store_true",
+                   help="also print the engine settings each simulated deployment ran with, and their sources")
     p.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap",
                    help="the estimate drawn solid in the plot (default no_overlap; both are scored)")
     p.add_argument("--cache-dir", metavar="DIR", default=None,
@@ -82,11 +92,12 @@ def enable_compilation_cache(path) -> None:
 
 
 def markdown(report, *, command="") -> str:
-    """The accuracy table in Markdown, with NoOverlap broken down by chip and by workload."""
-    from .accuracy import BATCH_RULE_TEXT, CHIP_ORDER, _pct, format_report
+    """The accuracy tables in Markdown, with NoOverlap broken down by chip and by workload, and
+    (rule ``simulate``) the engine settings of every simulated deployment with their sources."""
+    from .accuracy import BATCH_RULE_TEXT, CHIP_ORDER, IN_SAMPLE_CHOICES, _pct, format_assumptions, format_report
     rule = report.info.get("batch_rule", "anchor")
-    lines = ["# Accuracy: predicted against measured mean TPOT" + ("" if rule == "anchor" else f" (batch rule `{rule}`)"),
-             ""]
+    lines = ["# Accuracy: predicted against measured mean TPOT" + (" and mean TTFT" if rule == "simulate" else "")
+             + ("" if rule == "anchor" else f" (batch rule `{rule}`)"), ""]
     hot = sorted({round(r["host_output_token_us"], 3) for r in report.records if r["status"] == "priced"})
     hot_text = ", ".join(f"{v:g}" for v in hot) + " us" if hot else "none priced"
     if command:
@@ -94,6 +105,17 @@ def markdown(report, *, command="") -> str:
             prediction = ("Prediction (the anchor kernel's rule): a batch of C decoding requests, each scheduling 1 "
                           "token at context isl + osl // 2, decode threshold 8, priced with the bundled registry; "
                           f"TPOT = step estimate + host_output_token ({hot_text}).")
+        elif rule == "simulate":
+            in_sample = ("; ".join(f"{k}: {v}" for k, v in IN_SAMPLE_CHOICES.items()) if IN_SAMPLE_CHOICES else
+                         "none of the engine settings was chosen by looking at these errors")
+            prediction = (f"Prediction ({BATCH_RULE_TEXT[rule]}; see `simulate_points` and `engine_assumptions` in "
+                          "`jaxprice/_src/accuracy.py`): every step of each run priced by the kernel with the bundled "
+                          "registry, plus the registry's host costs; mean TPOT and mean TTFT over the run's "
+                          "requests, as the benchmark client computes them. The engine settings are the published "
+                          "InferenceX recipes' (table and sources below), not fitted; in sample: "
+                          f"{in_sample}. The serving layer itself was written against the vLLM sources "
+                          "(shared/spec/serving-reference.md), not tuned to this set; the errors over the held-out "
+                          "deployments are shown separately.")
         else:
             prediction = (f"Prediction ({BATCH_RULE_TEXT[rule]}; formulas and limits in the docstring of "
                           "`jaxprice/_src/accuracy.py`): decode rows schedule 1 token at context isl + osl // 2, "
@@ -105,26 +127,25 @@ def markdown(report, *, command="") -> str:
                           "not an out-of-sample test.")
         lines += [f"Generated by `{command}`. {prediction} Shape error per "
                   "point: |(pred(C)/pred(C0)) / (meas(C)/meas(C0)) - 1|, C0 the sweep's lowest concurrency "
-                  "(its own point counts as 0); median = upper median `sorted(err)[n // 2]`. TPOT: "
-                  "MAPE = mean |pred/meas - 1|, signed = mean (pred/meas - 1).", ""]
+                  "(its own point counts as 0), for TPOT and TTFT alike; median = upper median "
+                  "`sorted(err)[n // 2]`. MAPE = mean |pred/meas - 1|, signed = mean (pred/meas - 1).", ""]
+        if report.info.get("seconds") is not None:
+            lines += [f"Run time: {report.info['seconds']:.1f} s for {len(report.records)} points.", ""]
     lines.append(format_report(report, markdown=True))
-    bands = (("C <= 16", 16), ("16 < C <= 256", 256), ("C > 256 (above max_num_seqs 256)", math.inf))
-
-    def band(r):
-        return next(label for label, top in bands if r["concurrency"] <= top)
-    band_order = [b for b, _ in bands]
-    for field, label in (("hardware", "chip"), ("workload", "workload"), (band, "concurrency")):
+    for field, label in (("hardware", "chip"), ("workload", "workload")):
         by = report.summarize_by(field, "no_overlap")
         lines += ["", f"NoOverlap by {label}:", "",
-                  f"| {label} | points | priced | shape mean | shape median | TPOT MAPE | TPOT signed |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
-        order = sorted(by, key=lambda k: (k == "all", CHIP_ORDER.index(k) if k in CHIP_ORDER else 9,
-                                          band_order.index(k) if k in band_order else 9, k))
+                  f"| {label} | points | priced | shape mean | shape median | TPOT MAPE | TPOT signed | TTFT MAPE | "
+                  "TTFT signed | TTFT shape mean |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        order = sorted(by, key=lambda k: (k == "all", CHIP_ORDER.index(k) if k in CHIP_ORDER else 9, k))
         for k in order:
             s = by[k]
             lines.append(f"| {k} | {s['points']} | {s['priced']} | {_pct(s['shape_mean'])} | "
                          f"{_pct(s['shape_median'])} | {_pct(s['tpot_mape'])} | "
-                         f"{_pct(s['tpot_mean_signed'], signed=True)} |")
+                         f"{_pct(s['tpot_mean_signed'], signed=True)} | {_pct(s['ttft_mape'])} | "
+                         f"{_pct(s['ttft_mean_signed'], signed=True)} | {_pct(s['ttft_shape_mean'])} |")
+    lines += format_assumptions(report, markdown=True)
     return "\n".join(lines) + "\n"
 
 
@@ -158,10 +179,16 @@ def run(args) -> int:
     report.info["seconds"] = time.perf_counter() - t0
     command = command_line(args)
     if args.json:
-        print(json.dumps({"csv": report.csv, "summary": report.summary, "refused": report.refused,
+        from .accuracy import ESTIMATES, concurrency_bucket
+        by_bucket = {e: report.summarize_by(lambda r: concurrency_bucket(r["concurrency"]), e) for e in ESTIMATES}
+        print(json.dumps({"csv": report.csv, "summary": report.summary, "by_concurrency": by_bucket,
+                          "split": {e: report.split_summary(e) for e in ESTIMATES}, "refused": report.refused,
                           "info": {k: v for k, v in report.info.items()}}, indent=1, default=str))
     else:
         print(format_report(report))
+        if args.assumptions:
+            from .accuracy import format_assumptions
+            print("\n".join(format_assumptions(report)))
     written = []
     md = markdown(report, command=command)
     if args.out:
@@ -175,6 +202,10 @@ def run(args) -> int:
         written.append(Path(args.markdown))
     if args.plot:
         written.append(plot_sweeps(report, args.plot, estimate=args.estimate))
+        if report.info.get("ttft_predicted"):
+            plot = Path(args.plot)
+            written.append(plot_sweeps(report, plot.with_name(f"{plot.stem}-ttft{plot.suffix}"), estimate=args.estimate,
+                                       quantity="ttft"))
     for w in written:
         print(f"wrote {w}", file=sys.stderr)
     print(f"accuracy: {len(report.records)} points in {report.info['seconds']:.1f} s", file=sys.stderr)
