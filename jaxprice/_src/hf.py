@@ -43,6 +43,7 @@ class Key:
     default: Any = REQUIRED      # a value, or a callable(values read so far) -> value
     type: str = "int"            # int | bool | str | list | dict | dtype | any
     minimum: int | None = 1      # for ints
+    maximum: int = 2 ** 31 - 1   # for ints: sizes past this are not a model (and overflow the maths)
     cite: str = ""               # where the default comes from
     nullable: bool = False       # an explicit null means "absent" (take the default)
     allow_null: bool = False     # an explicit null is a value (None), unlike absence
@@ -58,7 +59,7 @@ _TF = "transformers {}Config default"
 _CORE = {   # every family: the shapes no default may stand in for (a toy-model default would
             # silently price the wrong model), and the defaults every family shares
     "hidden_size": _k("hidden_size"),
-    "num_layers": _k("num_layers", "num_hidden_layers"),
+    "num_layers": _k("num_layers", "num_hidden_layers", maximum=10_000),
     "vocab_size": _k("vocab_size"),
     "n_q": _k("n_q", "num_attention_heads"),
     "n_kv": _k("n_kv", "num_key_value_heads", default=lambda v: v["n_q"], nullable=True,
@@ -93,9 +94,9 @@ _MLA = {
     "qk_rope_head_dim": _k("qk_rope_head_dim", default=64, cite=_TF.format("DeepseekV3")),
     "qk_nope_head_dim": _k("qk_nope_head_dim", default=128, cite=_TF.format("DeepseekV3")),
     "v_head_dim": _k("v_head_dim", default=128, cite=_TF.format("DeepseekV3")),
-    "first_k_dense_replace": _k("first_k_dense_replace", default=3, minimum=0, cite=_TF.format("DeepseekV3")),
+    "first_k_dense_replace": _k("first_k_dense_replace", default=3, minimum=0, maximum=10_000, cite=_TF.format("DeepseekV3")),
     "moe_layer_freq": _k("moe_layer_freq", default=1, cite=_TF.format("DeepseekV3")),
-    "mtp_layers": _k("mtp_layers", "num_nextn_predict_layers", minimum=0, default=0,
+    "mtp_layers": _k("mtp_layers", "num_nextn_predict_layers", minimum=0, maximum=10_000, default=0,
                      cite="none stated: no MTP drafter"),
 }
 _DSA = {
@@ -138,7 +139,7 @@ MAPPINGS = {
                                   cite=_TF.format("GptOss") + ": alternating, sliding first")},
     "minimax_m3": {**_CORE, **_MOE,
                    "dense_intermediate_size": _k("dense_intermediate_size"),
-                   "first_k_dense_replace": _k("first_k_dense_replace", minimum=0, default=None, nullable=True),
+                   "first_k_dense_replace": _k("first_k_dense_replace", minimum=0, maximum=10_000, default=None, nullable=True),
                    "moe_layer_freq": _k("moe_layer_freq", type="list"),
                    "sparse_attention_config": _k("sparse_attention_config", type="dict"),
                    "mtp_layers": _k("mtp_layers", "num_mtp_modules", minimum=0, default=0,
@@ -246,6 +247,8 @@ class _Reader:
                     val = int(val)
                 else:
                     refuse("expected an integer", **f)
+            if val > spec.maximum:
+                refuse(f"impossible value: must be at most {spec.maximum}", **f)
             if spec.minimum is not None and val < spec.minimum:
                 refuse("impossible value: must be at least %d" % spec.minimum
                        if val >= 0 else "impossible value: a size cannot be negative", **f)
@@ -903,6 +906,23 @@ class Imported:
     family: str
 
 
+class _BadJson(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _BadJson(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def _no_constant(name):
+    raise _BadJson(f"{name} is not a number JSON allows")
+
+
 def _read_json(path: Path, what: str) -> tuple:
     try:
         data = path.read_bytes()
@@ -911,9 +931,11 @@ def _read_json(path: Path, what: str) -> tuple:
     except OSError as err:
         refuse(f"cannot read {what} ({err.strerror})", file=str(path))
     try:
-        doc = json.loads(data)
+        doc = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         refuse(f"not JSON ({getattr(err, 'msg', err)} at line {getattr(err, 'lineno', '?')})", file=str(path))
+    except _BadJson as err:
+        refuse(f"not valid JSON: {err}", file=str(path))
     if not isinstance(doc, dict):
         refuse("expected a JSON object", file=str(path), value=type(doc).__name__)
     return doc, hashlib.sha256(data).hexdigest()
