@@ -1,0 +1,214 @@
+"""The deployment axis (stack.py): one compiled kernel for every deployment of a model graph.
+
+Every bundled scenario is priced by ``price_deployments`` in one stack per structure and
+compared with ``price_many`` of the deployment alone (to ULPS units in the last place: see
+below); gradients on a subset.
+One compile per structure: a retrace guard prices a new deployment of a known structure.
+"""
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxprice as jp
+from jaxprice._src import stack as st
+from jaxprice._src.sweep import random_batches
+
+SCENARIOS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "testdata" / "aisimulate").glob("*.yaml"))
+FIELDS = ("resources", "overlap", "no_overlap", "bottleneck", "bottleneck_weights")
+# The deployment axis is a vmap: most prices equal pricing alone bit for bit, but XLA's CPU
+# loops may round a product-sum as a fused multiply-add in one vector shape and not in
+# another, so a few entries differ by one unit in the last place. Asserted: at most ULPS.
+ULPS = 2
+
+
+def _same(actual, desired, msg=""):
+    actual, desired = np.asarray(actual), np.asarray(desired)
+    if actual.dtype.kind in "iub":
+        np.testing.assert_array_equal(actual, desired, err_msg=msg)
+    else:
+        np.testing.assert_array_max_ulp(actual, desired, maxulp=ULPS)
+
+
+@pytest.fixture(scope="module")
+def deployments():
+    return {n: jp.load_deployment(n) for n in SCENARIOS}
+
+
+@pytest.fixture(scope="module")
+def groups(deployments):
+    return [[SCENARIOS[i] for i in idx] for _, idx in jp.group_by_structure([deployments[n] for n in SCENARIOS])]
+
+
+@pytest.fixture(scope="module")
+def batches():
+    b = random_batches(np.random.default_rng(0), 12, 32, decode_threshold=8)
+    return {"float64": b, "int32": b.astype(jnp.int32)}
+
+
+def test_one_structure_per_model_graph(deployments, groups):
+    graphs = {deployments[n].graph.name for n in SCENARIOS}
+    # chip, tp/ep/dp, quantization and engine share one; two graphs of one architecture
+    # (DeepSeek-V3 and Kimi-K2.5) may share one too
+    assert len(groups) <= len(graphs)
+    for graph in graphs:
+        assert sum(any(deployments[n].graph.name == graph for n in g) for g in groups) == 1, graph
+    big = max(groups, key=len)
+    assert len({deployments[n].chip.name for n in big}) > 1 or len({deployments[n].resolution["tp"] for n in big}) > 1
+
+
+def _own(coefs, k):
+    """Row k of stacked sets: deployment k's own values (NaN where it has no such name)."""
+    return jp.Coefficients(coefs.values[k], coefs.names)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_exact_mode_equals_each_deployment_alone_bit_for_bit(deployments, groups, batches, dtype):
+    b = batches[dtype]
+    # every scenario in float64; int32 counts (the integer row walk) on every other structure
+    for g in (groups if dtype == "float64" else groups[::2]):
+        stack = jp.stack_plans([deployments[n] for n in g])
+        coefs = jp.stack_deployment_coefficients([deployments[n].coefficients for n in g])
+        res = jp.price_deployments(stack, coefs, b)
+        for k, n in enumerate(g):
+            # alone, with its own values (the union's names: one compile per structure)
+            alone = jp.price_many(deployments[n].plan, _own(coefs, k), b)
+            for f in FIELDS:
+                _same(np.asarray(getattr(res, f))[k], np.asarray(getattr(alone, f)), f"{n} {f}")
+        if dtype == "float64":      # and with its own Coefficients, as loaded
+            own = jp.price_many(deployments[g[-1]].plan, deployments[g[-1]].coefficients, b)
+            _same(np.asarray(res.no_overlap)[-1], np.asarray(own.no_overlap))
+
+
+def _loss_alone(dep, coefs, b):
+    return jax.grad(lambda c: jnp.sum(jp.price_many(dep.plan, c, b).no_overlap))(coefs).values
+
+
+def test_coefficient_gradients_equal_each_deployment_alone(deployments, groups, batches):
+    b = batches["float64"]
+    for g in groups[::3]:
+        names = g[:3]
+        stack = jp.stack_plans([deployments[n] for n in names])
+        coefs = jp.stack_deployment_coefficients([deployments[n].coefficients for n in names])
+        grads = jax.grad(lambda c: jnp.sum(jp.price_deployments(stack, c, b).no_overlap))(coefs).values
+        for k, n in enumerate(names):
+            dep = deployments[n]
+            alone = np.asarray(_loss_alone(dep, _own(coefs, k), b))
+            used = [coefs.names.index(x) for x in dep.coefficients.names]
+            _same(np.asarray(grads)[k, used], alone[used], n)
+            # a name this deployment does not carry (NaN in its row) gets exactly zero
+            others = [i for i, x in enumerate(coefs.names) if x not in dep.coefficients]
+            assert np.all(np.asarray(grads)[k, others] == 0.0)
+            assert np.all(np.isnan(np.asarray(coefs.values)[k, others]))
+
+
+def test_shared_coefficients_sum_gradients_over_deployments(deployments, groups, batches):
+    g = max(groups, key=len)[:3]
+    union = jp.stack_deployment_coefficients([deployments[n].coefficients for n in g])
+    # one shared set: every deployment's own values where they agree, the first's otherwise
+    shared_values = np.nanmean(np.asarray(union.values), axis=0)
+    shared = jp.Coefficients(jnp.asarray(shared_values), union.names)
+    b = batches["float64"]
+    stack = jp.stack_plans([deployments[n] for n in g])
+    total = jax.grad(lambda c: jnp.sum(jp.price_deployments(stack, c, b).no_overlap))(shared).values
+    per = jax.grad(lambda c: jnp.sum(jp.price_deployments(
+        stack, st.stack_coefficients([c] * len(g)), b).no_overlap))(shared).values
+    np.testing.assert_allclose(np.asarray(total), np.asarray(per), rtol=1e-12, atol=0)
+    res = jp.price_deployments(stack, shared, b)
+    for k, n in enumerate(g):
+        alone = jp.price_many(deployments[n].plan, shared, b)
+        _same(np.asarray(res.no_overlap)[k], np.asarray(alone.no_overlap))
+
+
+def test_a_new_deployment_of_a_known_structure_does_not_compile_again(deployments, groups, batches):
+    g = max(groups, key=len)
+    b = batches["int32"]
+    first = jp.stack_plans([deployments[n] for n in g[:2]])
+    jp.price_deployments(first, st.stack_coefficients([deployments[n].coefficients for n in g[:2]]), b)
+    before = jp.kernel_compiles()
+    other = jp.stack_plans([deployments[n] for n in g[-2:]])      # other deployments, same structure
+    r = jp.price_deployments(other, st.stack_coefficients([deployments[n].coefficients for n in g[-2:]]), b)
+    assert jp.kernel_compiles() == before
+    _same(np.asarray(r.no_overlap)[1],
+          np.asarray(jp.price_many(deployments[g[-1]].plan, deployments[g[-1]].coefficients, b).no_overlap))
+
+
+def test_padded_rate_classes_contribute_exactly_zero_with_zero_gradient(deployments, batches):
+    dep = deployments[SCENARIOS[0]]
+    split = st.split_plan(dep.plan)
+    n_real = len(dep.plan.arrays["class_peak"])
+    key = [e for e in split.structure.layout if e[1] == "class_peak"][0]
+    _, _, shape, _, off = key
+    assert shape[0] == st.CLASS_SLOTS > n_real
+    padded = np.arange(off + max(n_real, len(dep.plan.coef["classes"])), off + shape[0])
+    assert len(padded)
+    b = batches["float64"]
+    stack = jp.stack_plans([dep])
+    coefs = st.stack_coefficients([dep.coefficients])
+    base = jp.price_deployments(stack, coefs, b)
+    # junk in the padding changes nothing
+    junk = np.array(stack.values)
+    junk[0, padded] = 123.0
+    moved = jp.price_deployments(st.PlanStack(stack.structure, junk, stack.slot_names, stack.names), coefs, b)
+    np.testing.assert_array_equal(np.asarray(moved.no_overlap), np.asarray(base.no_overlap))
+    # and the gradient with respect to the padding is exactly zero (the values are a traced leaf)
+    def loss(values):
+        s = st.PlanStack(stack.structure, values, stack.slot_names, stack.names)
+        return jnp.sum(jp.price_deployments(s, coefs, b).no_overlap)
+    g = np.asarray(jax.grad(loss)(jnp.asarray(stack.values)))
+    assert np.all(g[0, padded] == 0.0)
+    assert np.any(g[0, off:off + n_real] != 0.0)          # the real peak does matter
+
+
+def test_padding_batches_and_rows_across_deployments_changes_nothing(deployments, groups):
+    g = max(groups, key=len)[:3]
+    rng = np.random.default_rng(3)
+    own = [random_batches(rng, n, rows, decode_threshold=8) for n, rows in ((5, 16), (9, 32), (2, 8))]
+    res = jp.price_plans([deployments[n] for n in g], [deployments[n].coefficients for n in g], own)
+    for n, b, r in zip(g, own, res):
+        alone = jp.price_many(deployments[n].plan, deployments[n].coefficients, b)
+        assert r.no_overlap.shape == alone.no_overlap.shape
+        np.testing.assert_allclose(np.asarray(r.no_overlap), np.asarray(alone.no_overlap), rtol=1e-15, atol=0)
+
+
+def test_smooth_mode_on_the_deployment_axis(deployments, groups, batches):
+    g = groups[0][:2]
+    b = batches["float64"]
+    stack = jp.stack_plans([deployments[n] for n in g])
+    coefs = st.stack_coefficients([deployments[n].coefficients for n in g])
+    exact = jp.price_deployments(stack, coefs, b)
+    zero = jp.price_deployments(stack, coefs, b, temperature=0.0)
+    np.testing.assert_array_equal(np.asarray(zero.no_overlap), np.asarray(exact.no_overlap))
+    smooth = jp.price_deployments(stack, coefs, b, temperature=0.05)
+    for k, n in enumerate(g):
+        alone = jp.price_many(deployments[n].plan, deployments[n].coefficients, b, temperature=0.05)
+        np.testing.assert_allclose(np.asarray(smooth.no_overlap)[k], np.asarray(alone.no_overlap), rtol=1e-12)
+
+
+def test_different_structures_are_refused_naming_what_differs(deployments):
+    a = deployments["deepseek-v3-h200-fp8-sglang-tp8"]
+    b = next(deployments[n] for n in SCENARIOS if n.startswith("llama"))
+    with pytest.raises(jp.JaxpriceError) as err:
+        jp.stack_plans([a, b])
+    msg = str(err.value)
+    assert "differs in structure" in msg and b.plan.name in msg and "plans[1]" in msg
+    assert any(word in msg for word in ("shape of", "layer kinds", "_kind", "has_moe", "coefficient roles"))
+
+
+def test_refusals(deployments, batches):
+    dep = deployments[SCENARIOS[0]]
+    stack = jp.stack_plans([dep, dep])
+    with pytest.raises(jp.JaxpriceError, match="at least one plan"):
+        jp.stack_plans([])
+    with pytest.raises(jp.JaxpriceError, match="2 coefficient sets for 3"):
+        jp.price_deployments(jp.stack_plans([dep] * 3), st.stack_coefficients([dep.coefficients] * 2),
+                             batches["int32"])
+    missing = jp.Coefficients(dep.coefficients.values[1:], dep.coefficients.names[1:])
+    with pytest.raises(jp.JaxpriceError, match="do not carry"):
+        jp.price_deployments(stack, missing, batches["int32"])
+    lacking = st.stack_coefficients([dep.coefficients, missing])
+    with pytest.raises(jp.JaxpriceError, match="lacks a coefficient"):
+        jp.price_deployments(stack, lacking, batches["int32"])
