@@ -3,6 +3,9 @@
     python experiments/calibrate.py [--csv ../shared/measured/inferencex_vllm_dev.csv]
         [--rule interleaved] [--priors 0,0.001,...] [--seeds 0,1,2] [--steps 400]
         [--out experiments/results] [--quick] [--quiet]
+    python experiments/calibrate.py --rule simulate --targets tpot,ttft [--deployment NAME ...]
+        (through the serving simulation: each point's schedule built once, the fits re-price its
+        steps; TTFT columns in the tables; checkpoint experiments/out/calibration-study-simulate.pkl)
 
 Everything in ``<out>/calibration.md`` is computed by this run (no hand-written claims):
 
@@ -34,6 +37,7 @@ import os
 import sys
 import time
 
+FREE_USED: list = []
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
@@ -89,6 +93,16 @@ class Bar:
 
 
 def cv_table(cv, what):
+    rows = cv.rows()
+    if rows and "ttft_mape" in rows[0]["test"]["registry"]:
+        L = [f"| held out ({what}) | deployments | points | prior (nested) | TPOT MAPE | shape error | TTFT MAPE | "
+             "TTFT shape | in-sample TPOT MAPE | in-sample TTFT MAPE |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            te, tr = r["test"], r["train"]
+            L.append(f"| {r['fold']} | {len(r['test_deployments'])} | {te['registry']['points']} | {r['prior']:g} | "
+                     f"{arrow(te, 'tpot_mape')} | {arrow(te, 'shape_mean')} | {arrow(te, 'ttft_mape')} | "
+                     f"{arrow(te, 'ttft_shape_mean')} | {arrow(tr, 'tpot_mape')} | {arrow(tr, 'ttft_mape')} |")
+        return L
     L = [f"| held out ({what}) | deployments | points | prior (nested) | fitted keys reaching it | TPOT MAPE | "
          "shape error | in-sample TPOT MAPE | in-sample shape |", "|---|---|---|---|---|---|---|---|---|"]
     for r in cv.rows():
@@ -148,11 +162,13 @@ def ident_table(res):
     return L
 
 
-def scope_check(path, final, obs, groups, points, csv_path):
+def scope_check(path, final, obs, points, csv_path):
     """Every training deployment reloaded with the set prices as the fit; deployments of other
     models or chips keep the registry's coefficients bit for bit."""
     worst = 0.0
-    first = {g.name: points[g.index[0]] for g in groups}
+    first = {}
+    for p in points:
+        first.setdefault(p.deployment, p)
     for o in obs:
         dep, _ = accuracy.build_deployment(first[o.name], extra_coefficient_files=[path], source=csv_path)
         want = final.coefficients_for(o.deployment)
@@ -196,11 +212,24 @@ def run_study(args):
     csv_path = os.path.normpath(args.csv)
     points, _ = accuracy.read_measurements(csv_path)
     t = time.perf_counter()
-    groups, refused = accuracy.group_points(points, source=csv_path, batch_rule=args.rule)
-    obs = jfit.observations_from_groups(groups, points=points)
-    timings["resolve deployments, build batches"] = time.perf_counter() - t
+    free = FREE
+    if args.rule == "simulate":     # each point's closed-loop schedule, built once; fits re-price its steps
+        obs, refused, points = jfit.observations_from_simulation(csv_path, targets=args.targets,
+                                                                 deployments=args.deployment)
+        groups = None
+        names = [set(r.deployment.coefficients.names) for o in obs for r in o.runs]
+        free = [f for f in FREE if all(any(jfit.fnmatch.fnmatchcase(n, jfit.Free.parse(f).pattern) for n in ns)
+                                       for ns in names)]
+        timings["resolve deployments, build schedules"] = time.perf_counter() - t
+    else:
+        points = accuracy.select_deployments(points, args.deployment, csv_path)
+        groups, refused = accuracy.group_points(points, source=csv_path, batch_rule=args.rule)
+        obs = jfit.observations_from_groups(groups, points=points)
+        timings["resolve deployments, build batches"] = time.perf_counter() - t
     fit_kw = {**FIT, "steps": args.steps}
-    cache = jfit._FitCache(obs, FREE, fit_kw, None)
+    global FREE_USED
+    FREE_USED = free
+    cache = jfit._FitCache(obs, free, fit_kw, None)
     out = {"obs": obs, "refused": refused, "points": points, "timings": timings, "csv": csv_path}
     studies = (("lomo", "model", args.priors, (0,)), ("deployment", "deployment", args.priors, tuple(args.seeds)))
     for key, by, priors, seeds in studies:
@@ -208,13 +237,13 @@ def run_study(args):
         bar.expected = 6 * len(priors) if by == "model" else 2 * len(priors) * len(seeds)
         cache.callback = bar
         t = time.perf_counter()
-        out[key] = jfit.cross_validate(obs, FREE, by=by, priors=priors, seeds=seeds, cache=cache, **fit_kw)
+        out[key] = jfit.cross_validate(obs, free, by=by, priors=priors, seeds=seeds, cache=cache, **fit_kw)
         bar.close()
         timings[f"cross-validation by {by} ({len(cache.fits)} fits so far)"] = time.perf_counter() - t
         print(f"cv by {by}: done ({time.perf_counter() - t:.0f} s)", flush=True)
     prior = out["lomo"].best_prior
     t = time.perf_counter()
-    out["chip"] = jfit.cross_validate(obs, FREE, by="chip", priors=(prior,), cache=cache, **fit_kw)
+    out["chip"] = jfit.cross_validate(obs, free, by="chip", priors=(prior,), cache=cache, **fit_kw)
     timings["leave one chip out"] = time.perf_counter() - t
     t = time.perf_counter()
     final = cache.fit([o.name for o in obs], prior)
@@ -223,12 +252,12 @@ def run_study(args):
     out["compiled"] = sum(r.compiled for r in cache.fits.values())
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "fitted-inferencex.yaml")
-    data = (f"{os.path.basename(csv_path)} (mean TPOT, all {len(obs)} deployments, batch rule '{args.rule}'; "
+    data = (f"{os.path.basename(csv_path)} (mean {args.targets.upper() if args.rule == 'simulate' else 'TPOT'}, all {len(obs)} deployments, batch rule '{args.rule}'; "
             f"prior {prior:g} chosen by leave-one-model-out cross-validation)")
     jfit.write_coefficient_set(final, path, name="fitted-inferencex", data=data,
                                engines=sorted({p.engine for p in points}))
     out["path"] = path
-    out["scope"] = scope_check(path, final, obs, groups, points, csv_path)
+    out["scope"] = scope_check(path, final, obs, points, csv_path)
     out["figure"] = figure(out["lomo"], out["deployment"], os.path.join(args.out, "calibration-cv.png"))
     timings["total"] = time.perf_counter() - t0
     return out
@@ -245,7 +274,7 @@ def write_markdown(args, R):
          "`jaxprice/_src/accuracy.py`). Every number below is computed by that run.", "",
          "**Fit.** `jaxprice.fit.fit_coefficients(method=\"gauss-newton\")`: damped Gauss-Newton on "
          "log-multipliers of the free set "
-         + ", ".join(f"`{f}`" for f in FREE) + f"; Huber loss (delta {FIT['huber_delta']}) on log TPOT "
+         + ", ".join(f"`{f}`" for f in FREE_USED) + f"; Huber loss (delta {FIT['huber_delta']}) on log TPOT "
          f"(NoOverlap), exact mode, at most {args.steps} iterations; a prior `prior * sum(log(multiplier)^2)` pulling "
          "every free coefficient toward its registry value; physical bounds on top of the factor ranges (a "
          "derate or GEMM efficiency at most 1, a KV read rate at most the chip's HBM peak); coefficients the "
@@ -317,7 +346,10 @@ def final_section(R):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--csv", default=DEFAULT_CSV)
-    ap.add_argument("--rule", default="interleaved", choices=accuracy.STATIC_BATCH_RULES)
+    ap.add_argument("--rule", default="interleaved", choices=accuracy.BATCH_RULES,
+                    help="simulate: fit through the serving simulation (each point's schedule built once)")
+    ap.add_argument("--targets", default="tpot,ttft", help="--rule simulate: tpot, ttft or tpot,ttft")
+    ap.add_argument("--deployment", action="append", default=None, help="only these deployments (repeatable)")
     ap.add_argument("--priors", default=",".join(f"{p:g}" for p in jfit.DEFAULT_PRIORS))
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=60, help="Gauss-Newton iterations at most")
@@ -329,7 +361,8 @@ def main(argv=None) -> int:
     args.priors = [float(x) for x in args.priors.split(",") if x.strip()]
     args.seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     import pickle
-    ckpt = os.path.join(ROOT, "experiments", "out", "calibration-study.pkl")
+    ckpt = os.path.join(ROOT, "experiments", "out", "calibration-study.pkl" if args.rule == "interleaved" else
+                        f"calibration-study-{args.rule}.pkl")
     if args.from_checkpoint:
         with open(ckpt, "rb") as fh:
             R = pickle.load(fh)

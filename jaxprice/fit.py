@@ -19,6 +19,8 @@ from jaxprice._src.fit import (DEFAULT_PRIORS, ESTIMATES, HOLDOUTS, LOSSES, SCOP
                                is_fraction, key_label, observations_from_groups, observations_from_measurements,
                                physical_range, predict_observations, read_step_measurements, relative_error,
                                score_points, set_applies, split_by_deployment, write_coefficient_set)
+from jaxprice._src.fit import (SIM_TARGETS, SimObservations, SimRun, metric_weights,  # noqa: E402 (simulate rule)
+                               observations_from_simulation, parse_targets, predict_simulated, score_simulated)
 
 __all__ = [
     "DEFAULT_PRIORS", "ESTIMATES", "HOLDOUTS", "LOSSES", "SCOPE_DIMS", "TARGETS", "WEIGHTINGS",
@@ -28,4 +30,6 @@ __all__ = [
     "physical_range", "predict_observations",
     "observations_from_measurements", "observations_from_groups", "read_step_measurements",
     "apply_theta", "deployment_dims", "is_fraction", "key_label",
+    "SIM_TARGETS", "SimObservations", "SimRun", "metric_weights", "observations_from_simulation", "parse_targets",
+    "predict_simulated", "score_simulated",
 ]

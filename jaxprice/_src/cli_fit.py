@@ -7,7 +7,9 @@
 
 CSV: mean-TPOT measurements in the layout of shared/measured/inferencex_vllm_dev.csv (target
 ``tpot``: NoOverlap of C decode rows at context isl + osl // 2, plus host_output_token; with
-``--batch-rule capped`` or ``interleaved`` the batches ``jaxprice accuracy --batch-rule`` prices), or
+``--batch-rule capped`` or ``interleaved`` the batches ``jaxprice accuracy --batch-rule`` prices; with
+``--batch-rule simulate --target tpot,ttft`` each point's closed-loop run of the serving simulation,
+its schedule built once, the fit re-pricing its steps: log-errors of mean TPOT and mean TTFT), or
 step times with columns scenario, requests, context, value, unit (target ``step``). ``--free``
 takes ``PATTERN[@SCOPE][:BOUND]``: an fnmatch pattern over coefficient names, a scope of
 comma-separated hardware, model, tp, ep, nodes_spanned (or ``global``; default hardware) and
@@ -46,13 +48,15 @@ def add_parser(subparsers):
     p.add_argument("--free", action="append", default=[], metavar="PATTERN[@SCOPE][:BOUND]",
                    help="coefficients to fit (repeatable), e.g. hbm_derate, 'gemm_m_half_*@hardware:2', "
                         "host_output_token@global")
-    p.add_argument("--target", choices=("auto", "tpot", "step"), default="auto",
-                   help="what the CSV measures (default: from its columns)")
+    p.add_argument("--target", default="auto",
+                   help="what the CSV measures (default: from its columns): tpot or step; with --batch-rule "
+                        "simulate: tpot, ttft or tpot,ttft (log-errors of mean TPOT and mean TTFT summed)")
     p.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap")
     p.add_argument("--batch-rule", metavar="RULE", default="anchor",
                    help="TPOT layout: how each point's batches are built, as in 'jaxprice accuracy': anchor "
                         "(default: C decode rows), capped (the engine's resident batch) or interleaved (the "
-                        "resident batch plus the steady-state prefill chunks)")
+                        "resident batch plus the steady-state prefill chunks) or simulate (each point's closed-loop "
+                        "run of the serving simulation, its schedule built once; the fit re-prices its steps)")
     p.add_argument("--holdout", default="0.25",
                    help="a fraction of deployments held out for early stopping, or model / chip / deployment: "
                         "cross-validate by leaving one out (deployment: seeded splits, --cv-seeds)")
@@ -117,9 +121,11 @@ def _options(args) -> dict:
     from .accuracy import check_batch_rule
     from .cli_price import parse_float, parse_int
     check_batch_rule(args.batch_rule, field="--batch-rule")
-    if args.batch_rule not in ("anchor", "capped", "interleaved"):
-        refuse("the fit prices fixed batches per point (anchor, capped or interleaved); fitting through the "
-               "serving simulation's schedules is not built yet", field="--batch-rule", value=args.batch_rule)
+    if args.batch_rule == "simulate":
+        F.parse_targets("tpot" if args.target == "auto" else args.target)
+    elif args.target not in ("auto", "tpot", "step"):
+        refuse("unknown target (known: auto, tpot, step; ttft and tpot,ttft with --batch-rule simulate)",
+               field="--target", value=args.target)
     if not args.free:
         refuse("give at least one --free PATTERN[@SCOPE][:BOUND] (e.g. --free hbm_derate)", field="--free")
     o = {"free": [F.Free.parse(f) for f in args.free]}
@@ -161,6 +167,8 @@ def _observations(args):
     """(target, observations, engines) from the CSV, refused points reported on stderr."""
     from . import fit as F
     header = _header(args.csv)
+    if args.batch_rule == "simulate":
+        return _simulated(args, header)
     layout = "step" if "requests" in header else "tpot" if "quantity" in header else None
     target = layout if args.target == "auto" else args.target
     if layout is None:
@@ -187,6 +195,34 @@ def _observations(args):
     if not obs:
         refuse("no point of the CSV could be priced", file=args.csv)
     return target, obs, sorted({p.engine for p in points if p.engine})
+
+
+def _simulated(args, header):
+    """(target label, SimObservations, engines) under --batch-rule simulate."""
+    from . import fit as F
+    from .progress import Progress
+    if "quantity" not in header:
+        refuse("--batch-rule simulate needs the mean-TPOT layout (a 'quantity' column)", file=args.csv,
+               field="header", value=",".join(header[:6]))
+    targets = F.parse_targets("tpot" if args.target == "auto" else args.target)
+    bar = None if args.quiet else Progress(1, "simulate")
+    try:
+        obs, refused, points = F.observations_from_simulation(
+            args.csv, targets=targets, scenario_dirs=args.scenario_dir, estimate=args.estimate,
+            deployments=args.deployment, callback=None if bar is None else
+            (lambda done, total, **kw: bar.update(done, total, **kw)))
+    finally:
+        if bar is not None:
+            bar.close()
+    if refused:
+        print(f"{len(refused)} point(s) the simulation refused are left out of the fit:", file=sys.stderr)
+        for i, reason in refused[:5]:
+            print(f"  line {points[i].row} ({points[i].deployment}, C={points[i].concurrency}): {reason}",
+                  file=sys.stderr)
+    if not obs:
+        refuse("no point of the CSV could be simulated" + (" with a measured mean TTFT" if targets == ("ttft",)
+                                                           else ""), file=args.csv)
+    return "simulate:" + ",".join(targets), obs, sorted({p.engine for p in points if p.engine})
 
 
 class _Bars:
@@ -228,6 +264,17 @@ def print_cv(cv, what="TPOT"):
               f"{_pct(te['registry']['shape_mean']) + ' -> ' + _pct(te['fitted']['shape_mean']):<20}"
               f"{_pct(tr['registry']['tpot_mape']) + ' -> ' + _pct(tr['fitted']['tpot_mape']):<18}"
               f"{_pct(tr['registry']['shape_mean']) + ' -> ' + _pct(tr['fitted']['shape_mean']):<18}")
+    rows = cv.rows()
+    if rows and "ttft_mape" in rows[0]["test"]["registry"]:
+        print(f"{'held out':<24}{'TTFT MAPE reg -> fit':<22}{'TTFT shape reg -> fit':<24}{'in-sample TTFT MAPE':<22}"
+              f"{'in-sample TTFT shape':<22}")
+        for r in rows:
+            te, tr = r["test"], r["train"]
+            print(f"{r['fold']:<24}"
+                  f"{_pct(te['registry']['ttft_mape']) + ' -> ' + _pct(te['fitted']['ttft_mape']):<22}"
+                  f"{_pct(te['registry']['ttft_shape_mean']) + ' -> ' + _pct(te['fitted']['ttft_shape_mean']):<24}"
+                  f"{_pct(tr['registry']['ttft_mape']) + ' -> ' + _pct(tr['fitted']['ttft_mape']):<22}"
+                  f"{_pct(tr['registry']['ttft_shape_mean']) + ' -> ' + _pct(tr['fitted']['ttft_shape_mean']):<22}")
     print("(keys: fitted coefficients that reach the held-out deployments; the rest keep the registry's values)")
     print("prior strength -> mean over folds of fit/registry error (TPOT MAPE and shape): " +
           ", ".join(f"{p:g}: {c:.3f}" for p, c in cv.criterion.items()) + f"; chosen for the final fit: "
@@ -236,7 +283,9 @@ def print_cv(cv, what="TPOT"):
 
 def print_fit(res, obs, target, args, seed):
     from .resolve import si_factor
-    what = "TPOT" if target == "tpot" else "step time"
+    sim = target.startswith("simulate")
+    what = ("simulated mean " + " + ".join(t.upper() for t in target.split(":")[1].split(",")) if sim else
+            "TPOT" if target == "tpot" else "step time")
     by_name = {o.name: o for o in obs}
     temperature = res.settings["temperature"]
     print(f"{args.csv}: {sum(o.points for o in obs)} points in {len(obs)} deployment(s); "
@@ -244,7 +293,7 @@ def print_fit(res, obs, target, args, seed):
     print(f"fit: {res.settings['loss']} loss on log {what} ({args.estimate}, "
           f"{'exact mode' if temperature is None else f'temperature {temperature:g}'}), "
           f"{len(res.keys)} free value(s), prior {res.prior:g}; {res.stopped}; kept step {res.best_step}"
-          + (f"; batch rule {args.batch_rule}" if target == "tpot" else "") + f"; {res.compiled} compilation(s)")
+          + (f"; batch rule {args.batch_rule}" if target == "tpot" or sim else "") + f"; {res.compiled} compilation(s)")
     print(f"{'split':<10}{'deployments':>12}{'points':>8}{'loss before':>13}{'loss after':>12}"
           f"{'MAPE before':>13}{'MAPE after':>12}")
     for split, names, key in (("train", res.train, "train"), ("held out", res.held_out, "held_out")):
@@ -256,6 +305,15 @@ def print_fit(res, obs, target, args, seed):
         after = np.concatenate([res.predict(o) for o in sel])
         print(f"{split:<10}{len(names):>12}{len(meas):>8}{res.initial[key]:>13.5f}{res.final[key]:>12.5f}"
               f"{_mape(before, meas):>13.1%}{_mape(after, meas):>12.1%}")
+        if sim:
+            from . import fit as F
+            reg = F.score_simulated(sel, {o.name: F.predict_simulated(o, temperature=temperature) for o in sel})
+            fit = F.score_simulated(sel, {o.name: F.predict_simulated(o, res.layout, res.theta,
+                                                                      temperature=temperature) for o in sel})
+            print(f"  {split}: TPOT MAPE {_pct(reg['tpot_mape'])} -> {_pct(fit['tpot_mape'])}, shape "
+                  f"{_pct(reg['shape_mean'])} -> {_pct(fit['shape_mean'])}; TTFT MAPE {_pct(reg['ttft_mape'])} -> "
+                  f"{_pct(fit['ttft_mape'])}, shape {_pct(reg['ttft_shape_mean'])} -> {_pct(fit['ttft_shape_mean'])}"
+                  f" ({fit['ttft_points']} points with a measured TTFT)")
     print(f"{'coefficient @ scope':<56}{'start':>12}{'fitted':>12}{'x':>8}  units")
     for e in sorted(res.entries(), key=lambda e: (e["name"], sorted((k, str(v)) for k, v in e["scope"].items()))):
         label = e["name"] + "@" + ",".join(f"{k}={v}" for k, v in e["scope"].items())
@@ -280,7 +338,7 @@ def run(args) -> int:
             cv = F.cross_validate(obs, o["free"], by=o["cv"], priors=priors, seeds=o["cv_seeds"],
                                   callback=bars, **o["fit"])
             bars.close()
-            print_cv(cv, "TPOT" if target == "tpot" else "step")
+            print_cv(cv, "TPOT" if target == "tpot" or target.startswith("simulate") else "step")
             prior = cv.best_prior
         res = F.fit_coefficients(obs, o["free"], holdout=o["holdout"], seed=o["seed"], prior=prior, callback=bars,
                                  **o["fit"])
@@ -288,7 +346,9 @@ def run(args) -> int:
         bars.close()
     print_fit(res, obs, target, args, o["seed"])
     if args.out:
-        data = f"{args.csv} (mean TPOT, batch rule '{args.batch_rule}')" if target == "tpot" else str(args.csv)
+        data = (f"{args.csv} (mean TPOT, batch rule '{args.batch_rule}')" if target == "tpot" else
+                f"{args.csv} (simulated mean {target.split(':')[1].upper().replace(',', ' and ')}, batch rule "
+                "'simulate')" if target.startswith("simulate") else str(args.csv))
         scope_to = tuple(args.scope_to.split(","))
         path = F.write_coefficient_set(res, args.out, name=args.name, data=data, scope_to=scope_to, engines=engines)
         models = res.settings["train_models"] if "model" in scope_to else ["every model"]

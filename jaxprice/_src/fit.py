@@ -34,6 +34,13 @@ coefficients, shared over a chosen scope:
   are scoped to the chips and models they were fitted on: loading it with another deployment
   leaves that deployment on the registry's values (``set_applies`` says what reaches it).
 
+Under the ``simulate`` batch rule (``observations_from_simulation``, ``SimObservations``) each
+point is a closed-loop run of the serving simulation: its schedule is built once (the accuracy
+harness's engine settings), and the loss sums the log-errors of the chosen targets, mean TPOT
+and/or mean TTFT, each a fixed linear map of the run's step times (``metric_weights``), so the
+gradient flows exactly through the re-priced steps; the prior, bounds, identifiability, solvers,
+cross-validation (with TTFT scores: ``score_simulated``) and the written set work unchanged.
+
 ``fit_law`` is the same descent for any small jittable law (e.g. a GEMM efficiency ramp
 against microbenchmark timings), in log space with bounds.
 
@@ -583,6 +590,7 @@ def _compile_terms(terms, workers, callback=None):
     """Compile every term not compiled yet, in a thread pool (XLA compiles outside the GIL).
     Returns how many executables were compiled (terms sharing a plan, names, shapes and
     settings share one)."""
+    terms = [u for t in terms for u in getattr(t, "parts", [t])]      # a simulated term: its runs
     todo = {}
     for t in terms:
         if t.fn is None:
@@ -610,7 +618,9 @@ def _terms(observations, layout, settings, weighting, *, record, kind):
     total_w = sum(float(np.sum(o.weights)) if o.weights is not None else o.points for o in observations)
     if total_w <= 0 and observations:
         refuse("every weight is zero", field="weights")
-    return [_Term(o, layout.kmap(o.deployment, create=record, record=record, tighten=True), total_w, weighting,
+    return [_SimTerm(o, layout, total_w, weighting, len(observations), settings, kind, record=record)
+            if isinstance(o, SimObservations) else
+            _Term(o, layout.kmap(o.deployment, create=record, record=record, tighten=True), total_w, weighting,
                   len(observations), settings, kind) for o in observations]
 
 
@@ -969,8 +979,11 @@ class FitResult:
     def predict(self, obs: Observations, *, fitted: bool = True) -> np.ndarray:
         """Predicted times (seconds) of an Observations' batches, at the fitted values (or the
         starting values with ``fitted=False``)."""
-        kmap = self.layout.kmap(obs.deployment, create=False)
         theta = self.theta if fitted else np.zeros(len(self.theta))
+        if isinstance(obs, SimObservations):
+            return predict_simulated(obs, self.layout, theta, temperature=self.settings["temperature"]).reshape(-1)[
+                obs.residual_index]
+        kmap = self.layout.kmap(obs.deployment, create=False)
         return predict_observations(obs, log_multipliers(theta, kmap), temperature=self.settings["temperature"])
 
     def entries(self) -> list:
@@ -1008,6 +1021,11 @@ class FitResult:
 def predict_observations(obs: Observations, u=None, *, temperature=None) -> np.ndarray:
     """Predicted times (seconds) of an Observations' points with log-multipliers ``u`` on the
     deployment's own coefficient names (None: its values as they are)."""
+    if isinstance(obs, SimObservations):
+        if u is not None:
+            refuse("a simulated observation's runs have their own coefficient names: use predict_simulated",
+                   field="u")
+        return predict_simulated(obs, temperature=temperature).reshape(-1)[obs.residual_index]
     coefs = obs.deployment.coefficients
     u = np.zeros(len(coefs.names)) if u is None else np.asarray(u, dtype=float)
     settings = {"tau": float(temperature or 0.0), "delta": 0.1, "loss": "l2", "smooth": temperature is not None}
@@ -1208,6 +1226,8 @@ def score_points(observations, predictions) -> dict:
     Observations know their sweeps, else NaN."""
     from . import accuracy
     obs = list(observations)
+    if obs and all(isinstance(o, SimObservations) for o in obs):
+        return score_simulated(obs, predictions)
     pred = np.concatenate([np.asarray(predictions[o.name], dtype=float) for o in obs])
     meas = np.concatenate([o.measured for o in obs])
     if all(o.sweeps is not None for o in obs):
@@ -1224,9 +1244,9 @@ def score_points(observations, predictions) -> dict:
 def relative_error(fitted: dict, registry: dict) -> float:
     """The mean over TPOT MAPE and shape error (where known, and where the registry's is at
     least 0.1%: a ratio to ~0 says nothing) of fitted / registry: below 1 the fit is better,
-    1 the same."""
-    r = [fitted[k] / registry[k] for k in ("tpot_mape", "shape_mean")
-         if math.isfinite(fitted[k]) and math.isfinite(registry[k]) and registry[k] >= 1e-3]
+    1 the same. Under the simulate rule TTFT MAPE and TTFT shape error count too."""
+    r = [fitted[k] / registry[k] for k in ("tpot_mape", "shape_mean", "ttft_mape", "ttft_shape_mean")
+         if k in fitted and k in registry and math.isfinite(fitted[k]) and math.isfinite(registry[k]) and registry[k] >= 1e-3]
     return float(np.mean(r)) if r else float("nan")
 
 
@@ -1287,12 +1307,16 @@ class _FitCache:
     def registry_preds(self, names):
         for n in names:
             if n not in self.registry:
-                self.registry[n] = predict_observations(self.obs[n], temperature=self.fit_kw.get("temperature"))
+                o = self.obs[n]
+                self.registry[n] = (predict_simulated(o, temperature=self.fit_kw.get("temperature"))
+                                    if isinstance(o, SimObservations) else
+                                    predict_observations(o, temperature=self.fit_kw.get("temperature")))
         return {n: self.registry[n] for n in names}
 
     def score(self, res, names):
         obs = [self.obs[n] for n in names]
-        fitted = {o.name: res.predict(o) for o in obs}
+        fitted = {o.name: (predict_simulated(o, res.layout, res.theta, temperature=res.settings["temperature"])
+                           if isinstance(o, SimObservations) else res.predict(o)) for o in obs}
         return {"registry": score_points(obs, self.registry_preds(names)), "fitted": score_points(obs, fitted)}
 
 
@@ -1538,3 +1562,422 @@ def set_applies(path, deployment: Deployment) -> dict:
         else:
             applied.append(e.name)
     return {"applied": sorted(set(applied)), "outside": outside}
+
+
+# ----------------------------------------------------------------------------- through the serving simulation
+
+# ``batch_rule='simulate'`` (issue 15): each point is a closed-loop run of the serving simulation
+# (serve.py). Its schedule depends on token counts only, so it is built ONCE per point
+# (``serve.build_schedules``, the accuracy harness's engine settings per point); the fit then
+# only re-prices the schedule's steps. A run's mean TPOT and mean TTFT are LINEAR in its step
+# times (cumulative sums of step times, differenced per request and averaged:
+# ``serve.schedule_metrics``), so each is a fixed weight vector over steps, taken once per point
+# as the exact gradient of schedule_metrics' summary; the objective is then
+# ``log(w . max_rank(step_times(coefficients)))`` and its gradient flows exactly through the
+# step times (``tests/test_fit.py`` checks both the weights and the gradient).
+
+SIM_TARGETS = ("tpot", "ttft")
+SIM_CHUNK = 2048
+
+
+def parse_targets(text) -> tuple:
+    """'tpot', 'ttft' or 'tpot,ttft' (any order; a list works too) -> the targets in SIM_TARGETS order."""
+    items = [t.strip() for t in (text.split(",") if isinstance(text, str) else list(text)) if str(t).strip()]
+    for t in items:
+        if t not in SIM_TARGETS:
+            refuse(f"unknown target under the simulate rule (known: {', '.join(SIM_TARGETS)}, or tpot,ttft)",
+                   field="target", value=t)
+    if not items:
+        refuse("give at least one target (tpot, ttft or tpot,ttft)", field="target", value=text)
+    return tuple(t for t in SIM_TARGETS if t in items)
+
+
+def metric_weights(sched) -> np.ndarray:
+    """[2, steps]: mean TPOT and mean TTFT of a closed-loop schedule as weights over its step
+    times (both are linear in them): the exact gradient of ``serve.schedule_metrics``."""
+    from . import serve
+    if sched.open_loop:
+        refuse("an open-loop schedule's times are not linear in its step times", field="schedule")
+    if sched.steps == 0:
+        return np.zeros((2, 0))
+
+    def f(t):
+        s = serve.schedule_metrics(sched, t)["summary"]
+        return jnp.stack([s["tpot_mean"], s["ttft_mean"]])
+    return np.asarray(jax.jacrev(f)(jnp.ones(sched.steps)))
+
+
+@dataclasses.dataclass
+class SimRun:
+    """The simulated runs of one deployment that share a plan: the recipe-resolved Deployment
+    (``deployment``: what the runs price), its closed-loop schedules (one per point) and each
+    schedule's point position in its SimObservations."""
+    deployment: Deployment
+    schedules: list
+    positions: list
+
+
+@dataclasses.dataclass
+class SimObservations:
+    """Measured mean TPOT and mean TTFT (seconds, [n]; a NaN TTFT is no TTFT residual) of one
+    deployment's points under the ``simulate`` batch rule: ``runs`` (SimRun, one per distinct
+    plan) hold each point's fixed schedule. ``targets``: which of tpot, ttft the loss compares
+    (log-errors summed over both). ``measured`` is the residuals' measured values, the chosen
+    targets' points in order (tpot first); ``points`` their count (what the loss weighs)."""
+    name: str
+    deployment: Deployment
+    runs: list
+    tpot: np.ndarray
+    ttft: np.ndarray
+    targets: tuple = ("tpot",)
+    estimate: str = "no_overlap"
+    weights: np.ndarray | None = None
+    sweeps: np.ndarray | None = None
+    concurrency: np.ndarray | None = None
+    assumptions: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        self.targets = parse_targets(self.targets)
+        self.tpot = np.asarray(self.tpot, dtype=float).reshape(-1)
+        self.ttft = np.asarray(self.ttft, dtype=float).reshape(-1)
+        if self.estimate not in ESTIMATES:
+            refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=self.estimate)
+        n = self.tpot.size
+        if self.ttft.shape != (n,) or sorted(p for r in self.runs for p in r.positions) != list(range(n)):
+            refuse("one schedule and one TTFT per point", field=f"{self.name}.runs")
+        if not np.all(np.isfinite(self.tpot) & (self.tpot > 0)):
+            refuse("measured mean TPOT must be positive and finite", field=f"{self.name}.tpot")
+        bad = np.isfinite(self.ttft) & ~(self.ttft > 0)
+        if bad.any():
+            refuse("measured mean TTFT must be positive (NaN: none)", field=f"{self.name}.ttft",
+                   value=float(self.ttft[bad][0]))
+        if self.points == 0:
+            refuse("no measurement of the chosen targets (" + ",".join(self.targets) + ")",
+                   field=f"{self.name}.measured")
+        if self.weights is not None:
+            self.weights = np.asarray(self.weights, dtype=float).reshape(-1)
+            if self.weights.shape != (self.points,) or not np.all(np.isfinite(self.weights) & (self.weights >= 0)):
+                refuse("weights must be one non-negative number per residual", field=f"{self.name}.weights")
+        if self.sweeps is not None:
+            self.sweeps = np.asarray(self.sweeps).reshape(-1)
+            self.concurrency = np.asarray(self.concurrency, dtype=float).reshape(-1)
+
+    @property
+    def target(self) -> str:
+        return "simulate:" + ",".join(self.targets)
+
+    @property
+    def residual_index(self) -> np.ndarray:
+        """Positions of the residuals in the flattened [2, n] (tpot row, ttft row) predictions."""
+        n = self.tpot.size
+        out = []
+        if "tpot" in self.targets:
+            out.append(np.arange(n))
+        if "ttft" in self.targets:
+            out.append(n + np.flatnonzero(np.isfinite(self.ttft)))
+        return np.concatenate(out).astype(np.int32)
+
+    @property
+    def measured(self) -> np.ndarray:
+        return np.concatenate([self.tpot, self.ttft])[self.residual_index]
+
+    @property
+    def points(self) -> int:
+        return int(self.residual_index.size)
+
+    @property
+    def n_points(self) -> int:
+        return int(self.tpot.size)
+
+    @property
+    def dims(self) -> dict:
+        return deployment_dims(self.deployment)
+
+    def with_targets(self, targets) -> "SimObservations":
+        return dataclasses.replace(self, targets=parse_targets(targets), weights=None)
+
+
+def _run_data(run: SimRun):
+    """One SimRun's device arrays: its steps' row sums in chunks [n_chunks, chunk, ...], each
+    step's rank rows (idx [G, dp]), the metric weights [2, G] and each step's point (seg [G])."""
+    from . import serve
+    flats, idx, w, seg, o = [], [], [], [], 0
+    for j, sc in enumerate(run.schedules):
+        f = serve._flat_columns(sc)
+        flats.append(f)
+        S, dp = sc.steps, sc.dp
+        idx.append(o + np.arange(dp)[None, :] * S + np.arange(S)[:, None])
+        w.append(metric_weights(sc))
+        seg.append(np.full(S, j, dtype=np.int32))
+        o += dp * S
+    flat = {k: np.concatenate([f[k] for f in flats]) for k in flats[0]}
+    n = int(flat["tokens"].shape[0])
+    chunk = min(SIM_CHUNK, 1 << max(n - 1, 0).bit_length())
+    total = -(-n // chunk) * chunk
+    x = {k: jnp.asarray(np.concatenate([v, np.zeros((total - n,) + v.shape[1:])]).reshape(
+        (total // chunk, chunk) + v.shape[1:])) for k, v in flat.items()}
+    laws = run.schedules[0].laws
+    inverse = None if laws.inverse is None else jnp.asarray(laws.inverse)
+    return (x, inverse, jnp.asarray(np.concatenate(idx).astype(np.int32)), jnp.asarray(np.concatenate(w, axis=1)),
+            jnp.asarray(np.concatenate(seg)))
+
+
+def _sim_predict(plan, coefs, x, inverse, idx, w, seg, *, n_points, estimate, smooth, tau):
+    """[2, n_points]: each point's mean TPOT and mean TTFT from its steps' prices."""
+    from . import serve
+    has_rec = bool(len(plan.arrays["rec_kind"]))
+
+    def chunk(xc):
+        return serve._price_chunk(plan, coefs, xc, inverse, tau, estimate, smooth, has_rec)
+    rows = jax.lax.map(jax.checkpoint(chunk), x).reshape(-1)
+    step = jnp.max(rows[idx], axis=1)
+    return jnp.stack([jax.ops.segment_sum(w[q] * step, seg, num_segments=n_points) for q in range(2)])
+
+
+def _sim_both(u, values, x, inverse, idx, w, seg, *, plan, names, n_points, estimate, smooth, tau):
+    return _sim_predict(plan, Coefficients(values * jnp.exp(u), names), x, inverse, idx, w, seg, n_points=n_points,
+                        estimate=estimate, smooth=smooth, tau=tau)
+
+
+def _sim_objective(u, values, x, inverse, idx, w, seg, ridx, log_meas, weights, delta, *, plan, names, n_points,
+                   estimate, loss, smooth, tau):
+    pred = _sim_both(u, values, x, inverse, idx, w, seg, plan=plan, names=names, n_points=n_points,
+                     estimate=estimate, smooth=smooth, tau=tau).reshape(-1)[ridx]
+    r = jnp.log(pred) - log_meas
+    return jnp.sum(weights * _residual_loss(r, loss, delta))
+
+
+def _sim_log_jacobian(u, values, x, inverse, idx, w, seg, ridx, log_meas, weights, delta, *, plan, names, n_points,
+                      estimate, loss, smooth, tau, forward=False):
+    """Reverse mode (one pass back per residual) or, with ``forward``, forward mode (one tangent
+    per coefficient name): whichever is fewer, chosen by the caller."""
+    def logpred(uu):
+        lp = jnp.log(_sim_both(uu, values, x, inverse, idx, w, seg, plan=plan, names=names, n_points=n_points,
+                               estimate=estimate, smooth=smooth, tau=tau).reshape(-1)[ridx])
+        return lp, lp
+    jac, lp = (jax.jacfwd if forward else jax.jacrev)(logpred, has_aux=True)(u)
+    return lp, jac
+
+
+_SIM_STATIC = ("plan", "names", "n_points", "estimate", "loss", "smooth", "tau")
+_SIM_KINDS = {"grad": jax.jit(jax.value_and_grad(_sim_objective), static_argnames=_SIM_STATIC),
+              "value": jax.jit(_sim_objective, static_argnames=_SIM_STATIC),
+              "jac": jax.jit(_sim_log_jacobian, static_argnames=_SIM_STATIC + ("forward",))}
+_sim_both_jit = jax.jit(_sim_both, static_argnames=("plan", "names", "n_points", "estimate", "smooth", "tau"))
+_SIM_DATA: dict = {}          # id(SimRun) -> (run, its device arrays)
+
+
+def _sim_data(run):
+    got = _SIM_DATA.get(id(run))
+    if got is None or got[0] is not run:
+        got = (run, _run_data(run))
+        _SIM_DATA[id(run)] = got
+    return got[1]
+
+
+class _SimPart(_Term):
+    """One SimRun's share of a SimObservations' loss (a _Term over its schedules' steps)."""
+
+    def __init__(self, obs: SimObservations, run: SimRun, kmap, weights_all, settings, kind):
+        self.obs, self.kind, self.kmap = obs, kind, np.asarray(kmap)
+        n = obs.n_points
+        ridx_all = obs.residual_index
+        loc = {p: j for j, p in enumerate(run.positions)}
+        sel, ridx = [], []
+        for k, r in enumerate(ridx_all):                 # this run's residuals, in the obs order
+            q, p = divmod(int(r), n)
+            if p in loc:
+                sel.append(k)
+                ridx.append(q * len(run.positions) + loc[p])
+        self.rows = np.array(sel, dtype=np.int32)
+        self.weights = np.asarray(weights_all)[self.rows]
+        self.log_meas = np.log(obs.measured[self.rows])
+        coefs = run.deployment.coefficients
+        x, inverse, idx, w, seg = _sim_data(run)
+        self.args = (jnp.asarray(coefs.values, dtype=float), x, inverse, idx, w, seg,
+                     jnp.asarray(np.array(ridx, dtype=np.int32)), jnp.asarray(self.log_meas),
+                     jnp.asarray(self.weights), float(settings["delta"]))
+        self.kw = {"plan": run.deployment.plan, "names": tuple(coefs.names), "n_points": len(run.positions),
+                   "estimate": obs.estimate, "loss": settings["loss"], "smooth": bool(settings["smooth"]),
+                   "tau": float(settings["tau"]) if settings["smooth"] else 0.0}
+        shapes = tuple((k, tuple(v.shape)) for k, v in sorted(x.items())) + (tuple(idx.shape), len(ridx))
+        self.cache_key = ("sim", kind, self.kw["plan"], self.kw["names"], shapes, inverse is None,
+                          *(self.kw[k] for k in ("n_points", "estimate", "smooth", "tau")),
+                          None if kind == "jac" else self.kw["loss"])
+        self.fn = _COMPILED.get(self.cache_key)
+
+    def compile(self):
+        u = jnp.zeros(len(self.kw["names"]))
+        kw = dict(self.kw, forward=len(self.kw["names"]) < self.rows.size) if self.kind == "jac" else self.kw
+        return _SIM_KINDS[self.kind].lower(u, *self.args, **kw).compile()
+
+
+class _SimTerm:
+    """A SimObservations' share of a loss: the sum over its SimRuns (``parts``), each compiled
+    once per plan, names and shapes. Same interface as _Term."""
+
+    def __init__(self, obs: SimObservations, layout, weight_total, weighting, n_deployments, settings, kind, *,
+                 record):
+        self.obs, self.kind = obs, kind
+        w = np.asarray(obs.weights, dtype=float) if obs.weights is not None else np.ones(obs.points)
+        w = w / (w.sum() * n_deployments) if weighting == "deployment" else w / weight_total
+        self.weights = w
+        self.log_meas = np.log(obs.measured)
+        self.parts = [_SimPart(obs, run, layout.kmap(run.deployment, create=record, record=record, tighten=True),
+                               w, settings, kind) for run in obs.runs]
+        self.parts = [p for p in self.parts if p.rows.size]
+
+    def __call__(self, theta):
+        if self.kind == "jac":
+            lp = np.zeros(self.obs.points)
+            out = []
+            for p in self.parts:
+                lpp, ju = p(theta)
+                lp[p.rows] = lpp
+                out.append((p, ju))
+            return lp, out
+        val, g = 0.0, np.zeros(len(theta))
+        for p in self.parts:
+            v, gp = p(theta)
+            val += v
+            if gp is not None:
+                g += gp
+        return val, (g if self.kind == "grad" else None)
+
+    def pred_jac(self, theta, n_keys):
+        out = np.zeros((self.obs.points, n_keys))
+        lp = np.zeros(self.obs.points)
+        for p in self.parts:
+            lpp, jp_ = p.pred_jac(theta, n_keys)
+            lp[p.rows] = lpp
+            out[p.rows] = jp_
+        return lp, out
+
+    def jacobian_theta(self, theta, n_keys) -> np.ndarray:
+        return self.pred_jac(theta, n_keys)[1] * np.sqrt(self.weights)[:, None]
+
+
+def predict_simulated(obs: SimObservations, layout=None, theta=None, *, temperature=None) -> np.ndarray:
+    """[2, n]: each point's predicted mean TPOT and mean TTFT (seconds) from its fixed schedule,
+    at the registry's values (no ``layout``) or with ``theta`` applied through ``layout``."""
+    out = np.zeros((2, obs.n_points))
+    smooth, tau = temperature is not None, float(temperature or 0.0)
+    for run in obs.runs:
+        coefs = run.deployment.coefficients
+        u = (np.zeros(len(coefs.names)) if layout is None or theta is None else
+             log_multipliers(theta, layout.kmap(run.deployment, create=False)))
+        x, inverse, idx, w, seg = _sim_data(run)
+        both = _sim_both_jit(jnp.asarray(u), jnp.asarray(coefs.values, dtype=float), x, inverse, idx, w, seg,
+                             plan=run.deployment.plan, names=tuple(coefs.names), n_points=len(run.positions),
+                             estimate=obs.estimate, smooth=smooth, tau=tau)
+        out[:, run.positions] = np.asarray(both)
+    return out
+
+
+def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, scenario_dirs=None,
+                                 estimate="no_overlap", deployments=None, extra_coefficient_files=(), callback=None):
+    """Observations under the ``simulate`` batch rule from a measurement CSV (the layout of
+    inferencex_vllm_dev.csv): per point, its closed-loop schedule at the point's C, isl/osl and
+    the engine settings of the published InferenceX recipe, exactly as ``jaxprice accuracy
+    --batch-rule simulate`` runs it (``accuracy.engine_assumptions``, ``recipe_deployment``,
+    ``recipe_prompts``; ``accuracy.simulate_points``' sweep, every level of a deployment and
+    workload in one vmapped scheduler call), built ONCE; measured mean TPOT and mean TTFT.
+    ``targets``: tpot, ttft or both. callback(done, total, deployment=) per deployment.
+
+    Returns (observations: SimObservations, one per deployment; refused: (point index, reason);
+    points)."""
+    from . import accuracy as A
+    from . import serve
+    targets = parse_targets(targets)
+    points, _ = A.read_measurements(csv_path)
+    points = A.select_deployments(points, deployments, csv_path)
+    registry = registry or Registry()
+    extra = tuple(extra_coefficient_files)
+    by_dep: dict = {}
+    for i, p in enumerate(points):
+        by_dep.setdefault(p.deployment, []).append(i)
+    obs, refused = [], []
+    for k, (name, idx) in enumerate(by_dep.items()):
+        try:
+            base, _ = A.build_deployment(points[idx[0]], registry=registry, scenario_dirs=scenario_dirs,
+                                         extra_coefficient_files=extra, source=str(csv_path))
+        except JaxpriceError as err:
+            refused.extend((i, f"deployment does not resolve: {err}") for i in idx)
+            continue
+        by_workload: dict = {}
+        for i in idx:
+            by_workload.setdefault((points[i].isl, points[i].osl), []).append(i)
+        runs: dict = {}              # plan -> (recipe deployment, [(point index, schedule)])
+        assumed = {}
+        for widx in by_workload.values():
+            p0 = points[widx[0]]
+            a0 = A.engine_assumptions(p0)
+            try:   # as accuracy.simulate_points builds its runs
+                dep = A.recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra)
+                cap = A.recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra, full=True)
+            except JaxpriceError as err:
+                refused.extend((i, f"the recipe's deployment does not resolve: {err}") for i in widx)
+                continue
+            kv = float(cap.plan.memory["kv_capacity_tokens"])
+            concs = sorted({points[i].concurrency for i in widx})
+            seqs = [A.engine_assumptions(points[i])["max_num_seqs"][0] for i in widx]
+            engine = {"max_num_seqs": int(max(seqs)), "max_num_batched_tokens": int(a0["max_num_batched_tokens"][0]),
+                      "block_size": int(a0["block_size"][0]), "max_model_len": int(a0["max_model_len"][0]),
+                      "async_scheduling": bool(a0["async_scheduling"][0])}
+            if math.isfinite(kv):
+                engine["kv_capacity_tokens"] = kv
+            rule = A.recipe_prompts(p0)
+            workload = serve.Workload(isl=int(p0.isl), osl=int(p0.osl), range_ratio=A.RANGE_RATIO, seed=0)
+
+            def items(cs):
+                return [(workload, serve.ClosedLoop(int(c), None if rule == "10*C" else int(c))) for c in cs]
+            try:
+                scheds = dict(zip(concs, serve.build_schedules(dep, items(concs), engine=engine)))
+            except Exception:                  # noqa: BLE001 (find the level the simulation refuses)
+                scheds = {}
+                for c in concs:
+                    try:
+                        scheds[c] = serve.build_schedules(dep, items([c]), engine=engine)[0]
+                    except Exception as err:   # noqa: BLE001
+                        refused.extend((i, f"the simulation refuses the run: {err}") for i in widx
+                                       if points[i].concurrency == c)
+            slot = runs.setdefault(dep.plan, (dep, []))
+            for i in widx:
+                if points[i].concurrency in scheds:
+                    slot[1].append((i, scheds[points[i].concurrency]))
+                    assumed[i] = A.assumptions_text(a0)
+        ok = sorted(i for _, lst in runs.values() for i, _ in lst)
+        if ok:
+            pos = {i: j for j, i in enumerate(ok)}
+            sim_runs = [SimRun(dep, [s for _, s in lst], [pos[i] for i, _ in lst]) for dep, lst in runs.values() if lst]
+            tt = np.array([points[i].measured_ttft for i in ok], dtype=float)
+            if "ttft" in targets and not np.isfinite(tt).any() and targets == ("ttft",):
+                refused.extend((i, "no measured mean TTFT (target ttft)") for i in ok)
+            else:
+                obs.append(SimObservations(name, base, sim_runs, np.array([points[i].measured for i in ok]), tt,
+                                           targets, estimate, sweeps=np.array([points[i].sweep for i in ok]),
+                                           concurrency=np.array([points[i].concurrency for i in ok]),
+                                           assumptions=[assumed[i] for i in ok]))
+        if callback is not None:
+            callback(k + 1, len(by_dep), deployment=name)
+    return obs, refused, points
+
+
+def score_simulated(observations, predictions) -> dict:
+    """``score_points`` for SimObservations, given {name: [2, n] predicted mean TPOT and TTFT}:
+    the TPOT keys and ttft_points, ttft_mape, ttft_signed, ttft_shape_mean (the accuracy
+    harness's ``shape_errors`` / ``summarize``), whatever the fit's targets."""
+    from . import accuracy
+    obs = list(observations)
+    pred = np.concatenate([np.asarray(predictions[o.name], dtype=float).reshape(2, -1) for o in obs], axis=1)
+    tpot, ttft = np.concatenate([o.tpot for o in obs]), np.concatenate([o.ttft for o in obs])
+    sweeps = np.concatenate([[f"{o.name}|{s}" for s in (o.sweeps if o.sweeps is not None else
+                                                        ["run"] * o.n_points)] for o in obs])
+    conc = np.concatenate([o.concurrency if o.concurrency is not None else np.arange(o.n_points) for o in obs])
+    shape, anchor = accuracy.shape_errors(sweeps, conc, pred[0], tpot)
+    tshape, _ = accuracy.shape_errors(sweeps, conc, pred[1], ttft)
+    s = accuracy.summarize(shape, anchor, pred[0], tpot, ttft_shape=tshape, ttft_predicted=pred[1],
+                           ttft_measured=ttft)
+    return {"points": s["points"], "tpot_mape": s["tpot_mape"], "tpot_signed": s["tpot_mean_signed"],
+            "shape_mean": s["shape_mean"], "ttft_points": s["ttft_priced"], "ttft_mape": s["ttft_mape"],
+            "ttft_signed": s["ttft_mean_signed"], "ttft_shape_mean": s["ttft_shape_mean"]}
