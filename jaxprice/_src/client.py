@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import math
 from pathlib import Path
 
 import numpy as np
 
 from .errors import refuse
+from .plan import INT_TOKEN_LIMIT
+from .schema import read_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +133,7 @@ def load_trace(path) -> Trace:
     p = Path(path)
     if not p.is_file():
         refuse("no such trace file", file=str(path))
-    with open(p, newline="") as fh:
+    with io.StringIO(read_text(p, what="trace file"), newline="") as fh:   # binary, non-UTF-8: refused
         reader = csv.reader(fh)
         try:
             header = [h.strip() for h in next(reader)]
@@ -162,6 +165,9 @@ def load_trace(path) -> Trace:
                 else:
                     if not (math.isfinite(v) and v == round(v) and v >= 1):
                         refuse("token count must be an integer >= 1", file=where, field=c, value=text)
+                    if v >= INT_TOKEN_LIMIT:
+                        refuse(f"token count must be below the kernel's limit {INT_TOKEN_LIMIT}",
+                               file=where, field=c, value=text)
                 vals[c] = v
             arr.append(vals["arrival_s"])
             ins.append(int(vals["input_len"]))
