@@ -250,6 +250,7 @@ def every_scenario():
         return dict(f.result() for f in futures)
 
 
+@pytest.mark.slow     # ~150 s: all 88; the default run checks three (price_many / price at 0)
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_temperature_zero_reproduces_exact_mode_bit_for_bit(every_scenario, name):
     _, batches, exact, zero, _ = every_scenario[name]
