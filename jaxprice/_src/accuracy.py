@@ -603,6 +603,21 @@ class DeploymentPoints:
     batch_rule: str = "anchor"
 
 
+def _deployments_of(points, refused, **build):
+    """(deployment name, point indices, Deployment, where it came from) per deployment, in order
+    of first appearance; the points of a deployment that does not resolve go to ``refused``."""
+    by_dep: dict[str, list[int]] = {}
+    for i, p in enumerate(points):
+        by_dep.setdefault(p.deployment, []).append(i)
+    for name, idx in by_dep.items():
+        try:
+            dep, where = build_deployment(points[idx[0]], **build)
+        except JaxpriceError as err:
+            refused.extend((i, f"deployment does not resolve: {err}") for i in idx)
+            continue
+        yield name, idx, dep, where
+
+
 def group_points(points, *, registry=None, scenario_dirs=None, extra_coefficient_files=(), source="columns",
                  batch_rule="anchor"):
     """Resolve each deployment once and stack its points' batches under ``batch_rule`` (one
@@ -612,17 +627,9 @@ def group_points(points, *, registry=None, scenario_dirs=None, extra_coefficient
     refused a list of (point index, reason) for points that cannot be priced."""
     check_batch_rule(batch_rule, static=True)
     registry = registry or Registry()
-    by_dep: dict[str, list[int]] = {}
-    for i, p in enumerate(points):
-        by_dep.setdefault(p.deployment, []).append(i)
     groups, refused = [], []
-    for name, idx in by_dep.items():
-        try:
-            dep, where = build_deployment(points[idx[0]], registry=registry, scenario_dirs=scenario_dirs,
-                                          extra_coefficient_files=extra_coefficient_files, source=source)
-        except JaxpriceError as err:
-            refused.extend((i, f"deployment does not resolve: {err}") for i in idx)
-            continue
+    for name, idx, dep, where in _deployments_of(points, refused, registry=registry, scenario_dirs=scenario_dirs,
+                                                 extra_coefficient_files=extra_coefficient_files, source=source):
         ok, specs = [], []
         for i in idx:
             try:
@@ -819,18 +826,12 @@ def simulate_points(points, *, registry=None, scenario_dirs=None, extra_coeffici
     (seconds), host_output_token, assumptions [n] (text)}."""
     serve = _serving_api()
     registry = registry or Registry()
-    by_dep: dict[str, list[int]] = {}
-    for i, p in enumerate(points):
-        by_dep.setdefault(p.deployment, []).append(i)
     groups, refused, predictions = [], [], {}
     seconds: dict = {}
-    for k, (name, idx) in enumerate(by_dep.items()):
-        try:
-            base, where = build_deployment(points[idx[0]], registry=registry, scenario_dirs=scenario_dirs,
-                                           extra_coefficient_files=extra_coefficient_files, source=source)
-        except JaxpriceError as err:
-            refused.extend((i, f"deployment does not resolve: {err}") for i in idx)
-            continue
+    n_deployments = len({p.deployment for p in points})
+    for k, (name, idx, base, where) in enumerate(_deployments_of(
+            points, refused, registry=registry, scenario_dirs=scenario_dirs,
+            extra_coefficient_files=extra_coefficient_files, source=source)):
         coefs = (coefficients or {}).get(name)
         results, assumed, reasons = {}, {}, {}
         by_workload: dict = {}
@@ -911,7 +912,7 @@ def simulate_points(points, *, registry=None, scenario_dirs=None, extra_coeffici
                                           assumptions=[assumed[i] for i in ok]))
             predictions[name] = pr
         if callback is not None:
-            callback(k + 1, len(by_dep), deployment=name)
+            callback(k + 1, n_deployments, deployment=name)
     if timings is not None:
         timings.update(seconds)
     return groups, refused, predictions

@@ -187,14 +187,19 @@ def _observations(args):
     obs, refused, points = F.observations_from_measurements(
         args.csv, scenario_dirs=args.scenario_dir, estimate=args.estimate, deployments=args.deployment,
         batch_rule=args.batch_rule)
-    if refused:
-        print(f"{len(refused)} point(s) the kernel refused are left out of the fit:", file=sys.stderr)
-        for i, reason in refused[:5]:
-            print(f"  line {points[i].row} ({points[i].deployment}, C={points[i].concurrency}): {reason}",
-                  file=sys.stderr)
+    _report_refused(refused, points, "the kernel")
     if not obs:
         refuse("no point of the CSV could be priced", file=args.csv)
     return target, obs, sorted({p.engine for p in points if p.engine})
+
+
+def _report_refused(refused, points, by):
+    """The points ``by`` refused, on stderr: how many, and the first five with their reasons."""
+    if refused:
+        print(f"{len(refused)} point(s) {by} refused are left out of the fit:", file=sys.stderr)
+        for i, reason in refused[:5]:
+            print(f"  line {points[i].row} ({points[i].deployment}, C={points[i].concurrency}): {reason}",
+                  file=sys.stderr)
 
 
 def _simulated(args, header):
@@ -214,11 +219,7 @@ def _simulated(args, header):
     finally:
         if bar is not None:
             bar.close()
-    if refused:
-        print(f"{len(refused)} point(s) the simulation refused are left out of the fit:", file=sys.stderr)
-        for i, reason in refused[:5]:
-            print(f"  line {points[i].row} ({points[i].deployment}, C={points[i].concurrency}): {reason}",
-                  file=sys.stderr)
+    _report_refused(refused, points, "the simulation")
     if not obs:
         refuse("no point of the CSV could be simulated" + (" with a measured mean TTFT" if targets == ("ttft",)
                                                            else ""), file=args.csv)
