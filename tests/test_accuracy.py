@@ -215,6 +215,22 @@ def test_smooth_mode_at_temperature_zero_matches_exact(report):
     np.testing.assert_allclose(np.asarray(got) * 1e-6, exact["no_overlap"], rtol=1e-12)
 
 
+def test_the_deployment_axis_prices_as_the_per_deployment_path_with_fewer_compiles(report):
+    """The harness prices on the deployment axis (one compile per plan structure); the former
+    path (one compile per deployment) gives the same predictions."""
+    structures = {jp.structure_of(acc.build_deployment(p)[0].plan).digest
+                  for p in {p.deployment: p for p in acc.read_measurements(EXCERPT)[0]}.values()}
+    assert 0 <= report.info["kernel_compiles"] <= len(structures) < 4
+    per = acc.evaluate_accuracy(EXCERPT, deployments=[MINIMAX, EPDP], per_deployment=True)
+    assert per.info["kernel_compiles"] <= 2
+    axis = {r["row"]: r for r in report.records}
+    for r in per.records:
+        a = axis[r["row"]]
+        assert (r["status"], r["bottleneck"]) == (a["status"], a["bottleneck"])
+        for e in acc.ESTIMATES:
+            assert r[f"{e}_tpot_us"] == pytest.approx(a[f"{e}_tpot_us"], rel=1e-12)
+
+
 def test_fitted_coefficients_override_and_other_coefficients_per_group(report, tmp_path):
     path = tmp_path / "extra.yaml"
     path.write_text("format: jaxprice-coefficients/1\nname: extra\nentries:\n"
@@ -604,7 +620,7 @@ def test_engine_assumptions_follow_the_published_recipes():
     kfp4 = values(_point("k", "kimi-k2.5", "b300", "fp4", tp=4, isl=8192, osl=1024, c=8))
     assert (kfp4["max_num_batched_tokens"], kfp4["cache_dtype"], kfp4["max_num_seqs"]) == (16384, "fp8", 8)
     mm = values(_point(MINIMAX, "minimax-m2.5", "b300", "fp8", isl=8192, c=8))
-    assert (mm["max_num_seqs"], mm["max_num_batched_tokens"], mm["block_size"], mm["num_prompts"]) == (1024, 16384, 32, 8)
+    assert (mm["max_num_seqs"], mm["max_num_batched_tokens"], mm["block_size"], mm["num_prompts"]) == (1024, 16384, 32, 80)
     h100 = values(_point("m", "minimax-m2.5", "h100", "fp8", tp=4, ep=4, c=64))
     assert (h100["max_num_seqs"], h100["max_num_batched_tokens"], h100["gpu_memory_utilization"]) == (256, 8192, 0.9)
     epdp = values(_point(EPDP, "minimax-m2.5", "b200", "fp4", tp=2, ep=2, dp=2, c=512))
@@ -634,27 +650,29 @@ def serve_mod():
 
 
 class Spy:
-    """Wraps serve.build_schedules, recording its arguments; ``fail`` makes it refuse instead of
-    running (the engine settings a run gets can be read without running it)."""
+    """Wraps serve.build_schedules_batched, recording each job (deployment, items, engine);
+    ``fail`` makes every run refused instead of run (the engine settings a run gets can be read
+    without running it)."""
 
     def __init__(self, fail=False):
-        self.calls, self.fail, self.real = [], fail, serve_mod().build_schedules
+        self.calls, self.fail, self.real = [], fail, serve_mod().build_schedules_batched
 
-    def __call__(self, dep, items, *, engine=None, **kw):
-        self.calls.append(dict(deployment=dep, items=list(items), engine=dict(engine or {})))
+    def __call__(self, jobs, **kw):
+        from jaxprice._src.errors import JaxpriceError
+        for dep, items, engine, *_ in jobs:
+            self.calls.append(dict(deployment=dep, items=list(items), engine=dict(engine or {})))
         if self.fail:
-            from jaxprice._src.errors import refuse
-            refuse("spy: not run", field="engine", value=None)
-        return self.real(dep, items, engine=engine, **kw)
+            return [[JaxpriceError("spy: not run", field="engine") for _ in job[1]] for job in jobs]
+        return self.real(jobs, **kw)
 
 
 @pytest.fixture(scope="module")
 def simulated():
     """The real serving simulation of the smallest deployment of the excerpt (minimax-m2.5 on b300,
-    tp1, 8k1k at C = 4, 8, 16; its recipe sends C prompts)."""
+    tp1, 8k1k at C = 4, 8, 16; its recipe sends 10 x C prompts)."""
     spy = Spy()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(serve_mod(), "build_schedules", spy)
+        mp.setattr(serve_mod(), "build_schedules_batched", spy)
         rep = acc.evaluate_accuracy(EXCERPT, batch_rule="simulate", deployments=[MINIMAX])
     return rep, spy.calls
 
@@ -662,9 +680,9 @@ def simulated():
 def test_simulate_scores_tpot_and_ttft_from_the_serving_runs(simulated):
     rep, calls = simulated
     assert rep.refused == [] and rep.info["batch_rule"] == "simulate" and rep.info["ttft_predicted"] is True
-    (call,) = calls                                   # one vmapped scheduler call for the sweep's 3 levels
+    (call,) = calls                                   # one job: the sweep's 3 levels in shared scheduler calls
     serve = serve_mod()
-    assert [it[1] for it in call["items"]] == [serve.ClosedLoop(c, c) for c in (4, 8, 16)]
+    assert [it[1] for it in call["items"]] == [serve.ClosedLoop(c, None) for c in (4, 8, 16)]     # 10 x C
     assert call["items"][0][0] == serve.Workload(8192, 1024, 0.8, 0)
     # as serve.simulate prices a schedule: its steps one by one (Schedule.step_times), then its metrics
     sched = serve.build_schedules(call["deployment"], call["items"], engine=call["engine"])[0]
@@ -711,7 +729,7 @@ def test_simulate_runs_with_the_recipe_settings_and_records_them(simulated):
     assert call["deployment"].scenario.engine["block_size"] == 32 and call["deployment"].plan.memory["block_size"] == 32
     r = record(rep, MINIMAX, 8)
     assert r["assumptions"].startswith("max_num_seqs=1024 budget=16384 gmu=0.9 kv=fp8 block=32 kv_tokens/rank=")
-    assert "prompts=8" in r["assumptions"] and "max_model_len=9472" in r["assumptions"]
+    assert "prompts=80" in r["assumptions"] and "max_model_len=9472" in r["assumptions"]
     (row,) = rep.info["assumptions"]
     assert (row["deployment"], row["workload"][0]) == (MINIMAX, "8k1k")
     assert "dp_placement" in row                                 # what the simulation adds is kept
@@ -725,7 +743,7 @@ def test_simulate_gives_each_deployment_its_recipe_engine():
     max_num_seqs = C runs as the sweep's largest C; the dp2 deployment gets 2 x isl tokens."""
     spy = Spy(fail=True)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(serve_mod(), "build_schedules", spy)
+        mp.setattr(serve_mod(), "build_schedules_batched", spy)
         rep = acc.evaluate_accuracy(EXCERPT, batch_rule="simulate", deployments=[GPT, EPDP], estimates=("no_overlap",))
     assert len(rep.refused) == 13 and all(r["reason"] == "the simulation refuses the run: field 'engine': spy: not run"
                                           for r in rep.refused)
@@ -745,8 +763,9 @@ def test_simulate_gives_each_deployment_its_recipe_engine():
     assert dep.plan.memory["kv_bytes_per_token"] == pytest.approx(2 * base.plan.memory["kv_bytes_per_token"], rel=1e-12)
     e = first[EPDP]
     assert (e["engine"]["max_num_seqs"], e["engine"]["max_num_batched_tokens"]) == (1024, 2048)
-    # after the whole sweep was refused, each level was tried alone
-    assert sum(c["deployment"].name == GPT for c in spy.calls) == 1 + 5
+    # one job per deployment and workload, every level in it, each refused on its own
+    assert sum(c["deployment"].name == GPT for c in spy.calls) == len({p.workload for p in points
+                                                                       if p.deployment == GPT})
 
 
 def test_a_run_the_simulation_refuses_is_a_refused_point_with_its_reason(tmp_path):

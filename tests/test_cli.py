@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -230,6 +231,8 @@ def test_sweep_csv_and_heatmap(capsys, tmp_path, dep):
     rc, _, err = run(capsys, "sweep", S, "--decode", "1,2,4", "--context", "1024,4096", "--prefill-chunk", "0,512",
                      "--out", str(out_csv), "--heatmap", str(png), "--chunk", "5")
     assert rc == 0
+    # three chunks of one padding: at most one kernel compile, said on stderr
+    assert re.search(r"priced 12 steps in [0-9.]+ s \([01] kernel compile\(s\)", err), err
     rows = read_csv(out_csv.read_text())
     assert len(rows) == 3 * 2 * 2
     assert [(int(r["decode"]), int(r["context"]), int(r["prefill_chunk"])) for r in rows[:3]] == \

@@ -14,9 +14,9 @@ per-step constant like the weight reads, so m_half, eps_max and hbm_derate toget
 one-parameter family of exact fits; the test would pass or fail on the optimizer's path, not
 on the fitter's correctness.)
 
-Compilations are shared: the fitter compiles one loss per (plan, coefficient names, batch
-shape, settings), whatever the free coefficients, so every fit here on these two deployments
-and this grid reuses one compilation per deployment.
+Compilations are shared: the fitter compiles one loss per plan structure (the deployment axis:
+both deployments in one), padded shape and settings, whatever the free coefficients, so every
+fit here on these two deployments and this grid reuses one compilation.
 """
 
 from __future__ import annotations
@@ -174,6 +174,10 @@ def test_synthetic_recovery_to_one_percent(truth, recovered):
         for name in got.names:
             assert float(got[name]) == pytest.approx(float(true[name]), rel=0.01), name
         assert np.allclose(res.predict(o), o.measured, rtol=1e-4)
+    # all at once on the deployment axis (one compile per structure): the same predictions
+    many = res.predict_all(obs)
+    for o in obs:
+        np.testing.assert_allclose(many[o.name], res.predict(o), rtol=1e-12)
 
 
 def test_fit_in_smooth_mode_also_recovers(truth):
@@ -241,6 +245,25 @@ def test_callback_reports_compile_and_descent(truth):
     assert descent == [(0, 10), (5, 10), (10, 10)]
     assert all("train" in i for _, _, i in seen if i["stage"] == "descent")
     assert [i["stage"] for _, _, i in seen][0] == "compile"
+
+
+def test_the_deployment_axis_equals_the_per_deployment_path_with_one_compile(truth, recovered):
+    """Deployments of one plan structure share one compiled loss (``_StackTerm``: stacked plans,
+    padded points and batches); the former path compiles one per deployment. Same loss and
+    gradient (the 'grad' kind ``recovered`` compiled: no new axis compile)."""
+    obs = recovered[0]
+    settings = {"tau": 0.0, "delta": 0.1, "loss": "l2", "smooth": False}
+    theta = np.array([0.05, -0.1, 0.15])
+    out = {}
+    for per in (False, True):
+        layout = FS.Layout([F.Free(k) for k in PERTURB])
+        terms = FS._terms(obs, layout, settings, "point", record=True, kind="grad", per_deployment=per)
+        assert len(terms) == (2 if per else 1)
+        out[per] = (FS._compile_terms(terms, 2), *FS._total(terms, theta))
+    assert out[False][0] == 0 and out[True][0] <= 2       # the axis kernel is the fit's, already compiled
+    assert out[False][1] == pytest.approx(out[True][1], rel=1e-12)
+    np.testing.assert_allclose(out[False][2], out[True][2], rtol=1e-10, atol=0)
+    assert recovered[1].compiled in (0, 2)        # the loss and the identifiability Jacobian, for both deployments
 
 
 def test_refusals(truth):
@@ -739,14 +762,21 @@ def test_sim_observations_are_the_accuracy_harness_runs(sim):
 
 
 def test_sim_metric_weights_are_schedule_metrics(sim):
-    """Mean TPOT and mean TTFT are linear in the step times: the weights reproduce
+    """Mean TPOT and mean TTFT are affine in the step times: the weights plus the admission
+    latencies (serve.metric_offsets; the fit's own a + b x mean prompt length) reproduce
     serve.schedule_metrics at arbitrary step times."""
     from jaxprice._src import serve
     sched = sim[1].runs[0].schedules[1]
     w = F.metric_weights(sched)
     t = np.random.default_rng(0).uniform(1e-3, 5e-3, sched.steps)
     s = serve.schedule_metrics(sched, t)["summary"]
-    np.testing.assert_allclose(w @ t, [s["tpot_mean"], s["ttft_mean"]], rtol=1e-12)
+    off = serve.metric_offsets(sched)
+    assert off[0] == 0 and off[1] > 0.04                    # the registry's 40 ms per request and more
+    np.testing.assert_allclose(w @ t + off, [s["tpot_mean"], s["ttft_mean"]], rtol=1e-12)
+    c = sim[1].runs[0].deployment.coefficients
+    mean_in = float(np.mean(sched.requests["input_len"]))
+    assert off[1] == pytest.approx(float(c["host_admission_per_request"] + c["host_admission_per_token"] * mean_in),
+                                   rel=1e-12)
 
 
 def test_sim_objective_gradient_equals_central_differences(sim):

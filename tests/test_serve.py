@@ -60,13 +60,59 @@ def test_two_requests_tiny_budget_every_step(dep):
     np.testing.assert_allclose(s["pairs"][0][:, 0], [pairs(8, 0), pairs(2, 8) + pairs(6, 0), pairs(4, 6), 0, 0])
     np.testing.assert_array_equal(sc.requests["first_step"], [1, 2])
     np.testing.assert_array_equal(sc.requests["finish_step"], [3, 4])
-    # times by hand: step times 1..5 s -> ends 1, 3, 6, 10, 15
+    # times by hand: step times 1..5 s -> ends 1, 3, 6, 10, 15; each request also waits its
+    # admission latency (the registry's 40000 us + 0.35 us x 10 prompt tokens) before the engine
+    # sees it, and E2E adds host_completion (777.3 us); both arrive at t = 0 into an idle engine
+    # (no schedule() wait). TPOT is untouched.
+    adm, done = 0.04 + 10 * 0.35e-6, 777.3e-6
     m = jp.schedule_metrics(sc, np.arange(1.0, 6.0))
-    np.testing.assert_allclose(m["ttft"], [3.0, 6.0])
+    np.testing.assert_allclose(m["ttft"], [3.0 + adm, 6.0 + adm], rtol=1e-12)
     np.testing.assert_allclose(m["tpot"], [(10 - 3) / 2, (15 - 6) / 2])
-    np.testing.assert_allclose(m["e2e"], [10.0, 15.0])
-    assert m["summary"]["ttft_mean"] == pytest.approx(4.5)
+    np.testing.assert_allclose(m["e2e"], [10.0 + adm + done, 15.0 + adm + done], rtol=1e-12)
+    np.testing.assert_array_equal(m["wait"], [0.0, 0.0])
+    assert m["summary"]["ttft_mean"] == pytest.approx(4.5 + adm, rel=1e-12)
+    assert m["summary"]["ttft_admission_mean"] == pytest.approx(adm, rel=1e-12)
     assert m["summary"]["output_tps"] == pytest.approx(6 / 15)
+    # without the host latencies (coefficients set to 0) the times are the steps' alone
+    zero = dep.coefficients.replace(host_admission_per_request=0.0, host_admission_per_token=0.0,
+                                    host_completion=0.0)
+    m0 = jp.schedule_metrics(sc, np.arange(1.0, 6.0), coefficients=zero)
+    np.testing.assert_allclose(m0["ttft"], [3.0, 6.0])
+    np.testing.assert_allclose(m0["e2e"], [10.0, 15.0])
+
+
+def test_a_later_request_waits_admission_and_the_step_in_flight(dep):
+    """C = 2, three prompts of 10, budget 8, sync: A and B as above; C is sent when A's last
+    token comes out (end of step 3 = 1+2+3+4 = 10 s at step times 1..8 s), prefills 7 tokens
+    in step 4 beside B's decode and its last 3 in step 5 (its first token: end 21 s). It reaches
+    the scheduler its admission latency L later, in the middle of a running step, so it also
+    waits half of one (step 4's 5 s, the step after A's last): TTFT = 11 + L + 2.5 s."""
+    sc = _sched(dep, 10, 3, 2, 3, max_num_batched_tokens=8, max_num_seqs=2, **SYNC)
+    np.testing.assert_array_equal(sc.sums["tokens"][0], [8, 8, 5, 2, 8, 3, 1, 1])
+    np.testing.assert_array_equal(sc.requests["arrival_step"], [-1, -1, 3])
+    np.testing.assert_array_equal(sc.requests["first_step"], [1, 2, 5])
+    dt = np.arange(1.0, 9.0)
+    adm = 0.04 + 10 * 0.35e-6
+    m = jp.schedule_metrics(sc, dt)
+    np.testing.assert_allclose(m["wait"], [0.0, 0.0, 2.5])
+    np.testing.assert_allclose(m["ttft"], [3 + adm, 6 + adm, 11 + adm + 2.5], rtol=1e-12)
+    np.testing.assert_allclose(m["tpot"], [(10 - 3) / 2, (15 - 6) / 2, (36 - 21) / 2])   # finishes step 7
+    # engine setting arrival_phase: the share of the step waited (0: none)
+    none = _sched(dep, 10, 3, 2, 3, max_num_batched_tokens=8, max_num_seqs=2, arrival_phase=0.0, **SYNC)
+    assert jp.schedule_metrics(none, dt)["ttft"][2] == pytest.approx(11 + adm, rel=1e-12)
+    # with no admission latency the request lands just after the boundary: the whole step (5 s)
+    zero = dep.coefficients.replace(host_admission_per_request=0.0, host_admission_per_token=0.0)
+    assert jp.schedule_metrics(sc, dt, coefficients=zero)["ttft"][2] == pytest.approx(16.0)
+    # the wait is linear in the step times: its gradient is the phase on that one step
+    g = jax.grad(lambda t: jp.schedule_metrics(sc, t)["wait"][2])(jnp.asarray(dt))
+    np.testing.assert_array_equal(np.asarray(g), [0, 0, 0, 0, 0.5, 0, 0, 0])
+    # so the means are affine in the step times: jacobian @ times + the offsets (the admission)
+    np.testing.assert_allclose(serve.metric_offsets(sc), [0.0, adm], rtol=1e-12)
+    means = lambda t: jnp.stack([jp.schedule_metrics(sc, t)["summary"][k] for k in ("tpot_mean", "ttft_mean")])  # noqa: E731
+    jac = np.asarray(jax.jacrev(means)(jnp.ones(8)))
+    np.testing.assert_allclose(jac @ dt + serve.metric_offsets(sc), np.asarray(means(jnp.asarray(dt))), rtol=1e-12)
+    with pytest.raises(jp.JaxpriceError, match="arrival_phase"):
+        _sched(dep, 10, 3, 2, 3, arrival_phase=2.0)
 
 
 def test_preemption_and_recompute_by_hand(dep):
@@ -171,9 +217,13 @@ def test_c1_tpot_is_one_decode_step_plus_host(dep):
     ctx = 512 + np.arange(1, 64)                  # context of the decode steps (computed + 1)
     steps = [float(jp.price(dep.plan, coefs, jp.Batch.decode(1, int(x), pad_to=8)).no_overlap) + host for x in ctx]
     np.testing.assert_allclose(m["tpot"], np.mean(steps), rtol=1e-12)
-    # TTFT of the first request: one prefill step of 512 tokens (+ host, it emits)
+    # TTFT of the first request: its admission latency (40000 us + 0.35 us x 512 prompt tokens,
+    # the registry's) and one prefill step of 512 tokens (+ host, it emits); C = 1: no request
+    # ever meets a busy engine, so none waits for a schedule() call
     pre = float(jp.price(dep.plan, coefs, jp.Batch.from_requests([512], [0], pad_to=8)).no_overlap) + host
-    assert m["ttft"][0] == pytest.approx(pre, rel=1e-12)
+    assert float(coefs["host_admission_per_request"]) == 0.04
+    assert m["ttft"][0] == pytest.approx(0.04 + 512 * 0.35e-6 + pre, rel=1e-12)
+    np.testing.assert_array_equal(m["wait"], 0.0)
 
 
 def test_vmapped_pricing_equals_price_step_by_step():
@@ -231,6 +281,27 @@ def test_simulate_result_and_sweep(dep):
     assert one.assumptions["async_scheduling"] == (False, "engine= override")
     ov = jp.simulate(dep, w, jp.ClosedLoop(4), engine=SYNC, estimate="overlap")
     assert ov.summary["tpot_mean"] <= s["tpot_mean"]
+
+
+def test_batched_schedules_across_deployments_equal_one_by_one(dep):
+    """Lanes of several deployments (other read laws, dp = 2) share scheduler calls and give the
+    schedules each deployment builds alone; a run that cannot fit is refused on its own."""
+    other = jp.load_deployment("minimax-m2.5-b200-fp4-vllm-tp2-ep4-dp2")
+    w = jp.Workload(120, 24, 0.5, seed=3)
+    eng = dict(max_num_batched_tokens=96, **SYNC)
+    items = [(w, jp.ClosedLoop(c, 3 * c)) for c in (3, 18)]
+    tiny = dict(eng, kv_capacity_tokens=64)                 # 4 blocks: fewer than one request needs
+    got = serve.build_schedules_batched([(dep, items, eng), (other, items, eng), (dep, items[:1], tiny)])
+    for d, scheds in ((dep, got[0]), (other, got[1])):
+        alone = serve.build_schedules(d, items, engine=eng)
+        for a, b in zip(alone, scheds):
+            assert a.steps == b.steps and a.dp == b.dp
+            for k in ("tokens", "prefill_tokens", "n_decode", "reads", "pairs", "finishes"):
+                np.testing.assert_array_equal(a.sums[k], b.sums[k])
+            for k in ("first_step", "finish_step", "arrival_step", "rank"):
+                np.testing.assert_array_equal(a.requests[k], b.requests[k])
+    assert got[1][0].dp == 2
+    assert isinstance(got[2][0], jp.JaxpriceError) and "fewer than one request needs" in str(got[2][0])
 
 
 def test_open_loop_and_trace(dep, tmp_path):

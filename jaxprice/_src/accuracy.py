@@ -65,7 +65,9 @@ vmapped call (45 compiles for the development set, not 1,155); ``DeploymentPoint
 (``[points, batches]``, interleaved only) maps the batch estimates to each point's TPOT.
 
 ``simulate`` (``simulate_points``): the serving simulation (``jaxprice/_src/serve.py``: vLLM
-v1's scheduler step by step, every step priced by the kernel plus the registry's host costs)
+v1's scheduler step by step, every step priced by the kernel plus the registry's host costs;
+each request's TTFT also carries its admission latency and its wait for the next schedule()
+call, ``serve.request_latencies``)
 of the benchmark client's closed loop at the point's C, with the point's isl/osl, lengths drawn
 uniformly on [floor(0.8 L), L] (InferenceX's --random-range-ratio 0.8), 10 x C prompts (C where
 the recipe sends C), and the engine settings of the published InferenceX recipe for the
@@ -136,7 +138,9 @@ BATCH_RULE_TEXT = {
     "simulate": ("batch rule `simulate`: the serving simulation (vLLM v1's scheduler, step by step, every step "
                  "priced by the kernel) of the benchmark client's closed loop at the point's C, 10 x C prompts, "
                  "lengths drawn on [0.8 L, L], with the engine settings of the published InferenceX recipe "
-                 "(`engine_assumptions`); mean TPOT and mean TTFT over the requests"),
+                 "(`engine_assumptions`); mean TPOT and mean TTFT over the requests, each request's TTFT with "
+                 "its admission latency (registry host_admission_per_request + _per_token x prompt tokens) and "
+                 "its wait for the next schedule() call (`serve.request_latencies`)"),
 }
 ESTIMATES = ("no_overlap", "overlap")
 ESTIMATE_LABELS = {"no_overlap": "NoOverlap", "overlap": "Overlap"}
@@ -224,50 +228,13 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
         points, other, seen, ttft = [], 0, {}, {}
         for i, r in enumerate(reader, start=2):
             where = f"{file}:{i}"
-            if None in r:
-                refuse(f"row has {len(cols) + len(r[None])} fields, the header {len(cols)}", file=where)
-            for c in REQUIRED_COLUMNS:
-                if r[c] is None:
-                    refuse(f"row has fewer fields than the header ({len(cols)})", file=where, field=c)
-                r[c] = r[c].strip()
-            unit = r["unit"]
-            if unit not in UNIT_SECONDS:
-                refuse(f"unknown unit (known: {', '.join(UNIT_SECONDS)})", file=where, field="unit", value=unit)
-            try:
-                value = float(r["value"])
-            except ValueError:
-                refuse("expected a number", file=where, field="value", value=r["value"])
-            if not math.isfinite(value) or value <= 0:
-                refuse("a measured latency must be a positive, finite number", file=where, field="value",
-                       value=r["value"])
+            seconds = _row_seconds(r, cols, where)
             if r["quantity"] != quantity:
                 other += 1
                 if quantity == "mean_tpot" and r["quantity"] == "mean_ttft":
-                    key = (f"{r['scenario']}|{r['workload']}",
-                           _int(r["concurrency"], where=where, field="concurrency"))
-                    if key in ttft:
-                        refuse(f"a second mean_ttft point of sweep {r['scenario']} ({r['workload']}) at this "
-                               f"concurrency (first on line {ttft[key][1]})", file=where, field="concurrency",
-                               value=r["concurrency"])
-                    ttft[key] = (value * UNIT_SECONDS[unit], i)
+                    _add_ttft(ttft, r, seconds, i, where)
                 continue
-            for c in ("scenario", "model", "hardware", "workload"):
-                if not r[c]:
-                    refuse("must not be empty", file=where, field=c, value=r[c])
-            anchor = (r.get("anchor_concurrency") or "").strip()
-            deployment = r["deployment"] or re.sub(r"(-cfg\d+)?(\.ya?ml)?$", "", r["scenario"])
-            p = Point(
-                row=i, scenario=r["scenario"], deployment=deployment, model=r["model"],
-                hardware=r["hardware"], dtype=r["dtype"], engine=r["engine"],
-                tp=_int(r["tp"], where=where, field="tp", minimum=1),
-                ep=_int(r["ep"], where=where, field="ep", minimum=1),
-                dp=_int(r["dp"], where=where, field="dp", minimum=1), workload=r["workload"],
-                isl=_int(r["isl"], where=where, field="isl", minimum=0),
-                osl=_int(r["osl"], where=where, field="osl", minimum=0),
-                concurrency=_int(r["concurrency"], where=where, field="concurrency"),
-                measured=value * UNIT_SECONDS[unit],
-                anchor_concurrency=_int(anchor, where=where, field="anchor_concurrency") if anchor else None,
-                run_date=(r.get("source_run_date") or "").strip())
+            p = _row_point(r, i, where, seconds)
             key = (p.sweep, p.concurrency)
             if key in seen:
                 refuse(f"a second {quantity} point of sweep {p.scenario} ({p.workload}) at this concurrency "
@@ -276,23 +243,83 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
             points.append(p)
     if not points:
         refuse(f"no {quantity} rows", file=file, field="quantity", value=quantity)
+    matched = _attach_ttft(points, ttft)
+    return points, {"rows": len(points) + other, "points": len(points), "other_quantity_rows": other,
+                    "anchor_mismatch": _anchor_mismatch(points), "ttft_points": matched,
+                    "ttft_rows_without_tpot": sorted(line for _, line in ttft.values())}
+
+
+def _row_seconds(r, cols, where) -> float:
+    """A measurement row's field count, unit and value checked (stripped in place): its value
+    in seconds."""
+    if None in r:
+        refuse(f"row has {len(cols) + len(r[None])} fields, the header {len(cols)}", file=where)
+    for c in REQUIRED_COLUMNS:
+        if r[c] is None:
+            refuse(f"row has fewer fields than the header ({len(cols)})", file=where, field=c)
+        r[c] = r[c].strip()
+    unit = r["unit"]
+    if unit not in UNIT_SECONDS:
+        refuse(f"unknown unit (known: {', '.join(UNIT_SECONDS)})", file=where, field="unit", value=unit)
+    try:
+        value = float(r["value"])
+    except ValueError:
+        refuse("expected a number", file=where, field="value", value=r["value"])
+    if not math.isfinite(value) or value <= 0:
+        refuse("a measured latency must be a positive, finite number", file=where, field="value",
+               value=r["value"])
+    return value * UNIT_SECONDS[unit]
+
+
+def _add_ttft(ttft, r, seconds, line, where):
+    """Record a mean_ttft row by (sweep, concurrency), refusing a second one."""
+    key = (f"{r['scenario']}|{r['workload']}", _int(r["concurrency"], where=where, field="concurrency"))
+    if key in ttft:
+        refuse(f"a second mean_ttft point of sweep {r['scenario']} ({r['workload']}) at this "
+               f"concurrency (first on line {ttft[key][1]})", file=where, field="concurrency",
+               value=r["concurrency"])
+    ttft[key] = (seconds, line)
+
+
+def _row_point(r, line, where, seconds) -> Point:
+    """The Point of a checked row of the quantity read."""
+    for c in ("scenario", "model", "hardware", "workload"):
+        if not r[c]:
+            refuse("must not be empty", file=where, field=c, value=r[c])
+    anchor = (r.get("anchor_concurrency") or "").strip()
+    deployment = r["deployment"] or re.sub(r"(-cfg\d+)?(\.ya?ml)?$", "", r["scenario"])
+    return Point(
+        row=line, scenario=r["scenario"], deployment=deployment, model=r["model"],
+        hardware=r["hardware"], dtype=r["dtype"], engine=r["engine"],
+        tp=_int(r["tp"], where=where, field="tp", minimum=1),
+        ep=_int(r["ep"], where=where, field="ep", minimum=1),
+        dp=_int(r["dp"], where=where, field="dp", minimum=1), workload=r["workload"],
+        isl=_int(r["isl"], where=where, field="isl", minimum=0),
+        osl=_int(r["osl"], where=where, field="osl", minimum=0),
+        concurrency=_int(r["concurrency"], where=where, field="concurrency"),
+        measured=seconds,
+        anchor_concurrency=_int(anchor, where=where, field="anchor_concurrency") if anchor else None,
+        run_date=(r.get("source_run_date") or "").strip())
+
+
+def _attach_ttft(points, ttft) -> int:
+    """Give each point its mean_ttft (popped from ``ttft``); how many matched."""
     matched = 0
     for k, p in enumerate(points):
         t = ttft.pop((p.sweep, p.concurrency), None)
         if t is not None:
             points[k] = dataclasses.replace(p, measured_ttft=t[0])
             matched += 1
+    return matched
+
+
+def _anchor_mismatch(points) -> list:
+    """Sweeps whose lowest concurrency is not the file's anchor_concurrency."""
     lowest: dict = {}
     for p in points:
         lowest[p.sweep] = min(lowest.get(p.sweep, p.concurrency), p.concurrency)
-    mismatch = sorted({p.sweep for p in points
-                       if p.anchor_concurrency is not None and p.anchor_concurrency != lowest[p.sweep]})
-    return points, {"rows": len(points) + other, "points": len(points), "other_quantity_rows": other,
-                    "anchor_mismatch": mismatch, "ttft_points": matched,
-                    "ttft_rows_without_tpot": sorted(line for _, line in ttft.values())}
-
-
-# ----------------------------------------------------------------------------- deployments
+    return sorted({p.sweep for p in points
+                   if p.anchor_concurrency is not None and p.anchor_concurrency != lowest[p.sweep]})
 
 
 def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
@@ -393,9 +420,13 @@ IX_RECIPES = {
                "0.95 and the default budget)"),
     ("minimax-m2.5", ("b300",), "fp8"): dict(
         max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
-        block_size=32, num_prompts="C",
+        block_size=32, num_prompts="10*C",
         source=f"{IX} benchmarks/single_node/minimaxm2.5_fp8_b300.sh@5632483 (the B200 recipe as is): gmu 0.90, "
-               "block 32, kv fp8, 2*ISL batched tokens, --num-prompts $CONC"),
+               "block 32, kv fp8, 2*ISL batched tokens; prompts 10 x C: the script as first added (PR #1054, "
+               "2026-04-17, before the measured b300 runs; its text before PR #1106 as stored in the fork "
+               "lishuoshuo-amd/InferenceX@9ea1e1c) and at HEAD (fixed_seq_len/minimaxm2.5_fp8_b300.sh@8eec0d4) "
+               "passes --num-prompts $((CONC * 10)); only the stored @5632483 passes $CONC (re-read after the "
+               "b300 TTFT errors were seen)"),
     ("minimax-m2.5", ("b200",), "fp4"): dict(
         max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
         block_size=None, num_prompts="10*C",
@@ -404,9 +435,12 @@ IX_RECIPES = {
                "recipe as is)"),
     ("minimax-m2.5", ("b300",), "fp4"): dict(
         max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
-        block_size=None, num_prompts="C",
+        block_size=None, num_prompts="10*C",
         source=f"{IX} benchmarks/single_node/minimaxm2.5_fp4_b300.sh@5632483 (the B200 recipe as is): gmu 0.90, "
-               "kv fp8, 2*ISL batched tokens, --num-prompts $CONC"),
+               "kv fp8, 2*ISL batched tokens; prompts 10 x C: the script @5d2e1d4, at HEAD "
+               "(fixed_seq_len/minimaxm2.5_fp4_b300.sh@8eec0d4) and as forked before (mpashkovskii/InferenceX"
+               "@01d209c) passes --num-prompts $((CONC * 10)); only the stored @5632483 passes $CONC (re-read "
+               "after the b300 TTFT errors were seen)"),
 }
 VLLM_DEFAULT_MAX_NUM_SEQS = 1024          # serving-reference §1.1: OpenAI server, GPU >= 70 GiB, not A100
 VLLM_DEFAULT_BATCHED_TOKENS = 8192
@@ -775,130 +809,188 @@ def recipe_deployment(dep: Deployment, a: dict, *, registry=None, extra_coeffici
     return resolve(dataclasses.replace(dep.scenario, engine=eng), registry or Registry(), extra_sets=extra)
 
 
-def _sweep(serve, dep, p, concurrencies, engine, num_prompts_rule, estimates, coefficients):
-    """{C: {estimate: summary dict}, "assumptions": {C: serve's assumptions}} of one
-    deployment-workload: every level's closed-loop schedule in ONE vmapped scheduler call
-    (``serve.build_schedules``), then all their steps priced in one vmapped call per estimate
-    (``serve.price_flat``; the schedule depends on token counts only, so one schedule serves
-    both estimates) and summarised by ``serve.schedule_metrics``, as ``serve.simulate_sweep``
-    does for one estimate."""
-    workload = serve.Workload(isl=int(p.isl), osl=int(p.osl), range_ratio=RANGE_RATIO, seed=0)
-    items = [(workload, serve.ClosedLoop(int(c), None if num_prompts_rule == "10*C" else int(c)))
-             for c in concurrencies]
-    scheds = serve.build_schedules(dep, items, engine=engine)
-    coefs = dep.coefficients if coefficients is None else coefficients
+@dataclasses.dataclass
+class SimulatedRun:
+    """One deployment-workload of the ``simulate`` rule: the deployment as the harness resolves
+    it (``base``, from ``where``) and re-resolved with the recipe's engine settings (``dep``),
+    the points it covers (``index``), the engine settings of its runs (``engine``; ``kv`` the KV
+    capacity per rank), the recipe's prompt count rule, and per concurrency its closed-loop
+    Schedule (``schedules``) or the reason the simulation refuses it (``reasons``, by point)."""
+    name: str
+    base: Deployment
+    where: str
+    index: list
+    dep: Deployment | None = None
+    engine: dict | None = None
+    kv: float = math.inf
+    rule: str = "10*C"
+    schedules: dict = dataclasses.field(default_factory=dict)
+    reasons: dict = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _run_engine(points, widx, a0, kv):
+    """The engine settings of one deployment-workload's closed-loop runs: the recipe's, with
+    max_num_seqs the largest of its points' (the closed loop never has more than C requests in
+    the engine, so max_num_seqs = C and = the sweep's largest C are the same run)."""
+    seqs = [engine_assumptions(points[i])["max_num_seqs"][0] for i in widx]
+    engine = {"max_num_seqs": int(max(seqs)), "max_num_batched_tokens": int(a0["max_num_batched_tokens"][0]),
+              "block_size": int(a0["block_size"][0]), "max_model_len": int(a0["max_model_len"][0]),
+              "async_scheduling": bool(a0["async_scheduling"][0])}
+    if math.isfinite(kv):
+        engine["kv_capacity_tokens"] = kv
+    return engine
+
+
+def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coefficient_files, source):
+    """Stage 1 of the ``simulate`` rule: one SimulatedRun per deployment-workload, resolved under
+    the recipe's settings (no schedule yet). A deployment or recipe that does not resolve
+    refuses its points."""
+    runs = []
+    for name, idx, base, where in _deployments_of(points, refused, registry=registry, scenario_dirs=scenario_dirs,
+                                                 extra_coefficient_files=extra_coefficient_files, source=source):
+        by_workload: dict = {}
+        for i in idx:
+            by_workload.setdefault((points[i].isl, points[i].osl), []).append(i)
+        for widx in by_workload.values():
+            run = SimulatedRun(name, base, where, widx)
+            a0 = engine_assumptions(points[widx[0]])
+            try:
+                run.dep = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files)
+                cap = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files,
+                                        full=True)
+            except JaxpriceError as err:
+                run.reasons = {i: f"the recipe's deployment does not resolve: {err}" for i in widx}
+                runs.append(run)
+                continue
+            run.kv = float(cap.plan.memory["kv_capacity_tokens"])
+            run.engine = _run_engine(points, widx, a0, run.kv)
+            run.rule = recipe_prompts(points[widx[0]])
+            runs.append(run)
+    return runs
+
+
+def simulated_runs(points, *, registry=None, scenario_dirs=None, extra_coefficient_files=(), source="columns",
+                   callback=None):
+    """Every deployment-workload's closed-loop schedules under the ``simulate`` rule (the
+    published recipe's engine settings, ``engine_assumptions``; lengths on [floor(0.8 L), L],
+    seed 0; 10 x C prompts, or C where the recipe sends C), ALL built in shared scheduler calls
+    (``serve.build_schedules_batched``: lanes of every deployment and level grouped by shape,
+    so the compiles do not grow with the number of deployments). Returns (runs, refused): a
+    list of SimulatedRun, and (point index, reason) for deployments that do not resolve.
+    Used by ``simulate_points`` and by the fit through the simulation."""
+    serve = _serving_api()
+    registry = registry or Registry()
+    refused: list = []
+    runs = _simulated_runs_of(points, refused, registry=registry, scenario_dirs=scenario_dirs,
+                              extra_coefficient_files=extra_coefficient_files, source=source)
+    jobs, owners = [], []
+    for run in runs:
+        if run.dep is None:
+            continue
+        p0 = points[run.index[0]]
+        workload = serve.Workload(isl=int(p0.isl), osl=int(p0.osl), range_ratio=RANGE_RATIO, seed=0)
+        concs = sorted({points[i].concurrency for i in run.index})
+        items = [(workload, serve.ClosedLoop(int(c), None if run.rule == "10*C" else int(c))) for c in concs]
+        jobs.append((run.dep, items, run.engine))
+        owners.append((run, concs))
+    t0 = time.perf_counter()
+    built = serve.build_schedules_batched(jobs, callback=callback)
+    per_run = (time.perf_counter() - t0) / max(len(jobs), 1)
+    for (run, concs), scheds in zip(owners, built):
+        run.seconds = per_run
+        for c, sc in zip(concs, scheds):
+            if isinstance(sc, JaxpriceError):
+                run.reasons.update({i: f"the simulation refuses the run: {sc}" for i in run.index
+                                    if points[i].concurrency == c})
+            else:
+                run.schedules[c] = sc
+    return runs, refused
+
+
+def price_run(run: SimulatedRun, estimates=ESTIMATES, coefficients=None) -> dict:
+    """{C: {estimate: summary dict}} of one SimulatedRun: all its levels' steps priced in one
+    vmapped call per estimate (``serve.price_flat``; one schedule serves every estimate) and
+    summarised by ``serve.schedule_metrics``, as ``serve.simulate_sweep`` does."""
+    from . import serve
+    concs = sorted(run.schedules)
+    out = {c: {} for c in concs}
+    if not concs:
+        return out
+    scheds = [run.schedules[c] for c in concs]
+    coefs = run.dep.coefficients if coefficients is None else coefficients
     flats = [serve._flat_columns(sc) for sc in scheds]
     flat = {k: np.concatenate([f[k] for f in flats]) for k in flats[0]}
-    out = {c: {} for c in concurrencies}
+    both = np.asarray(serve.price_flat(run.dep.plan, coefs, scheds[0].laws, flat, estimate="both"))
     for e in estimates:
-        times = np.asarray(serve.price_flat(dep.plan, coefs, scheds[0].laws, flat, estimate=e))
+        times = both[serve.ESTIMATES.index(e)]
         o = 0
-        for c, sc in zip(concurrencies, scheds):
+        for c, sc in zip(concs, scheds):
             n = sc.dp * sc.steps
             dt = times[o:o + n].reshape(sc.dp, sc.steps).max(axis=0) if sc.steps else np.zeros(0)
             o += n
-            out[c][e] = {k: v for k, v in serve.schedule_metrics(sc, dt)["summary"].items()}
-    out["assumptions"] = {c: dict(sc.assumptions) for c, sc in zip(concurrencies, scheds)}
+            out[c][e] = dict(serve.schedule_metrics(sc, dt, coefficients=coefficients)["summary"])
     return out
+
+
+def _point_assumptions(p: Point, run: SimulatedRun) -> dict:
+    """``engine_assumptions`` of one point, with what its simulated run added (the KV capacity,
+    the sweep's max_num_seqs, the serving layer's own assumptions)."""
+    a = engine_assumptions(p)
+    a["kv_capacity_tokens"] = (run.kv, "resolve (the reference memory model) under the recipe's gmu, "
+                                       "cache dtype and budget: HBM x gmu less weights, activations, "
+                                       "CUDA graphs and communication buffers, over KV bytes per token")
+    if run.engine["max_num_seqs"] != a["max_num_seqs"][0]:
+        a["max_num_seqs"] = (a["max_num_seqs"][0], a["max_num_seqs"][1] + f" (run with "
+                             f"{run.engine['max_num_seqs']}, the sweep's largest C: the same run, as the "
+                             "closed loop keeps at most C requests in the engine)")
+    for key, val in run.schedules[p.concurrency].assumptions.items():
+        if key not in a:
+            a[key] = tuple(val) if isinstance(val, (tuple, list)) and len(val) == 2 else (val, "serve")
+    a["workload"] = (p.workload, "the CSV row")
+    return a
 
 
 def simulate_points(points, *, registry=None, scenario_dirs=None, extra_coefficient_files=(), source="columns",
                     coefficients=None, estimates=ESTIMATES, callback=None, timings=None):
-    """Each point's mean TPOT and mean TTFT from the serving simulation (``batch_rule='simulate'``).
-
-    Per deployment and workload, one closed-loop sweep over the points' concurrencies (every
-    level's schedule in one vmapped scheduler call, ``serve.build_schedules``; its steps priced
-    in one vmapped call per estimate; lengths drawn on [floor(0.8 L), L], seed 0; 10 x C
-    prompts, or C where the recipe sends C), with the engine settings of ``engine_assumptions`` (the published InferenceX
-    recipe): the deployment is re-resolved with the recipe's cache dtype, memory utilisation and
-    block size, and the run gets max_num_seqs, max_num_batched_tokens, max_model_len, block_size
-    and the KV capacity per rank (``kv_capacity_tokens``, from ``resolve`` under the recipe's
-    settings). ``max_num_seqs = C`` is passed as the sweep's largest C: the closed loop never
-    has more than C requests in the engine, so the two are the same run. One schedule serves
-    every estimate (``estimates``: 'no_overlap', 'overlap'). ``coefficients``: optional map
-    deployment name -> Coefficients (e.g. fitted values). ``callback(done, total, deployment=)``
-    after each deployment. ``timings``: a dict that receives the wall time (s) of each
-    (deployment, workload) sweep.
+    """Each point's mean TPOT and mean TTFT from the serving simulation (``batch_rule='simulate'``):
+    the closed-loop runs of ``simulated_runs`` (one per deployment-workload and concurrency, the
+    recipe's engine settings), each run's steps priced per estimate (``price_run``; one schedule
+    serves every estimate: 'no_overlap', 'overlap'). ``coefficients``: optional map deployment
+    name -> Coefficients (e.g. fitted values). ``callback(done, total, **info)``: progress, once
+    per scheduler group, then once per deployment priced. ``timings``: a dict that receives the
+    wall time (s) of each (deployment, workload): its share of the shared scheduling plus its
+    pricing.
 
     Returns (groups, refused, predictions) for ``score``: groups a list of SimulatedPoints,
     refused (point index, reason) pairs (a deployment that does not resolve, a run the
     simulation refuses: its JaxpriceError's text), predictions {name: tpot_<e>, ttft_<e> [n]
     (seconds), host_output_token, assumptions [n] (text)}."""
-    serve = _serving_api()
-    registry = registry or Registry()
-    groups, refused, predictions = [], [], {}
-    seconds: dict = {}
-    n_deployments = len({p.deployment for p in points})
-    for k, (name, idx, base, where) in enumerate(_deployments_of(
-            points, refused, registry=registry, scenario_dirs=scenario_dirs,
-            extra_coefficient_files=extra_coefficient_files, source=source)):
+    runs, refused = simulated_runs(points, registry=registry, scenario_dirs=scenario_dirs,
+                                   extra_coefficient_files=extra_coefficient_files, source=source,
+                                   callback=callback)
+    by_name: dict = {}
+    for run in runs:
+        by_name.setdefault(run.name, []).append(run)
+    groups, predictions = [], {}
+    for k, (name, dep_runs) in enumerate(by_name.items()):
         coefs = (coefficients or {}).get(name)
         results, assumed, reasons = {}, {}, {}
-        by_workload: dict = {}
-        for i in idx:
-            by_workload.setdefault((points[i].isl, points[i].osl), []).append(i)
-        for (isl, osl), widx in by_workload.items():
-            p0 = points[widx[0]]
-            a0 = engine_assumptions(p0)
-            try:
-                dep = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files)
-                cap = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files,
-                                        full=True)
-            except JaxpriceError as err:
-                for i in widx:
-                    reasons[i] = f"the recipe's deployment does not resolve: {err}"
-                continue
-            kv = float(cap.plan.memory["kv_capacity_tokens"])
-            t_start = time.perf_counter()
-            concs = sorted({points[i].concurrency for i in widx})
-            seqs = {points[i].concurrency: engine_assumptions(points[i])["max_num_seqs"][0] for i in widx}
-            engine = {"max_num_seqs": int(max(seqs.values())),
-                      "max_num_batched_tokens": int(a0["max_num_batched_tokens"][0]),
-                      "block_size": int(a0["block_size"][0]), "max_model_len": int(a0["max_model_len"][0]),
-                      "async_scheduling": bool(a0["async_scheduling"][0])}
-            if math.isfinite(kv):
-                engine["kv_capacity_tokens"] = kv
-            rule = recipe_prompts(p0)
-            try:
-                runs = _sweep(serve, dep, p0, concs, engine, rule, estimates, coefs)
-            except Exception:                  # noqa: BLE001 (any failure: refuse its points with the reason)
-                runs = {"assumptions": {}}     # find which level the simulation refuses: one at a time
-                for c in concs:
-                    try:
-                        one = _sweep(serve, dep, p0, [c], engine, rule, estimates, coefs)
-                    except JaxpriceError as err:
-                        for i in widx:
-                            if points[i].concurrency == c:
-                                reasons[i] = f"the simulation refuses the run: {err}"
-                        continue
-                    except Exception as err:   # noqa: BLE001 (a failure of the simulation itself)
-                        for i in widx:
-                            if points[i].concurrency == c:
-                                reasons[i] = f"the simulation failed: {type(err).__name__}: {err}"
-                        continue
-                    runs[c] = one[c]
-                    runs["assumptions"][c] = one["assumptions"][c]
-            seconds[(name, p0.workload)] = time.perf_counter() - t_start
-            for i in widx:
+        for run in dep_runs:
+            t0 = time.perf_counter()
+            priced = price_run(run, estimates, coefs) if run.dep is not None else {}
+            if timings is not None:
+                timings[(name, points[run.index[0]].workload)] = run.seconds + time.perf_counter() - t0
+            reasons.update(run.reasons)
+            for i in run.index:
                 c = points[i].concurrency
-                if c not in runs:
-                    continue
-                a = engine_assumptions(points[i])
-                a["kv_capacity_tokens"] = (kv, "resolve (the reference memory model) under the recipe's gmu, "
-                                               "cache dtype and budget: HBM x gmu less weights, activations, "
-                                               "CUDA graphs and communication buffers, over KV bytes per token")
-                if engine["max_num_seqs"] != a["max_num_seqs"][0]:
-                    a["max_num_seqs"] = (a["max_num_seqs"][0], a["max_num_seqs"][1] + f" (run with "
-                                         f"{engine['max_num_seqs']}, the sweep's largest C: the same run, as the "
-                                         "closed loop keeps at most C requests in the engine)")
-                for key, val in runs["assumptions"].get(c, {}).items():
-                    if key not in a:
-                        a[key] = tuple(val) if isinstance(val, (tuple, list)) and len(val) == 2 else (val, "serve")
-                a["workload"] = (points[i].workload, "the CSV row")
-                results[i], assumed[i] = runs[c], a
-        ok = [i for i in idx if i in results]
+                if c in priced and i not in run.reasons:
+                    results[i], assumed[i] = priced[c], _point_assumptions(points[i], run)
+        idx = [i for run in dep_runs for i in run.index]
+        ok = sorted(i for i in idx if i in results)
         refused.extend((i, reasons[i]) for i in idx if i in reasons)
         if ok:
+            base = dep_runs[0].base
             pr = {"host_output_token": float(host_output_token(coefs or base.coefficients)),
                   "assumptions": [assumptions_text(assumed[i]) for i in ok]}
             for e in estimates:
@@ -907,14 +999,12 @@ def simulate_points(points, *, registry=None, scenario_dirs=None, extra_coeffici
             resident = np.array([int(round(float(results[i][estimates[0]].get("resident_mean",
                                                                                 points[i].concurrency))))
                                  for i in ok])
-            groups.append(SimulatedPoints(name=name, deployment=base, source=where, index=np.array(ok),
+            groups.append(SimulatedPoints(name=name, deployment=base, source=dep_runs[0].where, index=np.array(ok),
                                           measured=np.array([points[i].measured for i in ok]), resident=resident,
                                           assumptions=[assumed[i] for i in ok]))
             predictions[name] = pr
         if callback is not None:
-            callback(k + 1, n_deployments, deployment=name)
-    if timings is not None:
-        timings.update(seconds)
+            callback(k + 1, len(by_name), deployment=name)
     return groups, refused, predictions
 
 
@@ -1059,17 +1149,50 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
     included; the step columns are then NaN; an estimate left out stays NaN without refusing
     the point); ``bottleneck`` and ``assumptions`` (one text
     per point) where known. TTFT is NaN where it is not predicted (the static rules)."""
+    c = _collect_predictions(points, groups, refused, predictions)
+    meas = np.array([p.measured for p in points])
+    meas_ttft = np.array([p.measured_ttft for p in points], dtype=float)
+    sweeps = np.array([p.sweep for p in points])
+    conc = np.array([p.concurrency for p in points])
+    shape, tshape = {}, {}
+    for e in ESTIMATES:
+        shape[e], anchor = shape_errors(sweeps, conc, c["pred"][e], meas)
+        tshape[e], _ = shape_errors(sweeps, conc, c["ttft"][e], meas_ttft)
+    rules = {g.batch_rule for g in groups}
+    rule = next(iter(rules)) if len(rules) == 1 else ""
+    anchor_of = {sweeps[a]: a for a in np.flatnonzero(anchor)}
+    records = [_point_record(i, p, c, rule, anchor, anchor_of[p.sweep], meas, meas_ttft, conc, shape, tshape)
+               for i, p in enumerate(points)]
+    reasons = c["reasons"]
+    summary = {}
+    models = sorted({p.model for p in points})
+    for e in ESTIMATES:
+        summary[e] = {}
+        for m in models + ["all"]:
+            sel = np.array([m == "all" or p.model == m for p in points])
+            s = summarize(shape[e][sel], anchor[sel], c["pred"][e][sel], meas[sel], tshape[e][sel],
+                          c["ttft"][e][sel], meas_ttft[sel])
+            s["refused"] = int(sum(1 for i in np.flatnonzero(sel) if i in reasons))
+            summary[e][m] = s
+    refused_list = [{"row": points[i].row, "deployment": points[i].deployment, "workload": points[i].workload,
+                     "concurrency": points[i].concurrency, "reason": r} for i, r in sorted(reasons.items())]
+    info = dict(info or {})
+    info.setdefault("ttft_predicted", bool(np.isfinite(c["ttft"]["no_overlap"]).any()))
+    return AccuracyReport(csv=str(csv_path), records=records, refused=refused_list, summary=summary, info=info)
+
+
+def _collect_predictions(points, groups, refused, predictions) -> dict:
+    """Per point (arrays over the point list): pred, ttft, step ({estimate: seconds}; NaN where
+    not priced), bottleneck, source, assumed, hot (host_output_token), resident, and reasons
+    ({point index: why it is refused}, a point whose TPOT is not finite and positive added)."""
     n = len(points)
     pred = {e: np.full(n, np.nan) for e in ESTIMATES}
     ttft = {e: np.full(n, np.nan) for e in ESTIMATES}
     step = {e: np.full(n, np.nan) for e in ESTIMATES}
-    bottleneck = [""] * n
-    source = [""] * n
-    assumed = [""] * n
+    bottleneck, source, assumed = [""] * n, [""] * n, [""] * n
     hot = np.full(n, np.nan)
     resident = np.array([p.concurrency for p in points])
     reasons = dict(refused)
-    rules = {g.batch_rule for g in groups}
     for g in groups:
         if g.resident is not None:
             resident[g.index] = g.resident
@@ -1098,54 +1221,34 @@ def score(points, groups, refused, predictions, *, csv_path="", info=None) -> Ac
                 for e in ESTIMATES:
                     pred[e][i] = np.nan
                     ttft[e][i] = np.nan
-    meas = np.array([p.measured for p in points])
-    meas_ttft = np.array([p.measured_ttft for p in points], dtype=float)
-    sweeps = np.array([p.sweep for p in points])
-    conc = np.array([p.concurrency for p in points])
-    shape, tshape = {}, {}
+    return {"pred": pred, "ttft": ttft, "step": step, "bottleneck": bottleneck, "source": source,
+            "assumed": assumed, "hot": hot, "resident": resident, "reasons": reasons}
+
+
+def _point_record(i, p, c, rule, anchor, a, meas, meas_ttft, conc, shape, tshape) -> dict:
+    """One row of the points table (``AccuracyReport.records``): point i, its sweep's anchor a."""
+    reasons = c["reasons"]
+    rec = {"row": p.row, "scenario": p.scenario, "deployment": p.deployment, "model": p.model,
+           "hardware": p.hardware, "dtype": p.dtype, "tp": p.tp, "ep": p.ep, "dp": p.dp,
+           "workload": p.workload, "isl": p.isl, "osl": p.osl, "concurrency": p.concurrency,
+           "context": p.context, "batch_rule": rule,
+           "resident": int(c["resident"][i]), "anchor": bool(anchor[i]), "anchor_concurrency": int(conc[a]),
+           "measured_us": p.measured * 1e6, "measured_rel": p.measured / meas[a],
+           "measured_ttft_us": meas_ttft[i] * 1e6,
+           "status": "refused" if i in reasons else "priced", "reason": reasons.get(i, ""),
+           "source": c["source"][i], "bottleneck": c["bottleneck"][i] if i not in reasons else "",
+           "host_output_token_us": c["hot"][i] * 1e6}
     for e in ESTIMATES:
-        shape[e], anchor = shape_errors(sweeps, conc, pred[e], meas)
-        tshape[e], _ = shape_errors(sweeps, conc, ttft[e], meas_ttft)
-    anchor_of = {sweeps[a]: a for a in np.flatnonzero(anchor)}
-    records = []
-    for i, p in enumerate(points):
-        a = anchor_of[p.sweep]
-        rec = {"row": p.row, "scenario": p.scenario, "deployment": p.deployment, "model": p.model,
-               "hardware": p.hardware, "dtype": p.dtype, "tp": p.tp, "ep": p.ep, "dp": p.dp,
-               "workload": p.workload, "isl": p.isl, "osl": p.osl, "concurrency": p.concurrency,
-               "context": p.context, "batch_rule": next(iter(rules)) if len(rules) == 1 else "",
-               "resident": int(resident[i]), "anchor": bool(anchor[i]), "anchor_concurrency": int(conc[a]),
-               "measured_us": p.measured * 1e6, "measured_rel": p.measured / meas[a],
-               "measured_ttft_us": meas_ttft[i] * 1e6,
-               "status": "refused" if i in reasons else "priced", "reason": reasons.get(i, ""),
-               "source": source[i], "bottleneck": bottleneck[i] if i not in reasons else "",
-               "host_output_token_us": hot[i] * 1e6}
-        for e in ESTIMATES:
-            rec[f"{e}_step_us"] = step[e][i] * 1e6
-            rec[f"{e}_tpot_us"] = pred[e][i] * 1e6
-            rec[f"{e}_error"] = pred[e][i] / p.measured - 1.0
-            rec[f"{e}_shape_error"] = shape[e][i]
-        for e in ESTIMATES:
-            rec[f"{e}_ttft_us"] = ttft[e][i] * 1e6
-            rec[f"{e}_ttft_error"] = ttft[e][i] / meas_ttft[i] - 1.0
-            rec[f"{e}_ttft_shape_error"] = tshape[e][i]
-        rec["assumptions"] = assumed[i]
-        records.append(rec)
-    summary = {}
-    models = sorted({p.model for p in points})
+        rec[f"{e}_step_us"] = c["step"][e][i] * 1e6
+        rec[f"{e}_tpot_us"] = c["pred"][e][i] * 1e6
+        rec[f"{e}_error"] = c["pred"][e][i] / p.measured - 1.0
+        rec[f"{e}_shape_error"] = shape[e][i]
     for e in ESTIMATES:
-        summary[e] = {}
-        for m in models + ["all"]:
-            sel = np.array([m == "all" or p.model == m for p in points])
-            s = summarize(shape[e][sel], anchor[sel], pred[e][sel], meas[sel], tshape[e][sel], ttft[e][sel],
-                          meas_ttft[sel])
-            s["refused"] = int(sum(1 for i in np.flatnonzero(sel) if i in reasons))
-            summary[e][m] = s
-    refused_list = [{"row": points[i].row, "deployment": points[i].deployment, "workload": points[i].workload,
-                     "concurrency": points[i].concurrency, "reason": r} for i, r in sorted(reasons.items())]
-    info = dict(info or {})
-    info.setdefault("ttft_predicted", bool(np.isfinite(ttft["no_overlap"]).any()))
-    return AccuracyReport(csv=str(csv_path), records=records, refused=refused_list, summary=summary, info=info)
+        rec[f"{e}_ttft_us"] = c["ttft"][e][i] * 1e6
+        rec[f"{e}_ttft_error"] = c["ttft"][e][i] / meas_ttft[i] - 1.0
+        rec[f"{e}_ttft_shape_error"] = tshape[e][i]
+    rec["assumptions"] = c["assumed"][i]
+    return rec
 
 
 def select_deployments(points, deployments, csv_path):
@@ -1162,7 +1265,7 @@ def select_deployments(points, deployments, csv_path):
 
 def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coefficient_files=(),
                       deployments=None, temperature=None, callback=None, batch_rule="anchor",
-                      estimates=ESTIMATES) -> AccuracyReport:
+                      estimates=ESTIMATES, per_deployment=False) -> AccuracyReport:
     """Price every mean-TPOT point of a measurement CSV and score it (see the module docstring).
 
     extra_coefficient_files: coefficient sets applied after each deployment's own, overriding by
@@ -1173,7 +1276,9 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     sweep per deployment and workload; one left out is NaN). callback(done, total, **info):
     progress, once per deployment priced. ``info['split']`` holds the held-out deployments of
     ``fit.split_by_deployment`` (fraction 0.25, seed 0, stratified by model, as ``jaxprice fit``
-    holds them out), for ``AccuracyReport.split_summary``."""
+    holds them out), for ``AccuracyReport.split_summary``. per_deployment: a static rule's
+    former path, one compile per deployment (``predict_groups``; for comparison,
+    experiments/bench.py --axis); ``info['kernel_compiles']`` counts the compiles either way."""
     check_batch_rule(batch_rule)
     points, info = read_measurements(csv_path)
     points = select_deployments(points, deployments, csv_path)
@@ -1190,16 +1295,38 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
         groups, refused = group_points(points, registry=registry, scenario_dirs=scenario_dirs,
                                        extra_coefficient_files=extra_coefficient_files, source=str(csv_path),
                                        batch_rule=batch_rule)
-        from .stack import kernel_compiles
-        compiled = kernel_compiles()
-        predictions = predict_groups(groups, temperature=temperature, callback=callback)
-        info["kernel_compiles"] = kernel_compiles() - compiled     # one per plan structure
+        predictions = _predict_counting(groups, info, temperature=temperature, callback=callback,
+                                        per_deployment=per_deployment)
     from .fit import split_by_deployment
     names = sorted({p.deployment for p in points})
     model_of = {p.deployment: p.model for p in points}
     train, test = split_by_deployment(names, 0.25, seed=0, stratify=model_of)
     info["split"] = {"train": train, "test": test,
                      "how": "jaxprice.fit.split_by_deployment(deployments, 0.25, seed=0, stratify=model)"}
+    notes = _ep_notes(groups, points)
+    info.update(deployments=len({p.deployment for p in points}), sweeps=len({p.sweep for p in points}),
+                from_scenario_files=sorted({g.name for g in groups if g.source != "columns"}),
+                from_columns=sorted({g.name for g in groups if g.source == "columns"}),
+                extra_coefficient_files=[str(f) for f in extra_coefficient_files], notes=notes,
+                temperature=temperature, batch_rule=batch_rule,
+                resident_below_concurrency=sum(int(R < points[i].concurrency)
+                                               for g in groups for i, R in zip(g.index, g.resident)))
+    return score(points, groups, refused, predictions, csv_path=csv_path, info=info)
+
+
+def _predict_counting(groups, info, *, temperature, callback, per_deployment):
+    """``predict_groups``, recording in ``info`` the kernel compiles it cost (one per plan
+    structure; ``per_deployment``: one per deployment) and which path ran."""
+    from .stack import kernel_compiles
+    compiled, folded = kernel_compiles(), _price_points._cache_size()
+    predictions = predict_groups(groups, temperature=temperature, callback=callback, per_deployment=per_deployment)
+    info["kernel_compiles"] = kernel_compiles() - compiled + _price_points._cache_size() - folded
+    info["per_deployment"] = bool(per_deployment)
+    return predictions
+
+
+def _ep_notes(groups, points) -> list:
+    """A note per deployment built from columns whose ep column is not vLLM's expert-parallel width."""
     notes = []
     for g in groups:
         if g.source != "columns":
@@ -1209,14 +1336,7 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
         if p.ep > 1 and ep != p.ep:
             notes.append(f"{g.name}: column ep {p.ep}, but vLLM's expert-parallel width is tp x dp = {ep} "
                          "(priced at that)")
-    info.update(deployments=len({p.deployment for p in points}), sweeps=len({p.sweep for p in points}),
-                from_scenario_files=sorted({g.name for g in groups if g.source != "columns"}),
-                from_columns=sorted({g.name for g in groups if g.source == "columns"}),
-                extra_coefficient_files=[str(f) for f in extra_coefficient_files], notes=notes,
-                temperature=temperature, batch_rule=batch_rule,
-                resident_below_concurrency=sum(int(R < points[i].concurrency)
-                                               for g in groups for i, R in zip(g.index, g.resident)))
-    return score(points, groups, refused, predictions, csv_path=csv_path, info=info)
+    return notes
 
 
 # ----------------------------------------------------------------------------- output
@@ -1329,37 +1449,11 @@ def format_report(report: AccuracyReport, *, title="", markdown=False) -> str:
     the ``simulate`` rule; a static rule does not predict it, said so); then the errors by
     concurrency bucket and over the held-out deployments, the refused points with their
     reasons and the notes."""
-    info = report.info
-    head = (f"{report.csv}: {info.get('points', len(report.records))} mean-TPOT points, "
-            f"{info.get('sweeps', '?')} sweeps, {info.get('deployments', '?')} deployments "
-            f"({len(info.get('from_scenario_files', []))} from scenario files, "
-            f"{len(info.get('from_columns', []))} from columns); {len(report.refused)} refused")
-    if info.get("extra_coefficient_files"):
-        head += "; extra coefficients: " + ", ".join(info["extra_coefficient_files"])
-    if info.get("kernel_compiles") is not None:
-        head += f"; {info['kernel_compiles']} kernel compile(s) (one per plan structure)"
-    rule = info.get("batch_rule", "anchor")
-    if rule == "simulate":
-        head += (f"; batch rule simulate (the serving simulation; {info.get('resident_below_concurrency', '?')} "
-                 "point(s) with a mean resident batch below C)")
-    elif rule != "anchor":
-        head += (f"; batch rule {rule} ({info.get('resident_below_concurrency', '?')} point(s) with a "
-                 f"resident batch below C)")
-    ttft_note = ("" if info.get("ttft_predicted") else
-                 f"TTFT: not predicted under batch rule {rule} (a static rule prices steps, not the queueing and "
-                 "prefill before a first token; its TTFT columns are '-' / NaN); --batch-rule simulate predicts it")
+    head, ttft_note = _report_head(report.info, report)
     cols = ("estimate", "model", "points", "priced", "refused", "shape mean", "shape median", "shape max",
             "shape mean (non-anchor)", "TPOT MAPE", "TPOT signed", "TTFT MAPE", "TTFT signed", "TTFT shape mean",
             "TTFT shape median")
-    rows = []
-    for e in ESTIMATES:
-        for m, s in report.summary[e].items():
-            rows.append((ESTIMATE_LABELS[e], m, str(s["points"]), str(s["priced"]), str(s["refused"]),
-                         _pct(s["shape_mean"]), _pct(s["shape_median"]), _pct(s["shape_max"]),
-                         _pct(s["shape_mean_non_anchor"]), _pct(s["tpot_mape"]),
-                         _pct(s["tpot_mean_signed"], signed=True), _pct(s.get("ttft_mape", math.nan)),
-                         _pct(s.get("ttft_mean_signed", math.nan), signed=True),
-                         _pct(s.get("ttft_shape_mean", math.nan)), _pct(s.get("ttft_shape_median", math.nan))))
+    rows = _summary_rows(report)
     lines = []
     if markdown:
         if title:
@@ -1382,26 +1476,77 @@ def format_report(report: AccuracyReport, *, title="", markdown=False) -> str:
                                 "TTFT: MAPE, signed, shape mean, median)")
         lines += table[1:]
     lines += format_breakdowns(report, estimate="no_overlap", markdown=markdown)
+    lines += _refused_lines(report, markdown) + _note_lines(report.info, markdown)
+    return "\n".join(lines)
+
+
+def _report_head(info, report):
+    """format_report's first line (points, sources, refused, compiles, batch rule) and its TTFT
+    note (empty where TTFT is predicted)."""
+    head = (f"{report.csv}: {info.get('points', len(report.records))} mean-TPOT points, "
+            f"{info.get('sweeps', '?')} sweeps, {info.get('deployments', '?')} deployments "
+            f"({len(info.get('from_scenario_files', []))} from scenario files, "
+            f"{len(info.get('from_columns', []))} from columns); {len(report.refused)} refused")
+    if info.get("extra_coefficient_files"):
+        head += "; extra coefficients: " + ", ".join(info["extra_coefficient_files"])
+    if info.get("kernel_compiles") is not None:
+        head += (f"; {info['kernel_compiles']} kernel compile(s) ("
+                 + ("one per deployment)" if info.get("per_deployment") else "one per plan structure)"))
+    rule = info.get("batch_rule", "anchor")
+    if rule == "simulate":
+        head += (f"; batch rule simulate (the serving simulation; {info.get('resident_below_concurrency', '?')} "
+                 "point(s) with a mean resident batch below C)")
+    elif rule != "anchor":
+        head += (f"; batch rule {rule} ({info.get('resident_below_concurrency', '?')} point(s) with a "
+                 f"resident batch below C)")
+    ttft_note = ("" if info.get("ttft_predicted") else
+                 f"TTFT: not predicted under batch rule {rule} (a static rule prices steps, not the queueing and "
+                 "prefill before a first token; its TTFT columns are '-' / NaN); --batch-rule simulate predicts it")
+    return head, ttft_note
+
+
+def _summary_rows(report) -> list:
+    """One row of cells per estimate and model (then 'all') of the summary table."""
+    rows = []
+    for e in ESTIMATES:
+        for m, s in report.summary[e].items():
+            rows.append((ESTIMATE_LABELS[e], m, str(s["points"]), str(s["priced"]), str(s["refused"]),
+                         _pct(s["shape_mean"]), _pct(s["shape_median"]), _pct(s["shape_max"]),
+                         _pct(s["shape_mean_non_anchor"]), _pct(s["tpot_mape"]),
+                         _pct(s["tpot_mean_signed"], signed=True), _pct(s.get("ttft_mape", math.nan)),
+                         _pct(s.get("ttft_mean_signed", math.nan), signed=True),
+                         _pct(s.get("ttft_shape_mean", math.nan)), _pct(s.get("ttft_shape_median", math.nan))))
+    return rows
+
+
+def _refused_lines(report, markdown) -> list:
+    """The refused points grouped by deployment and reason (six line numbers each at most)."""
+    if not report.refused:
+        return []
     bullet = "- " if markdown else "  "
-    if report.refused:
-        lines += (["", f"Refused points ({len(report.refused)}):"] if markdown
-                  else [f"refused points ({len(report.refused)}):"])
-        groups: dict = {}
-        for r in report.refused:
-            groups.setdefault((r["deployment"], r["reason"]), []).append(r)
-        for (dep, reason), rs in groups.items():
-            where = ", ".join(f"line {r['row']} ({r['workload']}, C={r['concurrency']})" for r in rs[:6])
-            more = f" and {len(rs) - 6} more" if len(rs) > 6 else ""
-            lines.append(f"{bullet}{dep}: {len(rs)} point(s) ({where}{more}): {reason}")
+    n = len(report.refused)
+    lines = ["", f"Refused points ({n}):"] if markdown else [f"refused points ({n}):"]
+    groups: dict = {}
+    for r in report.refused:
+        groups.setdefault((r["deployment"], r["reason"]), []).append(r)
+    for (dep, reason), rs in groups.items():
+        where = ", ".join(f"line {r['row']} ({r['workload']}, C={r['concurrency']})" for r in rs[:6])
+        more = f" and {len(rs) - 6} more" if len(rs) > 6 else ""
+        lines.append(f"{bullet}{dep}: {len(rs)} point(s) ({where}{more}): {reason}")
+    return lines
+
+
+def _note_lines(info, markdown) -> list:
+    """The run's notes, and the sweeps whose anchor_concurrency is not their lowest concurrency."""
     notes = list(info.get("notes", []))
     if info.get("anchor_mismatch"):
         notes.append(f"{len(info['anchor_mismatch'])} sweep(s) whose lowest concurrency in the file is not "
                      f"their anchor_concurrency (shape errors relative to the lowest): "
                      + ", ".join(info["anchor_mismatch"][:5]))
-    if notes:
-        lines += ["", "Notes:"] if markdown else ["notes:"]
-        lines += [bullet + n for n in notes]
-    return "\n".join(lines)
+    if not notes:
+        return []
+    bullet = "- " if markdown else "  "
+    return (["", "Notes:"] if markdown else ["notes:"]) + [bullet + n for n in notes]
 
 
 def write_points_csv(report: AccuracyReport, path) -> Path:
@@ -1442,12 +1587,11 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
     if quantity not in ("tpot", "ttft"):
         refuse("unknown quantity (known: tpot, ttft)", field="quantity", value=quantity)
     Q = quantity.upper()
-    meas_key, pred_key = ("measured_us", "{}_tpot_us") if quantity == "tpot" else ("measured_ttft_us", "{}_ttft_us")
-    mape_key, shape_key = ("tpot_mape", "shape_mean") if quantity == "tpot" else ("ttft_mape", "ttft_shape_mean")
+    keys = (("measured_us", "{}_tpot_us", "tpot_mape", "shape_mean") if quantity == "tpot" else
+            ("measured_ttft_us", "{}_ttft_us", "ttft_mape", "ttft_shape_mean"))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     other = [e for e in ESTIMATES if e != estimate][0]
@@ -1461,53 +1605,14 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
     fig, axes = plt.subplots(nrow, ncol, figsize=(2.45 * ncol, height), squeeze=False)
     fig.subplots_adjust(left=0.35 / (2.45 * ncol) + 0.02, right=0.995, bottom=0.45 / height,
                         top=1 - 0.8 / height, wspace=0.28, hspace=0.55)
-    markers = "o^sDv<>p*h"
     workloads = sorted({r["workload"] for r in report.records})
     colours = {w: WORKLOAD_COLOURS.get(w, f"C{4 + k}") for k, w in enumerate(workloads)}
     by_dep_stats = report.summarize_by("deployment", estimate)
     for ax, (dep, recs) in zip(axes.flat, deps):
-        for w in sorted({r["workload"] for r in recs}):
-            rw = [r for r in recs if r["workload"] == w]
-            col = colours[w]
-            for k, scen in enumerate(dict.fromkeys(r["scenario"] for r in rw)):
-                rs = sorted((r for r in rw if r["scenario"] == scen), key=lambda r: r["concurrency"])
-                good = [r for r in rs if r["status"] == "priced"]
-                if good:
-                    ax.plot([r["concurrency"] for r in good], [r[meas_key] / 1e3 for r in good],
-                            markers[k % len(markers)], ms=3.4, color=col, alpha=0.8, mew=0)
-                bad = [r for r in rs if r["status"] != "priced"]
-                if bad:
-                    ax.plot([r["concurrency"] for r in bad], [r[meas_key] / 1e3 for r in bad], "x",
-                            ms=4, color="k")
-            pred = {}
-            for r in rw:
-                if r["status"] == "priced":
-                    pred[r["concurrency"]] = (r[pred_key.format(estimate)] / 1e3, r[pred_key.format(other)] / 1e3)
-            if pred:
-                cs = sorted(pred)
-                ax.plot(cs, [pred[c][0] for c in cs], "-", lw=1.1, color=col)
-                ax.plot(cs, [pred[c][1] for c in cs], ":", lw=0.9, color=col)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        s = by_dep_stats.get(dep)
-        stat = (f"\nMAPE {_pct(s[mape_key])}, shape {_pct(s[shape_key])}"
-                if s and s["priced"] else "\nrefused")
-        ax.set_title(dep + stat, fontsize=6.2)
-        ax.tick_params(labelsize=5.5, which="both")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
-            lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
-        ax.grid(True, which="major", lw=0.3, alpha=0.5)
+        _sweep_panel(ax, dep, recs, by_dep_stats.get(dep), colours, keys, (estimate, other))
     for ax in list(axes.flat)[len(deps):]:
         ax.axis("off")
-    handles = [Line2D([], [], color=colours[w], marker="o", ls="-", ms=3, label=w) for w in workloads]
-    handles += [Line2D([], [], color="0.3", ls="-", label=f"predicted, {ESTIMATE_LABELS[estimate]}"),
-                Line2D([], [], color="0.3", ls=":", label=f"predicted, {ESTIMATE_LABELS[other]}"),
-                Line2D([], [], color="0.3", marker="o", ls="", ms=3,
-                       label="measured (marker shape: run of the sweep)")]
-    if any(r["status"] != "priced" for r in report.records):
-        handles.append(Line2D([], [], color="k", marker="x", ls="", label="refused"))
+    handles = _sweep_legend(report, workloads, colours, estimate, other)
     s = report.summary[estimate]["all"]
     rule = report.info.get("batch_rule", "anchor")
     how = (f"the serving simulation (closed loop at C, recipe engine settings), every step priced by "
@@ -1515,8 +1620,8 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
            f"{ESTIMATE_LABELS[estimate]} + host_output_token at context isl + osl/2"
            f"{'' if rule == 'anchor' else f' (batch rule {rule})'}")
     fig.suptitle(title or (f"{Path(report.csv).name}: mean {Q} (ms) against concurrency C; predicted = {how}. "
-                           f"All {s['points']} points: {Q} MAPE {_pct(s[mape_key])}, "
-                           f"shape error {_pct(s[shape_key])} (mean)"), fontsize=9, y=1 - 0.06 / height)
+                           f"All {s['points']} points: {Q} MAPE {_pct(s[keys[2]])}, "
+                           f"shape error {_pct(s[keys[3]])} (mean)"), fontsize=9, y=1 - 0.06 / height)
     fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=7, frameon=False,
                bbox_to_anchor=(0.5, 1 - 0.25 / height))
     fig.supxlabel("concurrency C (requests in flight)", fontsize=8, y=0.1 / height)
@@ -1524,3 +1629,54 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _sweep_panel(ax, dep, recs, stats, colours, keys, estimates):
+    """One deployment's panel of ``plot_sweeps``: per workload, the measured points of each run
+    (a marker shape per run; refused ones as black crosses) and the two predictions (solid,
+    dotted) against concurrency; the title its MAPE and mean shape error."""
+    import matplotlib
+    meas_key, pred_key, mape_key, shape_key = keys
+    markers = "o^sDv<>p*h"
+    for w in sorted({r["workload"] for r in recs}):
+        rw = [r for r in recs if r["workload"] == w]
+        col = colours[w]
+        for k, scen in enumerate(dict.fromkeys(r["scenario"] for r in rw)):
+            rs = sorted((r for r in rw if r["scenario"] == scen), key=lambda r: r["concurrency"])
+            good = [r for r in rs if r["status"] == "priced"]
+            if good:
+                ax.plot([r["concurrency"] for r in good], [r[meas_key] / 1e3 for r in good],
+                        markers[k % len(markers)], ms=3.4, color=col, alpha=0.8, mew=0)
+            bad = [r for r in rs if r["status"] != "priced"]
+            if bad:
+                ax.plot([r["concurrency"] for r in bad], [r[meas_key] / 1e3 for r in bad], "x", ms=4, color="k")
+        pred = {r["concurrency"]: tuple(r[pred_key.format(e)] / 1e3 for e in estimates)
+                for r in rw if r["status"] == "priced"}
+        if pred:
+            cs = sorted(pred)
+            ax.plot(cs, [pred[c][0] for c in cs], "-", lw=1.1, color=col)
+            ax.plot(cs, [pred[c][1] for c in cs], ":", lw=0.9, color=col)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    stat = f"\nMAPE {_pct(stats[mape_key])}, shape {_pct(stats[shape_key])}" if stats and stats["priced"] else "\nrefused"
+    ax.set_title(dep + stat, fontsize=6.2)
+    ax.tick_params(labelsize=5.5, which="both")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:g}" if str(f"{v:g}")[0] in "25" else ""))
+    ax.grid(True, which="major", lw=0.3, alpha=0.5)
+
+
+def _sweep_legend(report, workloads, colours, estimate, other) -> list:
+    """``plot_sweeps``' legend: a colour per workload, the two predictions, the measurements
+    and, where there are any, the refused points."""
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color=colours[w], marker="o", ls="-", ms=3, label=w) for w in workloads]
+    handles += [Line2D([], [], color="0.3", ls="-", label=f"predicted, {ESTIMATE_LABELS[estimate]}"),
+                Line2D([], [], color="0.3", ls=":", label=f"predicted, {ESTIMATE_LABELS[other]}"),
+                Line2D([], [], color="0.3", marker="o", ls="", ms=3,
+                       label="measured (marker shape: run of the sweep)")]
+    if any(r["status"] != "priced" for r in report.records):
+        handles.append(Line2D([], [], color="k", marker="x", ls="", label="refused"))
+    return handles

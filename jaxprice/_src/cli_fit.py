@@ -302,8 +302,9 @@ def print_fit(res, obs, target, args, seed):
             continue
         sel = [by_name[n] for n in names]
         meas = np.concatenate([o.measured for o in sel])
-        before = np.concatenate([res.predict(o, fitted=False) for o in sel])
-        after = np.concatenate([res.predict(o) for o in sel])
+        pred_before, pred_after = res.predict_all(sel, fitted=False), res.predict_all(sel)   # one compile per structure
+        before = np.concatenate([pred_before[o.name] for o in sel])
+        after = np.concatenate([pred_after[o.name] for o in sel])
         print(f"{split:<10}{len(names):>12}{len(meas):>8}{res.initial[key]:>13.5f}{res.final[key]:>12.5f}"
               f"{_mape(before, meas):>13.1%}{_mape(after, meas):>12.1%}")
         if sim:

@@ -191,11 +191,12 @@ def run(args) -> int:
     print(f"{dep.scenario.name}: {describe_deployment(dep)}", file=sys.stderr)
     print(f"grid: {len(decode)} decode counts x {len(context)} contexts x {len(prefill)} prefill chunks = "
           f"{total} steps; {mode_text(temperature)}; decode threshold {threshold}", file=sys.stderr)
-    t0 = time.perf_counter()
+    from .stack import kernel_compiles
+    t0, compiled = time.perf_counter(), kernel_compiles()
     with Progress(total, "sweep", enabled=not args.quiet) as bar:
         grid = price_grid(dep, decode, context, prefill, threshold=threshold, temperature=temperature,
                           chunk=chunk, callback=lambda done, tot: bar.update(done))
-    elapsed = time.perf_counter() - t0
+    elapsed, compiled = time.perf_counter() - t0, kernel_compiles() - compiled
     if args.out in (None, "-"):
         write_csv(sys.stdout, grid, decode, context, prefill, units=args.units, estimate=args.estimate)
     else:
@@ -208,7 +209,8 @@ def run(args) -> int:
             refuse(f"cannot write the CSV: {err.strerror}", file=args.out)
     counts = np.bincount(grid["bottleneck"].reshape(-1), minlength=len(RESOURCES))
     share = ", ".join(f"{r} {c / total:.0%}" for r, c in zip(RESOURCES, counts) if c)
-    print(f"priced {total} steps in {elapsed:.1f} s (with compilation); bottleneck: {share}"
+    print(f"priced {total} steps in {elapsed:.1f} s ({compiled} kernel compile(s): one per plan structure, padding "
+          f"and mode, shared by every deployment of the model graph); bottleneck: {share}"
           + (f"; wrote {args.out}" if args.out not in (None, "-") else ""), file=sys.stderr)
     if args.heatmap:
         from .figures import plot_sweep_heatmaps

@@ -24,11 +24,14 @@ coefficients, shared over a chosen scope:
   which the data do not depend, are frozen at their starting value, and the result says which
   and why (``FitResult.frozen``). Keys stopped by a bound are listed with the bound and what
   that means (``FitResult.bound_hits``).
-* Deployments differ in plan and in coefficient names, so each has its own jitted
-  ``value_and_grad`` (compiled once per plan, names and batch shape, whatever the free
-  coefficients; its batches are stacked and priced with vmap) and maps theta onto its own
-  names. Exact mode by default (gradients exist almost everywhere); ``temperature`` switches
-  to smooth mode. optax Adam with a cosine-decayed learning rate; early stopping on a held-out
+* The deployments of one plan structure (one model graph, whatever the chip, parallelism or
+  quantization) share ONE jitted ``value_and_grad`` (and Jacobian) on the deployment axis
+  (``_StackTerm``: their plans stacked, their coefficient vectors laid over the union of their
+  names, their batches and points padded; compiled once per structure and padded shape,
+  whatever the free coefficients), each deployment mapping theta onto its own names;
+  ``per_deployment=True`` keeps the former path, one compile per deployment (``_Term``).
+  Exact mode by default (gradients exist almost everywhere); ``temperature`` switches to
+  smooth mode. optax Adam with a cosine-decayed learning rate; early stopping on a held-out
   split by deployment (or on the training objective), keeping the best theta.
 * ``write_coefficient_set`` writes the result as a ``jaxprice-coefficients/1`` set whose entries
   are scoped to the chips and models they were fitted on: loading it with another deployment
@@ -614,14 +617,216 @@ def _compile_terms(terms, workers, callback=None):
     return len(todo)
 
 
-def _terms(observations, layout, settings, weighting, *, record, kind):
+# ----------------------------------------------------------------------------- the loss on the deployment axis
+#
+# The deployments of one plan structure (stack.Structure: one model graph, whatever the chip,
+# parallelism or quantization) share ONE compiled function: their plans' values are stacked
+# (stack.stack_plans), their coefficient vectors laid over the union of their names (a name a
+# deployment lacks is 0 there, with log-multiplier 0: it reads nothing and gets no gradient),
+# their batches padded to one shape (stack.pad_batches: empty batches and padding rows), and
+# each deployment's points are ``combine`` @ (its batches' estimates) (the identity without a
+# combine), padded with points of weight 0 that are masked out of the loss. The counts of
+# deployments, points and batches are rounded up to multiples of 4, 8 and 8, rows to a multiple
+# of 64 and names to a power of two (a padded deployment repeats the first with weight 0), so
+# the subsets of cross-validation's folds mostly reuse one compilation at little extra work. The value and gradient are vmapped over the deployments; the
+# Jacobian is mapped (lax.map) over them, one deployment's forward-mode Jacobian at a time.
+
+
+def _bucket(n, least=1):
+    """n rounded up to a power of two (at least ``least``)."""
+    return max(least, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def _round_up(n, k):
+    return -(-int(n) // k) * k
+
+
+def _stack_pred(u, values, svalues, index, batches, combine, hot, *, structure, estimate, smooth, tau):
+    """One deployment's points: combine @ (its batches' estimates), plus its host_output_token
+    (``hot``: one-hot over its names; zero for target 'step' or a deployment without one)."""
+    from .step import _batched_kernel
+    coefs = values * jnp.exp(u)
+    res = exact_at_zero(lambda t: _batched_kernel(structure, svalues, index, coefs, batches, t, False),
+                        tau if smooth else None)
+    return combine @ getattr(res, estimate) + jnp.sum(coefs * hot)
+
+
+def _stack_objective(u, values, svalues, index, batches, combine, hot, log_meas, weights, mask, delta, *, structure,
+                     estimate, loss, smooth, tau):
+    pred = jax.vmap(functools.partial(_stack_pred, structure=structure, estimate=estimate, smooth=smooth, tau=tau))(
+        u, values, svalues, index, batches, combine, hot)
+    r = jnp.where(mask, jnp.log(jnp.where(mask, pred, 1.0)) - log_meas, 0.0)
+    return jnp.sum(weights * _residual_loss(r, loss, delta))
+
+
+def _stack_log_jacobian(u, values, svalues, index, batches, combine, hot, log_meas, weights, mask, delta, *,
+                        structure, estimate, loss, smooth, tau):
+    """(log(prediction) [deployments, points], d log(prediction) / d u [deployments, points, names])."""
+    def one(args):
+        uu, v, sv, idx, b, c, h, m = args
+
+        def logpred(x):
+            lp = jnp.log(jnp.where(m, _stack_pred(x, v, sv, idx, b, c, h, structure=structure, estimate=estimate,
+                                                  smooth=smooth, tau=tau), 1.0))
+            return lp, lp
+        jac, lp = jax.jacfwd(logpred, has_aux=True)(uu)
+        return lp, jac
+    return jax.lax.map(one, (u, values, svalues, index, batches, combine, hot, mask))
+
+
+_STACK_STATIC = ("structure", "estimate", "loss", "smooth", "tau")
+_STACK_KINDS = {"grad": jax.jit(jax.value_and_grad(_stack_objective), static_argnames=_STACK_STATIC),
+                "value": jax.jit(_stack_objective, static_argnames=_STACK_STATIC),
+                "jac": jax.jit(_stack_log_jacobian, static_argnames=_STACK_STATIC)}
+
+
+def _stack_inputs(group, kmaps, weights):
+    """The padded arrays of a group of Observations of one structure (see above): a dict of
+    NumPy arrays and the stack, plus each deployment's point count."""
+    from .stack import pad_batches, stack_plans
+    D = _round_up(len(group), 4)
+    names = list(dict.fromkeys(n for o in group for n in o.deployment.coefficients.names))
+    N = _bucket(len(names), 64)
+    pos = {n: i for i, n in enumerate(names)}
+    npts = [o.points for o in group]
+    nb = [int(np.shape(o.batches.scheduled)[0]) for o in group]
+    P, B = _round_up(max(npts), 8), _round_up(max(nb), 8)
+    R = _round_up(max(int(np.shape(o.batches.scheduled)[1]) for o in group), 64)
+    a = {"values": np.zeros((D, N)), "kidx": np.full((D, N), -1), "combine": np.zeros((D, P, B)),
+         "hot": np.zeros((D, N)), "log_meas": np.zeros((D, P)), "weights": np.zeros((D, P)),
+         "mask": np.zeros((D, P), bool)}
+    for d, (o, km, w) in enumerate(zip(group, kmaps, weights)):
+        coefs = o.deployment.coefficients
+        cols = [pos[n] for n in coefs.names]
+        a["values"][d, cols] = np.asarray(coefs.values, dtype=float)
+        a["kidx"][d, cols] = km
+        a["combine"][d, :npts[d], :nb[d]] = np.eye(nb[d]) if o.combine is None else o.combine
+        if o.target == "tpot" and "host_output_token" in pos:
+            a["hot"][d, pos["host_output_token"]] = 1.0 if "host_output_token" in coefs else 0.0
+        a["log_meas"][d, :npts[d]] = np.log(o.measured)
+        a["weights"][d, :npts[d]] = w
+        a["mask"][d, :npts[d]] = True
+    for k in ("values", "combine", "hot"):        # a padded deployment repeats the first, weight 0
+        a[k][len(group):] = a[k][0]
+    plans = [o.deployment.plan for o in group] + [group[0].deployment.plan] * (D - len(group))
+    stack = stack_plans(plans)
+    batches, _ = pad_batches([o.batches for o in group] + [group[0].batches] * (D - len(group)),
+                             min_batches=B, min_rows=R)
+    a["index"] = stack.role_index(tuple(names) + tuple(f"\0pad{i}" for i in range(N - len(names))))
+    return a, stack, batches, npts
+
+
+class _StackTerm:
+    """The deployments of one plan structure as one share of a loss, one compiled function
+    (``_STACK_KINDS``); the same interface as ``_Term`` (kind 'grad', 'value' or 'jac')."""
+
+    def __init__(self, group, kmaps, weight_total, weighting, n_deployments, settings, kind):
+        self.obs, self.kind = list(group), kind
+        ws = []
+        for o in self.obs:
+            w = np.asarray(o.weights, dtype=float) if o.weights is not None else np.ones(o.points)
+            ws.append(w / (w.sum() * n_deployments) if weighting == "deployment" else w / weight_total)
+        a, stack, batches, self.npts = _stack_inputs(self.obs, [np.asarray(k) for k in kmaps], ws)
+        self.kidx = a["kidx"]
+        self.weights = np.concatenate(ws)
+        self.log_meas = np.concatenate([np.log(o.measured) for o in self.obs])
+        put = jax.device_put
+        self.args = (put(a["values"]), put(np.asarray(stack.values)), put(a["index"]), batches, put(a["combine"]),
+                     put(a["hot"]), put(a["log_meas"]), put(a["weights"]), put(a["mask"]), float(settings["delta"]))
+        est = {o.estimate for o in self.obs}
+        self.kw = {"structure": stack.structure, "estimate": est.pop(), "loss": settings["loss"],
+                   "smooth": bool(settings["smooth"]), "tau": float(settings["tau"]) if settings["smooth"] else 0.0}
+        shapes = tuple(tuple(np.shape(x)) for x in jax.tree_util.tree_leaves(self.args[:-1]))
+        self.cache_key = ("stack", kind, self.kw["structure"], shapes, self.kw["estimate"], self.kw["smooth"],
+                          self.kw["tau"], None if kind == "jac" else self.kw["loss"])
+        self.fn = _COMPILED.get(self.cache_key)
+
+    def compile(self):
+        u = jnp.zeros(self.kidx.shape)
+        return _STACK_KINDS[self.kind].lower(u, *self.args, **self.kw).compile()
+
+    def _u(self, theta):
+        return jax.device_put(log_multipliers(theta, self.kidx))
+
+    def __call__(self, theta):
+        if self.kind == "grad":
+            v, gu = self.fn(self._u(theta), *self.args)
+            gu = np.asarray(gu)
+            mapped = self.kidx >= 0
+            return float(v), np.bincount(self.kidx[mapped], weights=gu[mapped], minlength=len(theta))
+        if self.kind == "jac":
+            lp, ju = self.fn(self._u(theta), *self.args)
+            return np.asarray(lp), np.asarray(ju)
+        return float(self.fn(self._u(theta), *self.args)), None
+
+    def pred_jac(self, theta, n_keys):
+        """(log(prediction) [points], d log(prediction) / d theta [points, keys]), the points of
+        every deployment in order."""
+        lp, ju = self(theta)
+        lps, outs = [], []
+        for d, n in enumerate(self.npts):
+            out = np.zeros((n, n_keys))
+            mapped = np.flatnonzero(self.kidx[d] >= 0)
+            np.add.at(out.T, self.kidx[d][mapped], ju[d, :n][:, mapped].T)
+            lps.append(lp[d, :n])
+            outs.append(out)
+        return np.concatenate(lps), np.concatenate(outs, axis=0)
+
+    def jacobian_theta(self, theta, n_keys) -> np.ndarray:
+        """Rows sqrt(weight) * d log(prediction) / d theta: [points, keys]."""
+        return self.pred_jac(theta, n_keys)[1] * np.sqrt(self.weights)[:, None]
+
+
+_stack_predict_jit = jax.jit(
+    lambda u, values, svalues, index, batches, combine, hot, *, structure, estimate, smooth, tau: jax.vmap(
+        functools.partial(_stack_pred, structure=structure, estimate=estimate, smooth=smooth, tau=tau))(
+        u, values, svalues, index, batches, combine, hot),
+    static_argnames=("structure", "estimate", "smooth", "tau"))
+
+
+def predict_stacked(observations, layout=None, theta=None, *, temperature=None) -> dict:
+    """{name: predicted times (seconds) of its points} for Observations (not simulated ones),
+    one call and one compile per plan structure and estimate (the deployment axis), at
+    ``theta`` on ``layout``'s keys (None: every deployment's own values)."""
+    from .stack import structure_of
+    groups: dict = {}
+    for o in observations:
+        groups.setdefault((structure_of(o.deployment.plan), o.estimate), []).append(o)
+    out = {}
+    for (_, estimate), group in groups.items():
+        kmaps = [np.full(len(o.deployment.coefficients.names), -1) if layout is None else
+                 np.asarray(layout.kmap(o.deployment, create=False)) for o in group]
+        a, stack, batches, npts = _stack_inputs(group, kmaps, [np.ones(o.points) for o in group])
+        u = log_multipliers(np.zeros(0) if theta is None else theta, a["kidx"])
+        pred = np.asarray(_stack_predict_jit(
+            jax.device_put(u), *(jax.device_put(np.asarray(x)) for x in (a["values"], stack.values, a["index"])),
+            batches, *(jax.device_put(a[k]) for k in ("combine", "hot")), structure=stack.structure,
+            estimate=estimate, smooth=temperature is not None, tau=float(temperature or 0.0)))
+        out.update({o.name: pred[d, :npts[d]] for d, o in enumerate(group)})
+    return out
+
+
+def _terms(observations, layout, settings, weighting, *, record, kind, per_deployment=False):
+    """One term per simulated observation, and (``per_deployment``: one per deployment) one per
+    plan structure and estimate of the others (``_StackTerm``)."""
+    from .stack import structure_of
     total_w = sum(float(np.sum(o.weights)) if o.weights is not None else o.points for o in observations)
     if total_w <= 0 and observations:
         refuse("every weight is zero", field="weights")
-    return [_SimTerm(o, layout, total_w, weighting, len(observations), settings, kind, record=record)
-            if isinstance(o, SimObservations) else
-            _Term(o, layout.kmap(o.deployment, create=record, record=record, tighten=True), total_w, weighting,
-                  len(observations), settings, kind) for o in observations]
+    n = len(observations)
+    terms, groups = [], {}
+    for o in observations:     # keys are created in the observations' order, whatever the grouping
+        if isinstance(o, SimObservations):
+            terms.append(_SimTerm(o, layout, total_w, weighting, n, settings, kind, record=record))
+            continue
+        kmap = layout.kmap(o.deployment, create=record, record=record, tighten=True)
+        if per_deployment:
+            terms.append(_Term(o, kmap, total_w, weighting, n, settings, kind))
+        else:
+            groups.setdefault((structure_of(o.deployment.plan), o.estimate), []).append((o, kmap))
+    terms += [_StackTerm([o for o, _ in g], [k for _, k in g], total_w, weighting, n, settings, kind)
+              for g in groups.values()]
+    return terms
 
 
 def _total(terms, theta):
@@ -725,12 +930,12 @@ def identifiability(jacobian, labels, *, tol=0.1, inert=1e-4) -> Identifiability
                            fisher_eigenvalues=eig, tol=tol, inert=inert)
 
 
-def _identify(obs, layout, settings, weighting, tol, workers, callback, terms=None):
+def _identify(obs, layout, settings, weighting, tol, workers, callback, terms=None, per_deployment=False):
     """Compile the training deployments' Jacobians (unless ``terms`` has them), detect what they
     cannot separate, freeze it."""
     n = 0
     if terms is None:
-        terms = _terms(obs, layout, settings, weighting, record=False, kind="jac")
+        terms = _terms(obs, layout, settings, weighting, record=False, kind="jac", per_deployment=per_deployment)
         n = _compile_terms(terms, workers, callback)
     theta0 = np.zeros(len(layout.keys))
     J = np.concatenate([t.jacobian_theta(theta0, len(layout.keys)) for t in terms], axis=0)
@@ -986,6 +1191,16 @@ class FitResult:
         kmap = self.layout.kmap(obs.deployment, create=False)
         return predict_observations(obs, log_multipliers(theta, kmap), temperature=self.settings["temperature"])
 
+    def predict_all(self, observations, *, fitted: bool = True) -> dict:
+        """{name: ``predict(obs)``} for many Observations at once: one call and one compile per
+        plan structure (``predict_stacked``; simulated ones one by one)."""
+        theta = self.theta if fitted else np.zeros(len(self.theta))
+        temperature = self.settings["temperature"]
+        out = predict_stacked([o for o in observations if not isinstance(o, SimObservations)], self.layout, theta,
+                              temperature=temperature)
+        out.update({o.name: self.predict(o, fitted=fitted) for o in observations if isinstance(o, SimObservations)})
+        return out
+
     def entries(self) -> list:
         """Fitted values per registry entry: dicts name, scope ({dim: value}), start, value (SI),
         units, multiplier, deployments, models. The scope is the key's own plus the chip,
@@ -1083,16 +1298,19 @@ def _split_for_early_stopping(train, held_out, holdout, seed):
     return train, held_out
 
 
-def _build_layout(train, held_out, free, settings, weighting, workers, callback, kinds=("grad", "value")):
+def _build_layout(train, held_out, free, settings, weighting, workers, callback, kinds=("grad", "value"),
+                  per_deployment=False):
     """The layout (keys, physical ranges), the compiled training and held-out terms."""
     layout = Layout(free)
-    train_terms = _terms(train, layout, settings, weighting, record=True, kind=kinds[0])
+    train_terms = _terms(train, layout, settings, weighting, record=True, kind=kinds[0],
+                         per_deployment=per_deployment)
     unmatched = [f.label() for f, n in layout.matched.items() if n == 0]
     if unmatched:
         refuse("no coefficient of the training deployments matches this free pattern (patterns match the "
                "names the deployments' kernels read, e.g. hbm_derate, gemm_eps_max_fp8)", field="free",
                value=unmatched[0])
-    held_terms = _terms(held_out, layout, settings, weighting, record=False, kind=kinds[1])
+    held_terms = _terms(held_out, layout, settings, weighting, record=False, kind=kinds[1],
+                        per_deployment=per_deployment)
     compiled = _compile_terms(train_terms + held_terms, workers, callback)
     return layout, train_terms, held_terms, compiled
 
@@ -1100,7 +1318,7 @@ def _build_layout(train, held_out, free, settings, weighting, workers, callback,
 def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=400, learning_rate=0.05,
                      eval_every=5, patience=10, min_delta=1e-5, temperature=None, loss="l2", huber_delta=0.1,
                      weighting="point", prior=0.0, identify=True, identify_tol=0.1, method="adam", callback=None,
-                     compile_workers=None) -> FitResult:
+                     compile_workers=None, per_deployment=False) -> FitResult:
     """Fit the ``free`` coefficients (Free objects or 'PATTERN[@SCOPE][:BOUND]' strings) to the
     ``train`` observations (a list of Observations, one per deployment).
 
@@ -1129,6 +1347,11 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
     callback(done, total, stage=..., **info) reports compilation (stage 'compile'; compile_workers
     threads, default min(4, CPUs)) and then every evaluation of the descent (stage 'descent',
     with train= and held_out= losses).
+
+    The deployments of one plan structure share one compiled function (the deployment axis:
+    ``_StackTerm``; ``FitResult.compiled`` counts the compilations); ``per_deployment``: the
+    former path, one per deployment (``_Term``), for comparison (the same loss and gradient up
+    to rounding).
     """
     _check_fit_options(loss, weighting, huber_delta, temperature, prior, identify_tol)
     _check_descent(steps, learning_rate, eval_every, patience)
@@ -1141,11 +1364,11 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
     workers = _workers(compile_workers)
     kinds = ("jac", "jac") if gn else ("grad", "value")
     layout, train_terms, held_terms, compiled = _build_layout(train, held_out, free, settings, weighting, workers,
-                                                              callback, kinds=kinds)
+                                                              callback, kinds=kinds, per_deployment=per_deployment)
     ident = None
     if identify:
         ident, n = _identify(train, layout, settings, weighting, identify_tol, workers, callback,
-                             terms=train_terms if gn else None)
+                             terms=train_terms if gn else None, per_deployment=per_deployment)
         compiled += n
     theta0, lo, hi = np.zeros(len(layout.keys)), np.array(layout.lo), np.array(layout.hi)
     if gn:
@@ -1157,18 +1380,26 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
             lambda th: _total(train_terms, th), lambda th: _total(held_terms, th)[0] if held_terms else None,
             theta0, lo, hi, steps=steps, learning_rate=learning_rate, eval_every=eval_every, patience=patience,
             min_delta=min_delta, callback=callback, prior=float(prior))
-    meta = {"loss": loss, "huber_delta": huber_delta if loss == "huber" else None,
-            "target": sorted({o.target for o in train}), "estimate": sorted({o.estimate for o in train}),
-            "temperature": temperature, "weighting": weighting, "learning_rate": learning_rate,
-            "steps": steps, "eval_every": eval_every, "patience": patience, "prior": float(prior), "method": method,
-            "identify_tol": identify_tol if identify else None,
-            "free": [f.label() for f in layout.free], "train_points": sum(o.points for o in train),
-            "held_out_points": sum(o.points for o in held_out), "seed": seed, "holdout": holdout,
-            "train_models": sorted({o.dims["model"] for o in train}),
-            "train_chips": sorted({o.dims["hardware"] for o in train})}
+    meta = _fit_meta(train, held_out, layout, loss=loss, huber_delta=huber_delta, temperature=temperature,
+                     weighting=weighting, learning_rate=learning_rate, steps=steps, eval_every=eval_every,
+                     patience=patience, prior=prior, method=method, identify_tol=identify_tol if identify else None,
+                     seed=seed, holdout=holdout)
     return FitResult(layout=layout, theta=theta, history=history, best_step=best_step, stopped=stopped,
                      train=sorted(o.name for o in train), held_out=sorted(o.name for o in held_out),
                      settings=meta, identifiability=ident, compiled=compiled)
+def _fit_meta(train, held_out, layout, *, loss, huber_delta, temperature, prior, **settings) -> dict:
+    """``FitResult.settings``: the fit's options, its free patterns, and what it was fitted on."""
+    return {"loss": loss, "huber_delta": huber_delta if loss == "huber" else None,
+            "target": sorted({o.target for o in train}), "estimate": sorted({o.estimate for o in train}),
+            "temperature": temperature, "weighting": settings["weighting"], "learning_rate": settings["learning_rate"],
+            "steps": settings["steps"], "eval_every": settings["eval_every"], "patience": settings["patience"],
+            "prior": float(prior), "method": settings["method"], "identify_tol": settings["identify_tol"],
+            "free": [f.label() for f in layout.free], "train_points": sum(o.points for o in train),
+            "held_out_points": sum(o.points for o in held_out), "seed": settings["seed"],
+            "holdout": settings["holdout"], "train_models": sorted({o.dims["model"] for o in train}),
+            "train_chips": sorted({o.dims["hardware"] for o in train})}
+
+
 # ----------------------------------------------------------------------------- cross-validation
 
 
@@ -1305,18 +1536,22 @@ class _FitCache:
         return self.fits[key]
 
     def registry_preds(self, names):
-        for n in names:
-            if n not in self.registry:
-                o = self.obs[n]
-                self.registry[n] = (predict_simulated(o, temperature=self.fit_kw.get("temperature"))
-                                    if isinstance(o, SimObservations) else
-                                    predict_observations(o, temperature=self.fit_kw.get("temperature")))
+        temperature = self.fit_kw.get("temperature")
+        todo = [self.obs[n] for n in names if n not in self.registry]
+        self.registry.update(predict_stacked([o for o in todo if not isinstance(o, SimObservations)],
+                                             temperature=temperature))
+        for o in todo:
+            if isinstance(o, SimObservations):
+                self.registry[o.name] = predict_simulated(o, temperature=temperature)
         return {n: self.registry[n] for n in names}
 
     def score(self, res, names):
         obs = [self.obs[n] for n in names]
-        fitted = {o.name: (predict_simulated(o, res.layout, res.theta, temperature=res.settings["temperature"])
-                           if isinstance(o, SimObservations) else res.predict(o)) for o in obs}
+        temperature = res.settings["temperature"]
+        fitted = predict_stacked([o for o in obs if not isinstance(o, SimObservations)], res.layout, res.theta,
+                                 temperature=temperature)
+        fitted.update({o.name: predict_simulated(o, res.layout, res.theta, temperature=temperature)
+                       for o in obs if isinstance(o, SimObservations)})
         return {"registry": score_points(obs, self.registry_preds(names)), "fitted": score_points(obs, fitted)}
 
 
@@ -1699,9 +1934,11 @@ class SimObservations:
 
 def _run_data(run: SimRun):
     """One SimRun's device arrays: its steps' row sums in chunks [n_chunks, chunk, ...], each
-    step's rank rows (idx [G, dp]), the metric weights [2, G] and each step's point (seg [G])."""
+    step's rank rows (idx [G, dp]), the metric weights [2, G], each step's point (seg [G]) and
+    each point's mean prompt length (mean_in [points]: its admission latencies' share)."""
     from . import serve
     flats, idx, w, seg, o = [], [], [], [], 0
+    mean_in = np.array([float(np.mean(sc.requests["input_len"])) for sc in run.schedules])
     for j, sc in enumerate(run.schedules):
         f = serve._flat_columns(sc)
         flats.append(f)
@@ -1719,40 +1956,48 @@ def _run_data(run: SimRun):
     laws = run.schedules[0].laws
     inverse = None if laws.inverse is None else jnp.asarray(laws.inverse)
     return (x, inverse, jnp.asarray(np.concatenate(idx).astype(np.int32)), jnp.asarray(np.concatenate(w, axis=1)),
-            jnp.asarray(np.concatenate(seg)))
+            jnp.asarray(np.concatenate(seg)), jnp.asarray(mean_in))
 
 
-def _sim_predict(plan, coefs, x, inverse, idx, w, seg, *, n_points, estimate, smooth, tau):
-    """[2, n_points]: each point's mean TPOT and mean TTFT from its steps' prices."""
+def _sim_predict(plan, coefs, x, inverse, idx, w, seg, mean_in, *, n_points, estimate, smooth, tau):
+    """[2, n_points]: each point's mean TPOT and mean TTFT from its steps' prices (the metric
+    weights ``w``), plus the mean TTFT's part outside the steps: the admission latency,
+    host_admission_per_request + host_admission_per_token x the point's mean prompt length
+    (``mean_in``; ``serve.metric_offsets``), so a fit can free those coefficients too."""
     from . import serve
     has_rec = bool(len(plan.arrays["rec_kind"]))
+    e = serve.ESTIMATES.index(estimate)
 
     def chunk(xc):
-        return serve._price_chunk(plan, coefs, xc, inverse, tau, estimate, smooth, has_rec)
+        return serve.price_rows(plan, coefs, xc, inverse, tau, smooth, has_rec)[e]
     rows = jax.lax.map(jax.checkpoint(chunk), x).reshape(-1)
     step = jnp.max(rows[idx], axis=1)
-    return jnp.stack([jax.ops.segment_sum(w[q] * step, seg, num_segments=n_points) for q in range(2)])
+    pred = jnp.stack([jax.ops.segment_sum(w[q] * step, seg, num_segments=n_points) for q in range(2)])
+    coef = lambda name: coefs[name] if name in coefs else 0.0  # noqa: E731
+    admission = coef("host_admission_per_request") + coef("host_admission_per_token") * mean_in
+    return pred + jnp.stack([jnp.zeros(n_points), admission])
 
 
-def _sim_both(u, values, x, inverse, idx, w, seg, *, plan, names, n_points, estimate, smooth, tau):
-    return _sim_predict(plan, Coefficients(values * jnp.exp(u), names), x, inverse, idx, w, seg, n_points=n_points,
+def _sim_both(u, values, x, inverse, idx, w, seg, mean_in, *, plan, names, n_points, estimate, smooth, tau):
+    return _sim_predict(plan, Coefficients(values * jnp.exp(u), names), x, inverse, idx, w, seg, mean_in,
+                        n_points=n_points,
                         estimate=estimate, smooth=smooth, tau=tau)
 
 
-def _sim_objective(u, values, x, inverse, idx, w, seg, ridx, log_meas, weights, delta, *, plan, names, n_points,
+def _sim_objective(u, values, x, inverse, idx, w, seg, mean_in, ridx, log_meas, weights, delta, *, plan, names, n_points,
                    estimate, loss, smooth, tau):
-    pred = _sim_both(u, values, x, inverse, idx, w, seg, plan=plan, names=names, n_points=n_points,
+    pred = _sim_both(u, values, x, inverse, idx, w, seg, mean_in, plan=plan, names=names, n_points=n_points,
                      estimate=estimate, smooth=smooth, tau=tau).reshape(-1)[ridx]
     r = jnp.log(pred) - log_meas
     return jnp.sum(weights * _residual_loss(r, loss, delta))
 
 
-def _sim_log_jacobian(u, values, x, inverse, idx, w, seg, ridx, log_meas, weights, delta, *, plan, names, n_points,
-                      estimate, loss, smooth, tau, forward=False):
+def _sim_log_jacobian(u, values, x, inverse, idx, w, seg, mean_in, ridx, log_meas, weights, delta, *, plan, names,
+                      n_points,                      estimate, loss, smooth, tau, forward=False):
     """Reverse mode (one pass back per residual) or, with ``forward``, forward mode (one tangent
     per coefficient name): whichever is fewer, chosen by the caller."""
     def logpred(uu):
-        lp = jnp.log(_sim_both(uu, values, x, inverse, idx, w, seg, plan=plan, names=names, n_points=n_points,
+        lp = jnp.log(_sim_both(uu, values, x, inverse, idx, w, seg, mean_in, plan=plan, names=names, n_points=n_points,
                                estimate=estimate, smooth=smooth, tau=tau).reshape(-1)[ridx])
         return lp, lp
     jac, lp = (jax.jacfwd if forward else jax.jacrev)(logpred, has_aux=True)(u)
@@ -1793,8 +2038,8 @@ class _SimPart(_Term):
         self.weights = np.asarray(weights_all)[self.rows]
         self.log_meas = np.log(obs.measured[self.rows])
         coefs = run.deployment.coefficients
-        x, inverse, idx, w, seg = _sim_data(run)
-        self.args = (jnp.asarray(coefs.values, dtype=float), x, inverse, idx, w, seg,
+        x, inverse, idx, w, seg, mean_in = _sim_data(run)
+        self.args = (jnp.asarray(coefs.values, dtype=float), x, inverse, idx, w, seg, mean_in,
                      jnp.asarray(np.array(ridx, dtype=np.int32)), jnp.asarray(self.log_meas),
                      jnp.asarray(self.weights), float(settings["delta"]))
         self.kw = {"plan": run.deployment.plan, "names": tuple(coefs.names), "n_points": len(run.positions),
@@ -1866,8 +2111,8 @@ def predict_simulated(obs: SimObservations, layout=None, theta=None, *, temperat
         coefs = run.deployment.coefficients
         u = (np.zeros(len(coefs.names)) if layout is None or theta is None else
              log_multipliers(theta, layout.kmap(run.deployment, create=False)))
-        x, inverse, idx, w, seg = _sim_data(run)
-        both = _sim_both_jit(jnp.asarray(u), jnp.asarray(coefs.values, dtype=float), x, inverse, idx, w, seg,
+        x, inverse, idx, w, seg, mean_in = _sim_data(run)
+        both = _sim_both_jit(jnp.asarray(u), jnp.asarray(coefs.values, dtype=float), x, inverse, idx, w, seg, mean_in,
                              plan=run.deployment.plan, names=tuple(coefs.names), n_points=len(run.positions),
                              estimate=obs.estimate, smooth=smooth, tau=tau)
         out[:, run.positions] = np.asarray(both)
@@ -1880,8 +2125,8 @@ def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, 
     inferencex_vllm_dev.csv): per point, its closed-loop schedule at the point's C, isl/osl and
     the engine settings of the published InferenceX recipe, exactly as ``jaxprice accuracy
     --batch-rule simulate`` runs it (``accuracy.engine_assumptions``, ``recipe_deployment``,
-    ``recipe_prompts``; ``accuracy.simulate_points``' sweep, every level of a deployment and
-    workload in one vmapped scheduler call), built ONCE; measured mean TPOT and mean TTFT.
+    ``recipe_prompts``: ``accuracy.simulated_runs``, every run of every deployment in shared
+    scheduler calls), built ONCE; measured mean TPOT and mean TTFT.
     ``targets``: tpot, ttft or both. callback(done, total, deployment=) per deployment.
 
     Returns (observations: SimObservations, one per deployment; refused: (point index, reason);
@@ -1893,74 +2138,49 @@ def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, 
     points = A.select_deployments(points, deployments, csv_path)
     registry = registry or Registry()
     extra = tuple(extra_coefficient_files)
+    runs, refused = A.simulated_runs(points, registry=registry, scenario_dirs=scenario_dirs,
+                                     extra_coefficient_files=extra, source=str(csv_path))
     by_dep: dict = {}
-    for i, p in enumerate(points):
-        by_dep.setdefault(p.deployment, []).append(i)
-    obs, refused = [], []
-    for k, (name, idx) in enumerate(by_dep.items()):
-        try:
-            base, _ = A.build_deployment(points[idx[0]], registry=registry, scenario_dirs=scenario_dirs,
-                                         extra_coefficient_files=extra, source=str(csv_path))
-        except JaxpriceError as err:
-            refused.extend((i, f"deployment does not resolve: {err}") for i in idx)
-            continue
-        by_workload: dict = {}
-        for i in idx:
-            by_workload.setdefault((points[i].isl, points[i].osl), []).append(i)
-        runs: dict = {}              # plan -> (recipe deployment, [(point index, schedule)])
-        assumed = {}
-        for widx in by_workload.values():
-            p0 = points[widx[0]]
-            a0 = A.engine_assumptions(p0)
-            try:   # as accuracy.simulate_points builds its runs
-                dep = A.recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra)
-                cap = A.recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra, full=True)
-            except JaxpriceError as err:
-                refused.extend((i, f"the recipe's deployment does not resolve: {err}") for i in widx)
-                continue
-            kv = float(cap.plan.memory["kv_capacity_tokens"])
-            concs = sorted({points[i].concurrency for i in widx})
-            seqs = [A.engine_assumptions(points[i])["max_num_seqs"][0] for i in widx]
-            engine = {"max_num_seqs": int(max(seqs)), "max_num_batched_tokens": int(a0["max_num_batched_tokens"][0]),
-                      "block_size": int(a0["block_size"][0]), "max_model_len": int(a0["max_model_len"][0]),
-                      "async_scheduling": bool(a0["async_scheduling"][0])}
-            if math.isfinite(kv):
-                engine["kv_capacity_tokens"] = kv
-            rule = A.recipe_prompts(p0)
-            workload = serve.Workload(isl=int(p0.isl), osl=int(p0.osl), range_ratio=A.RANGE_RATIO, seed=0)
-
-            def items(cs):
-                return [(workload, serve.ClosedLoop(int(c), None if rule == "10*C" else int(c))) for c in cs]
-            try:
-                scheds = dict(zip(concs, serve.build_schedules(dep, items(concs), engine=engine)))
-            except Exception:                  # noqa: BLE001 (find the level the simulation refuses)
-                scheds = {}
-                for c in concs:
-                    try:
-                        scheds[c] = serve.build_schedules(dep, items([c]), engine=engine)[0]
-                    except Exception as err:   # noqa: BLE001
-                        refused.extend((i, f"the simulation refuses the run: {err}") for i in widx
-                                       if points[i].concurrency == c)
-            slot = runs.setdefault(dep.plan, (dep, []))
-            for i in widx:
-                if points[i].concurrency in scheds:
-                    slot[1].append((i, scheds[points[i].concurrency]))
-                    assumed[i] = A.assumptions_text(a0)
-        ok = sorted(i for _, lst in runs.values() for i, _ in lst)
-        if ok:
-            pos = {i: j for j, i in enumerate(ok)}
-            sim_runs = [SimRun(dep, [s for _, s in lst], [pos[i] for i, _ in lst]) for dep, lst in runs.values() if lst]
-            tt = np.array([points[i].measured_ttft for i in ok], dtype=float)
-            if "ttft" in targets and not np.isfinite(tt).any() and targets == ("ttft",):
-                refused.extend((i, "no measured mean TTFT (target ttft)") for i in ok)
-            else:
-                obs.append(SimObservations(name, base, sim_runs, np.array([points[i].measured for i in ok]), tt,
-                                           targets, estimate, sweeps=np.array([points[i].sweep for i in ok]),
-                                           concurrency=np.array([points[i].concurrency for i in ok]),
-                                           assumptions=[assumed[i] for i in ok]))
+    for run in runs:
+        by_dep.setdefault(run.name, []).append(run)
+    obs = []
+    for k, (name, dep_runs) in enumerate(by_dep.items()):
+        o = _sim_observations(name, dep_runs, points, refused, targets, estimate)
+        if o is not None:
+            obs.append(o)
         if callback is not None:
             callback(k + 1, len(by_dep), deployment=name)
     return obs, refused, points
+
+
+def _sim_observations(name, dep_runs, points, refused, targets, estimate):
+    """One deployment's SimObservations from its simulated runs (None when no point is left):
+    each run's schedules grouped by recipe plan, the points a run refused (or, for target ttft
+    alone, points without a measured TTFT) appended to ``refused``."""
+    from . import accuracy as A
+    sims: dict = {}              # plan -> (recipe deployment, [(point index, schedule)])
+    assumed = {}
+    for run in dep_runs:
+        refused.extend((i, r) for i, r in run.reasons.items())
+        slot = sims.setdefault(run.dep.plan, (run.dep, [])) if run.schedules else None
+        for i in run.index:
+            c = points[i].concurrency
+            if c in run.schedules and i not in run.reasons:
+                slot[1].append((i, run.schedules[c]))
+                assumed[i] = A.assumptions_text(A.engine_assumptions(points[run.index[0]]))
+    ok = sorted(i for _, lst in sims.values() for i, _ in lst)
+    if not ok:
+        return None
+    pos = {i: j for j, i in enumerate(ok)}
+    sim_runs = [SimRun(dep, [s for _, s in lst], [pos[i] for i, _ in lst]) for dep, lst in sims.values() if lst]
+    tt = np.array([points[i].measured_ttft for i in ok], dtype=float)
+    if "ttft" in targets and not np.isfinite(tt).any() and targets == ("ttft",):
+        refused.extend((i, "no measured mean TTFT (target ttft)") for i in ok)
+        return None
+    return SimObservations(name, dep_runs[0].base, sim_runs, np.array([points[i].measured for i in ok]),
+                           tt, targets, estimate, sweeps=np.array([points[i].sweep for i in ok]),
+                           concurrency=np.array([points[i].concurrency for i in ok]),
+                           assumptions=[assumed[i] for i in ok])
 
 
 def score_simulated(observations, predictions) -> dict:

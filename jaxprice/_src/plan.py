@@ -170,10 +170,12 @@ class Batch:
         for name, arr in (("scheduled", sched), ("computed", comp), ("prompt_len", prompt)):
             _check_fits(arr, dtype, source, name)
 
+        # jax.device_put, not jnp.asarray: under JAX 0.10 jnp.asarray of a NumPy array compiles a
+        # small XLA program per new shape (~15 ms each); device_put only copies
         def padded(a):
-            return jnp.asarray(np.concatenate([a, np.zeros(pad)]).astype(dtype))
+            return jax.device_put(np.concatenate([a, np.zeros(pad)]).astype(dtype))
         return Batch(padded(sched), padded(comp), padded(prompt),
-                     jnp.asarray(np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])),
+                     jax.device_put(np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])),
                      jnp.asarray(thr))
 
     @staticmethod
@@ -213,7 +215,7 @@ class Batch:
         batches = list(batches)
         if any(isinstance(x, jax.core.Tracer) for b in batches for x in jax.tree_util.tree_leaves(b)):
             return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *batches)
-        return jax.tree_util.tree_map(lambda *xs: jnp.asarray(np.stack([np.asarray(x) for x in xs])), *batches)
+        return jax.tree_util.tree_map(lambda *xs: jax.device_put(np.stack([np.asarray(x) for x in xs])), *batches)
 
 
 def _token_dtype(dtype, source):

@@ -1048,6 +1048,11 @@ def _host_graph(walk: Walk, head: Head, scope: _Scope) -> HostGraph:
     eager_layer = scope.use("host_launch_eager_per_layer")
     per_kernel = scope.use("host_launch_per_kernel")
     scope.use("host_output_token")
+    # per-request host latencies the serving simulation reads (serve.request_latencies); the
+    # step kernel does not (inference-sim's kernel interface: admission is "CPU time before a
+    # request can be scheduled", completion "lands on end-to-end latency", neither on StepTime)
+    for name in ("host_admission_per_request", "host_admission_per_token", "host_completion"):
+        scope.use(name)
     target = [k for k in walk.kinds if not k.drafter]
     drafter = [k for k in walk.kinds if k.drafter]
     kernels = tuple(sum(k.kernels[ph] * k.count for k in target) + (head.kernels if ph == 0 else 0)

@@ -217,6 +217,8 @@ def _arrived(small, lane, T):
     """Requests that have arrived: closed loop C + completions (capped at N); open loop the
     requests whose arrival time is at most T."""
     closed = jnp.minimum(lane["n"], lane["concurrency"] + small["done"])
+    if lane["arrival"].shape[-1] == 0:        # closed-loop lanes carry no arrival times (run_closed)
+        return closed
     opened = jnp.searchsorted(lane["arrival"], T, side="right").astype(jnp.int64)
     return jnp.where(lane["open"], jnp.minimum(opened, lane["n"]), closed)
 
@@ -410,6 +412,25 @@ def _decode_run_length(st: Static, small, lane):
     u_max = q * bs + jnp.max(jnp.where(ok_u, u, 0))
     e_kv = G_inv(u_max + g0 + 1, acc) - s          # steps t = 0..e-1 with G(s+t) - g0 <= u_max
     e = jnp.minimum(e_max, e_kv)
+    eligible = _run_eligible(st, small, lane, spare)
+    return jnp.where(eligible & (spare >= 0), jnp.maximum(e, 0), 0)
+
+
+def _spare_blocks(small, lane):
+    """Free KV blocks once every running row holds the blocks its next decode step wants."""
+    running = jnp.arange(small["rid"].shape[0]) < small["R"]
+    x = small["ntok"] + lane["k"] + lane["lookahead"]
+    base_i = jnp.maximum(_cdiv(x, lane["block_size"]), small["held"])
+    return lane["kv_blocks"] - jnp.sum(jnp.where(running, base_i, 0))
+
+
+def _run_eligible(st: Static, small, lane, spare):
+    """Whether the steps after this state can be a decode run (O(S), cheap: the loop tests it
+    for every lane before it computes any run)."""
+    S = st.slots
+    running = jnp.arange(S) < small["R"]
+    R, k, la, bs, mml = small["R"], lane["k"], lane["lookahead"], lane["block_size"], lane["max_model_len"]
+    ntok, plen = small["ntok"], small["plen"]
     # eligible: every running row decodes, nothing is preempted or pending release, and the
     # waiting queue can admit nobody (empty, or max_num_seqs reached): then each next step is
     # the same decode step one token longer, until e_max
@@ -430,7 +451,7 @@ def _decode_run_length(st: Static, small, lane):
                | (g_head > free_first))
     eligible = ((R > 0) & (small["P"] == 0) & jnp.all(jnp.where(running, decoding, True))
                 & (R * (1 + k) <= lane["budget"]) & blocked & ~lane["open"])
-    return jnp.where(eligible & (spare >= 0), jnp.maximum(e, 0), 0)
+    return eligible & (spare >= 0)
 
 
 def _decode_run(st: Static, small, lane, e, T):
@@ -469,24 +490,46 @@ def _decode_run(st: Static, small, lane, e, T):
     return new, release, out
 
 
-def lane_iteration(st: Static, small, lane, T):
-    """One loop iteration of one lane: a general step, then (where it only decoded) the decode
-    run that repeats it; two records (the run's has m = 0 when there is none)."""
+def lane_general(st: Static, small, lane, T):
+    """A general step of one lane, its finished requests removed: (state, record)."""
     new, release, out1 = _general_step(st, small, lane, T)
-    new = _compact(new, release)
-    if st.fast_forward:
-        e = _decode_run_length(st, new, lane)
-        run, release2, out2 = _decode_run(st, new, lane, e, T)
-        run = _compact(run, release2)
-        new = jax.tree_util.tree_map(lambda a, b: jnp.where(e > 0, a, b), run, new)
-        out2 = dict(out2, row=jnp.where(e > 0, out2["row"], jnp.zeros_like(out2["row"])),
-                    req_idx=jnp.where(e > 0, out2["req_idx"], st.requests))
-    else:
-        out2 = jax.tree_util.tree_map(jnp.zeros_like, out1)
-        out2["req_idx"] = jnp.full_like(out1["req_idx"], st.requests)
-    new["it"] = small["it"] + 2
-    out = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), out1, out2)
+    return _compact(new, release), out1
+
+
+def lane_run(st: Static, small, lane, T):
+    """The decode run that repeats a pure decode step, where there is one: (state, record); the
+    record has m = 0 (no steps) when there is none."""
+    e = _decode_run_length(st, small, lane)
+    run, release, out = _decode_run(st, small, lane, e, T)
+    run = _compact(run, release)
+    new = jax.tree_util.tree_map(lambda a, b: jnp.where(e > 0, a, b), run, small)
+    out = dict(out, row=jnp.where(e > 0, out["row"], jnp.zeros_like(out["row"])),
+               req_idx=jnp.where(e > 0, out["req_idx"], st.requests))
     return new, out
+
+
+def _no_record(st: Static, like):
+    """An empty record (m = 0, request updates dropped) shaped like ``like``."""
+    out = jax.tree_util.tree_map(jnp.zeros_like, like)
+    out["req_idx"] = jnp.full_like(like["req_idx"], st.requests)
+    return out
+
+
+def lanes_iteration(st: Static, small, lanes, T, active):
+    """One loop iteration of every lane: a general step, then (where it only decoded) the decode
+    run that repeats it; two records per lane ([lanes, 2, ...]). The runs are computed only when
+    some active lane can have one (a branch, not a select: at high load a run is rare and costs
+    about twice a general step)."""
+    new, out1 = jax.vmap(lambda x, l: lane_general(st, x, l, T))(small, lanes)
+    if st.fast_forward:
+        want = jax.vmap(lambda x, l: _run_eligible(st, x, l, _spare_blocks(x, l)))(new, lanes) & active
+        new, out2 = jax.lax.cond(jnp.any(want),
+                                 lambda n: jax.vmap(lambda x, l: lane_run(st, x, l, T))(n, lanes),
+                                 lambda n: (n, _no_record(st, out1)), new)
+    else:
+        out2 = _no_record(st, out1)
+    new["it"] = small["it"] + 2
+    return new, jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b], axis=1), out1, out2)
 
 
 def _apply(st, big, out, active):
@@ -522,7 +565,7 @@ def _loop(st, lanes, T_fn=None, price_fn=None):
             nxt = jnp.min(jnp.where(idle & active, jax.vmap(
                 lambda x, l: l["arrival"][jnp.clip(x["nf"], 0, st.requests - 1)])(small, lanes), jnp.inf))
             T = jnp.where(jnp.all(idle | ~active) & jnp.isfinite(nxt), jnp.maximum(T, nxt), T)
-        new, out = jax.vmap(lambda x, l: lane_iteration(st, x, l, T))(small, lanes)
+        new, out = lanes_iteration(st, small, lanes, T, active)
         out["it"] = small["it"]
         big = _apply(st, big, out, active)
         small = jax.tree_util.tree_map(
@@ -547,8 +590,10 @@ def _loop(st, lanes, T_fn=None, price_fn=None):
 
 @functools.partial(jax.jit, static_argnames=("st",))
 def run_closed(st: Static, lanes):
-    """Every lane's schedule (closed loop: no times needed); lanes are independent."""
-    return _loop(st, lanes)
+    """Every lane's schedule (closed loop: no times needed); lanes are independent. The lanes'
+    arrival times are dropped (a zero-length array), so the open loop's binary search over them,
+    a sequential loop in every iteration, compiles away."""
+    return _loop(st, dict(lanes, arrival=jnp.zeros((lanes["n"].shape[0], 0))))
 
 
 def run_open(st: Static, lanes, price_fn):

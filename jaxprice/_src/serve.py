@@ -31,14 +31,38 @@ The engine (vLLM v1, serving-reference.md §1-3), per data-parallel rank:
   frees its slot and blocks (and its client's next request arrives) for step k+2, not k+1.
 
 Time: a step costs the kernel's estimate (NoOverlap by default, Overlap with
-``estimate="overlap"``) plus the registry's host costs where the deployment's coefficients carry
-them: ``host_output_token`` once per step that emits tokens (so at C = 1 TPOT = one decode step +
-host_output_token, as the accuracy harness adds it once per TPOT), ``host_completion`` per
-request finishing in the step, ``host_admission_per_request`` / ``_per_token`` per new request
-(and its prompt tokens) admitted in the step. A step that schedules nothing costs nothing. A
-token appears at the end of the step that computes it. Per request (IX ``calculate_metrics``):
-TTFT = first token - arrival, TPOT = (finish - first token) / (output - 1) (requests with
-output > 1), E2E = finish - arrival, ITL = the gaps between its token-emitting steps, pooled.
+``estimate="overlap"``) plus ``host_output_token`` once per step that emits tokens (so at C = 1
+TPOT = one decode step + host_output_token, as the accuracy harness adds it once per TPOT),
+where the deployment's coefficients carry it. A step that schedules nothing costs nothing. A
+token appears at the end of the step that computes it.
+
+A request's own latencies, outside the engine loop (``request_latencies``; inference-sim's
+kernel interface, inference-sim/inference-sim, the ``Kernel`` methods ``AdmissionOverhead``,
+``CompletionOverhead``, and its simulator, which delays a request's entry into the wait queue by
+its admission time and never charges it to a step):
+
+* admission ``L = host_admission_per_request + host_admission_per_token x prompt tokens``: the API
+  server's work before the engine can schedule the request (HTTP, tokenisation, the hand-off to
+  the engine-core process). vLLM v1 runs it in the API-server process, concurrently with the
+  engine's steps, so it delays that request only, never a step;
+* the wait for the next ``schedule()`` call: a request reaches the scheduler while a step runs
+  (vLLM schedules at step boundaries; under async scheduling the step after the running one is
+  already scheduled), so it waits for the rest of that step. The simulation lets a client's next
+  request enter at the boundary where its predecessor's last token came out, so it adds the rest
+  of the following step (the step in flight when the request reaches the engine): a fraction
+  ``arrival_phase`` of it (engine setting; default 1/2 when L > 0, the request lands at a random
+  point of a step, and 1 when L = 0, it lands just after the boundary the simulation used). Only
+  closed-loop requests after the first wave wait so: the first wave meets an idle engine, and
+  an engine with nothing else running (C = 1 per rank) starts a request when it arrives. An
+  open loop's scheduler already starts each request at the first step boundary after its arrival;
+* completion ``host_completion``: on E2E only (finish-reason, serialisation, teardown), not on
+  TTFT or TPOT.
+
+So per request (IX ``calculate_metrics``), with ``w = L + the schedule() wait``: TTFT = first
+token + w - arrival, TPOT = (finish - first token) / (output - 1) (requests with output > 1),
+E2E = finish + w + host_completion - arrival, ITL = the gaps between its token-emitting steps,
+pooled. The coefficients are the deployment's unless ``schedule_metrics(..., coefficients=)``
+gives others (set them to 0 to leave a latency out).
 
 Closed loop: the schedule depends on token counts only, so it is computed once
 (``build_schedule``, no step times) and its steps priced in vmapped calls; every metric is then
@@ -60,13 +84,13 @@ import numpy as np
 
 from . import schedule as S
 from .client import ClosedLoop, OpenLoop, Trace, Workload
-from .errors import refuse
+from .errors import JaxpriceError, refuse
 from .step import exact_at_zero, _step_time, temperature_arg
 
 ESTIMATES = ("no_overlap", "overlap")
 ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_capacity_tokens", "max_model_len",
                "reserve_full_isl", "async_scheduling", "decode_threshold", "num_spec_tokens", "lookahead",
-               "watermark", "fast_forward", "gpu_count")
+               "watermark", "fast_forward", "gpu_count", "arrival_phase")
 DEFAULT_ACCEPTANCE_PER_DRAFT = 0.7     # mean accepted share of each draft token when none is given
 
 
@@ -112,6 +136,13 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
     take("lookahead", k, "num_spec_tokens (EAGLE/MTP lookahead slots)")
     take("watermark", 0.0, "vLLM default 0")
     take("fast_forward", True, "decode runs recorded as one linear record (exact)")
+    take("arrival_phase", None, "share of the step in flight a closed-loop request waits for the next schedule() "
+                                "call: 1/2 when its admission latency L > 0 (a random point of a step), 1 when "
+                                "L = 0 (request_latencies)")
+    ph = out["arrival_phase"]
+    if ph is not None and not (isinstance(ph, (int, float)) and not isinstance(ph, bool) and 0 <= ph <= 1):
+        refuse("must be a number in [0, 1] or None (1/2 when the admission latency > 0, else 1)",
+               file=src["arrival_phase"], field="arrival_phase", value=ph, has_value=True)
     par = dep.scenario.parallel or {}
     take("gpu_count", int(dep.plan.scalars.get("tp", 1)) * int(dep.plan.scalars.get("dp", 1)) * int(par.get("pp", 1)),
          "tp x dp x pp")
@@ -180,8 +211,13 @@ def _check_lengths(settings, ins, outs, source):
                value=settings["kv_capacity_tokens"], has_value=True)
 
 
+BS_MAX_MIN = 32      # block sizes up to this share one compiled shape
+
+
 def _lane(settings, *, n, concurrency, plen, olen, arrival, open_loop, law_arrays, uniform_width):
-    return {**law_arrays, "uniform_width": float(uniform_width), "bs_max": np.zeros(_next_pow2(settings["block_size"])),"n": n, "concurrency": concurrency, "plen": plen, "olen": olen, "arrival": arrival,
+    bs_max = np.zeros(max(_next_pow2(settings["block_size"]), BS_MAX_MIN))
+    return {**law_arrays, "uniform_width": float(uniform_width), "bs_max": bs_max, "n": n,
+            "concurrency": concurrency, "plen": plen, "olen": olen, "arrival": arrival,
             "open": open_loop, "k": settings["num_spec_tokens"], "lookahead": settings["lookahead"],
             "block_size": settings["block_size"], "max_model_len": settings["max_model_len"],
             "budget": settings["max_num_batched_tokens"], "kv_blocks": settings["kv_blocks"],
@@ -241,7 +277,9 @@ class Schedule:
     sums: dict of [dp, steps] arrays (tokens, prefill_tokens, n_decode, ..., reads/pairs
     [dp, steps, L] per distinct read law); host: per-step counts the host costs scale with;
     requests: per-request arrays (input_len, output_len, rank, first_step, finish_step,
-    arrival_step (closed loop; -1 = at t=0), arrival (open loop, s), emits, preemptions)."""
+    arrival_step (closed loop; -1 = at t=0), arrival (open loop, s), emits, preemptions);
+    host: the deployment's per-request host latencies (s; ``HOST_LATENCIES``, absent = 0), which
+    ``schedule_metrics`` adds to each request (``request_latencies``)."""
     plan: object
     settings: dict
     assumptions: dict
@@ -253,6 +291,7 @@ class Schedule:
     concurrency: int | None
     steps: int
     iterations: int
+    host: dict = dataclasses.field(default_factory=dict)
 
     @property
     def dp(self):
@@ -275,45 +314,70 @@ def _sums_for_kernel(plan, laws, cols, reads, pairs):
     return out
 
 
-HOST_TERMS = (("host_output_token", "emit"), ("host_completion", "finishes"),
-              ("host_admission_per_request", "admitted"), ("host_admission_per_token", "admitted_tokens"))
+# host costs a step's time carries (coefficient, per-step column it scales with). Admission and
+# completion are not step costs (inference-sim's Kernel: AdmissionOverhead is "CPU time before a
+# request can be scheduled", CompletionOverhead "lands on end-to-end latency"; vLLM v1 does both in
+# the API-server process, beside the engine loop): they are per-request latencies, HOST_LATENCIES.
+HOST_TERMS = (("host_output_token", "emit"),)
+HOST_LATENCIES = ("host_admission_per_request", "host_admission_per_token", "host_completion")
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "estimate", "smooth", "has_rec"))
-def _price_chunk(plan, coefs, x, inverse, tau, estimate, smooth, has_rec):
-    """One fixed-size chunk of per-step sums (dict of [chunk] / [chunk, L]) -> [chunk] step times."""
-    def one(x):
+@functools.partial(jax.jit, static_argnames=("structure", "smooth", "has_rec", "host_cols"))
+def _price_chunk(structure, values, index, coef_values, host, x, inverse, tau, smooth, has_rec, host_cols):
+    """One fixed-size chunk of per-step sums (dict of [chunk] / [chunk, L]) -> [2, chunk] step
+    times, NoOverlap and Overlap, each with the host costs (``host``: their coefficient values,
+    scaling the columns ``host_cols``). The plan's values are traced (stack.Structure static):
+    one compile per plan structure and chunk size, shared by every deployment of a model graph."""
+    from .stack import _note_compile, role_values, traced_view
+    from .step import _kernel
+    _note_compile()
+    view = traced_view(structure, values)
+
+    def one(x, t):
         sums = {k: x[k] for k in ("tokens", "prefill_tokens", "n_decode", "n_prefill", "n_requests", "n_off_width")}
         if has_rec:
             sums["decode_tokens"] = x["decode_tokens"]
         if inverse is not None:
             sums["reads"] = x["reads"][inverse]
             sums["pairs"] = x["pairs"][inverse]
-        r = _step_time(plan, coefs, None, tau, False, sums=sums)
-        t = r.no_overlap if estimate == "no_overlap" else r.overlap
-        for name, col in HOST_TERMS:
-            if name in coefs:
-                amount = (x[col] > 0).astype(float) if col == "emit" else x[col]
-                t = t + coefs[name] * amount
-        return jnp.where(x["tokens"] > 0, t, 0.0)
-    return exact_at_zero(lambda t: jax.vmap(lambda row: _one_with(one, row))(x), tau if smooth else None)
+        r = _kernel(view, role_values(coef_values, index), None, t, False, sums=sums)
+        extra = 0.0
+        for j, col in enumerate(host_cols):
+            extra = extra + host[j] * ((x[col] > 0).astype(float) if col == "emit" else x[col])
+        return jnp.where(x["tokens"] > 0, jnp.stack([r.no_overlap, r.overlap]) + extra, 0.0)
+    return exact_at_zero(lambda t: jax.vmap(lambda row: one(row, t), out_axes=1)(x), tau if smooth else None)
 
 
-def _one_with(fn, row):
-    return fn(row)
+def price_rows(plan, coefs, x, inverse, tau, smooth, has_rec):
+    """[2, chunk]: NoOverlap and Overlap of a chunk of per-step sums with the host costs (one
+    ``_price_chunk`` call, compiled per plan structure; usable inside a trace, e.g. the fit's)."""
+    from .stack import _pad_names, role_index, split_plan
+    from .step import _traced_args
+    if isinstance(coefs.values, jax.core.Tracer):
+        # inside a trace (the fit's loss): the plan's values as NumPy constants, not cached device
+        # arrays, which a lowered-and-compiled caller would see as extra inputs
+        split = split_plan(plan)
+        structure, values, index = split.structure, split.values, role_index(split.slot_names, coefs.names)
+    else:
+        structure, values, index = _traced_args(plan, coefs)
+    terms = [(name, col) for name, col in HOST_TERMS if name in coefs]
+    host = jnp.stack([coefs[name] for name, _ in terms]) if terms else jnp.zeros(0)
+    return _price_chunk(structure, values, index, _pad_names(coefs.values), host, x, inverse, tau, smooth, has_rec,
+                        tuple(col for _, col in terms))
 
 
-SMALL_CHUNK, LARGE_CHUNK = 8192, 8192      # one fixed shape: one compile per plan and mode
+SMALL_CHUNK, LARGE_CHUNK = 8192, 8192      # one fixed shape: one compile per structure and mode
 
 
 def price_flat(plan, coefs, laws, flat, *, estimate="no_overlap", temperature=None):
     """Price per-step sums given as a dict of NumPy arrays [n] (reads/pairs [n, L]): fixed-size
-    chunks, each ONE vmapped kernel call (a Python loop over chunks, not steps)."""
-    if estimate not in ESTIMATES:
+    chunks, each ONE vmapped kernel call (a Python loop over chunks, not steps). ``estimate``:
+    'no_overlap', 'overlap', or 'both' ([2, n]: the two from one call)."""
+    if estimate not in ESTIMATES + ("both",):
         refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
     n = int(flat["tokens"].shape[0])
     if n == 0:
-        return jnp.zeros(0)
+        return jnp.zeros((2, 0) if estimate == "both" else 0)
     chunk = SMALL_CHUNK if n <= 4 * SMALL_CHUNK else LARGE_CHUNK
     total = -(-n // chunk) * chunk
     padded = {k: np.concatenate([v, np.zeros((total - n,) + v.shape[1:])]) for k, v in flat.items()}
@@ -323,8 +387,9 @@ def price_flat(plan, coefs, laws, flat, *, estimate="no_overlap", temperature=No
     outs = []
     for o in range(0, total, chunk):
         part = {k: jnp.asarray(v[o:o + chunk]) for k, v in padded.items()}
-        outs.append(_price_chunk(plan, coefs, part, inverse, tau, estimate, smooth, has_rec))
-    return jnp.concatenate(outs)[:n] if len(outs) > 1 else outs[0][:n]
+        outs.append(price_rows(plan, coefs, part, inverse, tau, smooth, has_rec))
+    both = jnp.concatenate(outs, axis=1)[:, :n] if len(outs) > 1 else outs[0][:, :n]
+    return both if estimate == "both" else both[ESTIMATES.index(estimate)]
 
 
 def _flat_columns(sched):
@@ -373,6 +438,13 @@ def _prepare(dep, items, engine, acceptance, *, coefficients=None):
         assumptions["dp_placement"] = ("closed loop: C spread evenly over ranks, requests round-robin; "
                                        "open loop: round-robin" if settings["dp"] > 1 else "single rank", "serve.py")
         assumptions["step_price"] = ("each rank's batch priced, the step takes the slowest rank", "serve.py")
+        h = _host_latencies(dep.coefficients)
+        assumptions["request_latency"] = (
+            f"admission {h.get('host_admission_per_request', 0.0) * 1e6:g} us + "
+            f"{h.get('host_admission_per_token', 0.0) * 1e6:g} us x prompt tokens, completion "
+            f"{h.get('host_completion', 0.0) * 1e6:g} us (E2E only)",
+            "the deployment's host_admission_per_request / _per_token / host_completion (registry "
+            "cost-model-host-overheads, from inference-sim), per request, not per step (request_latencies)")
         prepared.append((settings, assumptions, lanes, index, ins, outs, arrival, conc))
     return prepared
 
@@ -397,34 +469,64 @@ def _static(slots, requests, records, fast_forward=True, laws=1):
     return S.Static(slots=S_, requests=N_, records=I_, fast_forward=bool(fast_forward), laws=max(int(laws), 1))
 
 
+def _closed_shape(lanes, settings_list):
+    """(slots, requests, record estimate, fast-forward) of closed-loop lanes run together."""
+    N = max(max(l["n"] for l in lanes), 1)
+    slots = max(max(min(max(l["concurrency"], 1), s["max_num_seqs"]) for l, s in zip(lanes, settings_list)), 1)
+    est = max(_record_estimate(l, s, int(np.sum(l["law_on"]))) for l, s in zip(lanes, settings_list))
+    ff = all(_fast_forward(s) for s in settings_list)
+    return slots, N, est, ff
+
+
+def _fast_forward(settings):
+    return bool(settings["fast_forward"]) and 1 + settings["num_spec_tokens"] <= settings["decode_threshold"]
+
+
+def _checked(states, st, lanes, records):
+    """States as NumPy, or None when a lane ran out of records (run again with more)."""
+    states = jax.tree_util.tree_map(np.asarray, states)
+    overflow = (states["it"] + 2 > st.records) & (states["finished"] < np.array([l["n"] for l in lanes]))
+    return None if overflow.any() else states
+
+
+def _run_closed(lanes, slots, N, est, ff, n_laws):
+    """Closed-loop lanes in ONE vmapped scheduler call (retried with more records on overflow);
+    NumPy states. Lanes may come from different deployments: the plan enters only through the
+    lanes' read-law arrays."""
+    records = 2 * est
+    stacked = _stack_lanes(lanes, _static(slots, N, records, ff, n_laws).requests)
+    for _ in range(3):
+        st = _static(slots, N, records, ff, n_laws)
+        states = _checked(S.run_closed(st, stacked), st, lanes, records)
+        if states is not None:
+            return states
+        records *= 8
+    refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
+
+
 def _run_lanes(dep, laws, lanes, settings_list, open_loop, coefficients=None, estimate="no_overlap",
                temperature=None):
     """Run lanes (closed: vmapped, independent; open: one coupled group) with retry on record overflow."""
-    N = max(max(l["n"] for l in lanes), 1)
     if open_loop:
+        N = max(max(l["n"] for l in lanes), 1)
         slots = max(s["max_num_seqs"] for s in settings_list)
-    else:
-        slots = max(max(min(max(l["concurrency"], 1), s["max_num_seqs"]) for l, s in zip(lanes, settings_list)), 1)
-    est = max(_record_estimate(l, s, len(laws.a)) for l, s in zip(lanes, settings_list))
-    ff = all(s["fast_forward"] for s in settings_list) and all(1 + s["num_spec_tokens"] <= s["decode_threshold"]
-                                                                for s in settings_list)
-    records = 2 * est
-    st0 = _static(slots, N, records, ff and not open_loop, len(laws.a))
-    stacked = _stack_lanes(lanes, st0.requests)
-    for _ in range(3):
-        st = _static(slots, N, records, ff and not open_loop, len(laws.a))
-        if open_loop:
-            states = _run_open_jit(st, dep.plan, coefficients, stacked, estimate, *temperature_arg(temperature),
-                                   None if laws.inverse is None else jnp.asarray(laws.inverse))
+        est = max(_record_estimate(l, s, len(laws.a)) for l, s in zip(lanes, settings_list))
+        records = 2 * est
+        stacked = _stack_lanes(lanes, _static(slots, N, records, False, len(laws.a)).requests)
+        for _ in range(3):
+            st = _static(slots, N, records, False, len(laws.a))
+            states = _checked(_run_open_jit(st, dep.plan, coefficients, stacked, estimate,
+                                            *temperature_arg(temperature),
+                                            None if laws.inverse is None else jnp.asarray(laws.inverse)),
+                              st, lanes, records)
+            if states is not None:
+                break
+            records *= 8
         else:
-            states = S.run_closed(st, stacked)
-        states = jax.tree_util.tree_map(np.asarray, states)
-        overflow = (states["it"] + 2 > st.records) & (states["finished"] < np.array([l["n"] for l in lanes]))
-        if not overflow.any():
-            break
-        records *= 8
+            refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
     else:
-        refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
+        slots, N, est, ff = _closed_shape(lanes, settings_list)
+        states = _run_closed(lanes, slots, N, est, ff, len(laws.a))
     if states["stuck"].any():
         refuse("the scheduler stalled: a request cannot be admitted (KV cache or budget too small)",
                field="engine", value=None)
@@ -502,7 +604,7 @@ def _assemble(dep, laws, states, lane_ids, prepared_item):
     iters = int(sum(int(p[0]["it"]) for p in per))
     return Schedule(plan=dep.plan, settings=settings, assumptions=assumptions, laws=laws, sums=sums,
                     requests=req, floor=floor, open_loop=conc is None, concurrency=conc, steps=steps,
-                    iterations=iters)
+                    iterations=iters, host=_host_latencies(dep.coefficients))
 
 
 def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=None, estimate="no_overlap",
@@ -510,23 +612,15 @@ def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=No
     """Schedules of several (workload, client) pairs; the closed-loop ones in ONE vmapped scheduler
     call (every concurrency level and dp rank a lane), each open-loop one in its own loop."""
     laws = S.read_laws(dep.plan)
-    prepared = _prepare(dep, items, engine, acceptance)
+    prepared = _prepare(dep, items, engine, acceptance)       # refusals of bad input raise here
     out = [None] * len(items)
     closed = [i for i, p in enumerate(prepared) if p[7] is not None]
-    groups = {}          # closed-loop runs by slot bucket: each bucket ONE vmapped scheduler call
-    for i in closed:
-        sett = prepared[i][0]
-        slots = max(min(max(l["concurrency"], 1), sett["max_num_seqs"]) for l in prepared[i][2])
-        groups.setdefault(_slot_bucket(slots), []).append(i)
-    for members in groups.values():
-        lanes, settings_list, ids = [], [], []
-        for i in members:
-            ids.append(list(range(len(lanes), len(lanes) + len(prepared[i][2]))))
-            lanes.extend(prepared[i][2])
-            settings_list.extend([prepared[i][0]] * len(prepared[i][2]))
-        states = _run_lanes(dep, laws, lanes, settings_list, False)
-        for i, lane_ids in zip(members, ids):
-            out[i] = _assemble(dep, laws, states, lane_ids, prepared[i])
+    if closed:      # the shared path, so every caller reuses the same few compiled shapes
+        got = build_schedules_batched([(dep, [items[i] for i in closed], engine, acceptance)])[0]
+        for i, sc in zip(closed, got):
+            if isinstance(sc, JaxpriceError):
+                raise sc
+            out[i] = sc
     for i, p in enumerate(prepared):
         if p[7] is None:
             coefs = dep.coefficients if coefficients is None else coefficients
@@ -534,6 +628,100 @@ def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=No
                                 temperature=temperature)
             out[i] = _assemble(dep, laws, states, list(range(len(p[2]))), p)
     return out
+
+
+LANE_ELEMENTS = 1024      # lanes x slots per batched scheduler call: small lanes ride along nearly
+#                           free (an iteration of a small lane costs mostly dispatch), large ones cost
+#                           in proportion, so they go in small groups
+
+
+def _lane_groups(entries):
+    """Entries (bucket key, estimate, ...) -> lists of entries run together: per shape bucket,
+    longest first (lanes of one call run as long as its longest), in groups of a fixed size
+    (the bucket's cap, or the next power of two of what is left), so few shapes compile."""
+    by_key: dict = {}
+    for e in entries:
+        by_key.setdefault(e[0], []).append(e)
+    groups = []
+    for key, es in sorted(by_key.items(), key=lambda kv: kv[0]):
+        es.sort(key=lambda e: -e[1])
+        cap = max(1, LANE_ELEMENTS // key[0])
+        o = 0
+        while o < len(es):
+            size = min(cap, _next_pow2(len(es) - o))
+            groups.append((key, es[o:o + size], size))
+            o += size
+    return groups
+
+
+def _dummy_lane(lane):
+    """A lane with no requests (done before its first iteration): pads a group to its size."""
+    return dict(lane, n=0, concurrency=0)
+
+
+def build_schedules_batched(jobs, *, callback=None) -> list:
+    """Closed-loop schedules of many deployments at once. ``jobs``: a list of (deployment, items,
+    engine[, acceptance]), items (workload, ClosedLoop) pairs as for ``build_schedules``. Returns, per job, a
+    list with per item its Schedule, or the JaxpriceError that refuses that run (so one bad
+    run does not sink the others).
+
+    The scheduler reads a plan only through its read laws, which are lane data, so lanes of
+    different deployments share one compiled call: every lane (concurrency level and dp rank)
+    of every job is put in its shape bucket (slots, fast-forward), sorted by expected length and
+    run in groups of a fixed number of lanes (``_lane_groups``). The compiles are one per
+    bucket and group size, not one per deployment, and the schedules equal ``build_schedules``'
+    (a test holds them equal). ``callback(done, total, stage='scheduled')`` after each group."""
+    results = [[None] * len(job[1]) for job in jobs]
+    prepared, laws_of, entries = [], [], []
+    for j, (dep, items, engine, *acceptance) in enumerate(jobs):
+        laws = S.read_laws(dep.plan)
+        laws_of.append(laws)
+        prep = []
+        for i, item in enumerate(items):
+            if not isinstance(item[1], ClosedLoop):
+                refuse("batched schedules are for closed-loop clients", field="client", value=type(item[1]).__name__)
+            try:
+                p = _prepare(dep, [item], engine, acceptance[0] if acceptance else None)[0]
+            except JaxpriceError as err:
+                results[j][i] = err
+                prep.append(None)
+                continue
+            prep.append(p)
+            for r, lane in enumerate(p[2]):
+                slots, _n, est, ff = _closed_shape([lane], [p[0]])
+                entries.append(((_slot_bucket(slots), ff), est, lane, p[0], (j, i, r)))
+        prepared.append(prep)
+    n_laws = max([len(l.a) for l in laws_of] + [1])
+    lane_states = {}
+    groups = _lane_groups(entries)
+    for g, (key, members, size) in enumerate(groups):
+        lanes = [e[2] for e in members]
+        lanes += [_dummy_lane(lanes[0])] * (size - len(lanes))
+        settings = [e[3] for e in members] + [members[0][3]] * (size - len(members))
+        slots, N, est, _ff = _closed_shape(lanes, settings)
+        try:
+            states = _run_closed(lanes, key[0], N, est, key[1], n_laws)
+        except JaxpriceError as err:
+            for e in members:
+                results[e[4][0]][e[4][1]] = err
+            continue
+        for li, e in enumerate(members):
+            lane_states[e[4]] = {k: v[li] for k, v in states.items()}
+        if callback is not None:
+            callback(g + 1, len(groups), stage="scheduled", slots=key[0], lanes=size,
+                     iterations=int(states["it"].max()) // 2)
+    for j, prep in enumerate(prepared):
+        for i, p in enumerate(prep):
+            if p is None or results[j][i] is not None:
+                continue
+            ranks = [lane_states[(j, i, r)] for r in range(len(p[2]))]
+            states = {k: np.stack([st[k] for st in ranks]) for k in ranks[0]}
+            if states["stuck"].any():
+                results[j][i] = JaxpriceError("the scheduler stalled: a request cannot be admitted (KV cache or "
+                                              "budget too small)", field="engine")
+                continue
+            results[j][i] = _assemble(jobs[j][0], laws_of[j], states, list(range(len(p[2]))), p)
+    return results
 
 
 def build_schedule(deployment, workload, client, *, engine=None, acceptance=None, coefficients=None,
@@ -580,17 +768,89 @@ def _weighted_percentile(xp, values, weights, q):
     return v[i]
 
 
-def schedule_metrics(sched: Schedule, step_times) -> dict:
+def _host_latencies(coefs) -> dict:
+    """The per-request host latencies (s) a coefficient set carries (``HOST_LATENCIES``)."""
+    return {n: float(coefs[n]) for n in HOST_LATENCIES if coefs is not None and n in coefs}
+
+
+def request_latencies(sched: Schedule, step_times, coefficients=None) -> dict:
+    """Each request's latencies outside the engine's steps (the module docstring's Time):
+    ``admission`` [n] (s): host_admission_per_request + host_admission_per_token x its prompt
+    tokens; ``wait`` [n] (s): the rest of the step in flight when it reaches the scheduler, a
+    fraction ``arrival_phase`` of the step after the one its predecessor finished in (closed loop,
+    after the first wave, with another request on its rank; else 0); ``completion`` (s):
+    host_completion. ``coefficients``: the host latencies' source (default: the deployment's, as
+    the schedule was built). Linear in step_times; jnp in, jnp out."""
+    # KNOWN DIVERGENCE [admission-after-schedule]: the schedule (token counts only) lets a
+    # request enter the waiting queue when its client sends it (closed loop: at the boundary its
+    # predecessor's last token came out; open loop: at its arrival time), and its admission
+    # latency and schedule() wait are added to its times afterwards; inference-sim delays the
+    # request's entry into the wait queue by its admission time (its QueuedEvent). The engine so
+    # holds each client's request up to L + a step early: the resident batch is overstated by
+    # about (L + step) / E2E (a percent or two at 1k-8k outputs), the latencies are the same.
+    # KNOWN DIVERGENCE [schedule-wait-phase]: the wait is a fixed share (arrival_phase) of the step
+    # after the predecessor's last one, not the rest of the step actually in flight at arrival + L
+    # (that needs the step times, which the closed-loop schedule is built without); inference-sim
+    # gets it from its event clock.
+    xp = _xp(step_times)
+    req = sched.requests
+    if coefficients is None:
+        host = sched.host
+    else:
+        host = {n: (coefficients[n] if xp is jnp else float(coefficients[n]))
+                for n in HOST_LATENCIES if n in coefficients}
+    ins = np.asarray(req["input_len"], float)
+    n = ins.size
+    admission = (host.get("host_admission_per_request", 0.0) + host.get("host_admission_per_token", 0.0) * ins
+                 + xp.zeros(n))
+    if sched.open_loop or sched.steps == 0:
+        wait = xp.zeros(n)
+    else:
+        a = np.asarray(req["arrival_step"])
+        nxt = a + 1
+        c, dp, rank = int(sched.concurrency), int(sched.dp), np.asarray(req["rank"])
+        c_rank = c // dp + (rank < c % dp)
+        # the engine is busy with others when the request arrives: after the first wave (that one
+        # meets an idle engine), a step follows, and its rank holds another client
+        busy = (a >= 0) & (nxt < sched.steps) & (c_rank >= 2)
+        in_flight = step_times[np.clip(nxt, 0, sched.steps - 1)]
+        phase = sched.settings.get("arrival_phase")
+        if phase is None:
+            phase = xp.where(admission > 0, 0.5, 1.0)
+        wait = xp.where(busy, phase * in_flight, 0.0)
+    return {"admission": admission, "wait": wait, "completion": host.get("host_completion", 0.0)}
+
+
+def metric_offsets(sched: Schedule, coefficients=None):
+    """[mean TPOT, mean TTFT] (s) at zero step times: the parts of ``schedule_metrics``' means
+    that do not scale with the step times (the admission latencies; TPOT has none). Both means
+    are affine in the step times, so mean = jacobian @ step_times + this (what fit's linear
+    weights over steps need added). jnp when ``coefficients`` is traced, else NumPy."""
+    lat = request_latencies(sched, np.zeros(max(sched.steps, 1)) if coefficients is None or
+                            not isinstance(coefficients.values, (jax.Array, jax.core.Tracer))
+                            else jnp.zeros(max(sched.steps, 1)), coefficients)
+    xp = _xp(lat["admission"])
+    return xp.stack([xp.asarray(0.0), xp.mean(lat["admission"])])
+
+
+def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     """The run's metrics from each step's time: per-request arrays (ttft, tpot, e2e, first_token,
-    finish, arrival) and the summary (ttft_mean/median/p90/p99, the same for tpot, itl, e2e,
-    output_tps, output_tps_per_gpu, output_tps_per_user (= 1 / mean TPOT, InferenceX's
-    interactivity), requests_per_s, duration, and the schedule's counts). jnp in, jnp out
-    (differentiable in step_times); NumPy in, NumPy out."""
+    finish, arrival, admission, wait) and the summary (ttft_mean/median/p90/p99, the same for
+    tpot, itl, e2e, ttft_admission_mean and ttft_wait_mean (the parts of TTFT outside the steps,
+    ``request_latencies``), output_tps, output_tps_per_gpu, output_tps_per_user (= 1 / mean TPOT,
+    InferenceX's interactivity), requests_per_s, duration, and the schedule's counts). Every
+    request's tokens reach its client its admission + wait later than the engine emits them;
+    E2E adds host_completion. ``coefficients``: where the host latencies come from (default the
+    deployment's, as built). jnp in, jnp out (differentiable in step_times and the coefficients;
+    affine in step_times: the admission and completion latencies do not scale with them);
+    NumPy in, NumPy out."""
     xp = _xp(step_times)
     req = sched.requests
     end = step_end_times(sched, step_times)
-    first = end[req["first_step"]]
-    finish = end[req["finish_step"]]
+    lat = request_latencies(sched, step_times, coefficients)
+    late = lat["admission"] + lat["wait"]
+    first = end[req["first_step"]] + late
+    finish = end[req["finish_step"]] + late
     if sched.open_loop:
         arrival = xp.asarray(req["arrival"])
     else:
@@ -600,15 +860,18 @@ def schedule_metrics(sched: Schedule, step_times) -> dict:
     ttft = first - arrival
     multi = out_len > 1
     tpot = (finish - first) / np.maximum(out_len - 1, 1)
-    e2e = finish - arrival
+    e2e = finish - arrival + lat["completion"]
     duration = end[-1] if sched.steps else xp.asarray(0.0)
-    m = {"ttft": ttft, "tpot": tpot, "e2e": e2e, "first_token": first, "finish": finish, "arrival": arrival}
+    m = {"ttft": ttft, "tpot": tpot, "e2e": e2e, "first_token": first, "finish": finish, "arrival": arrival,
+         "admission": lat["admission"], "wait": lat["wait"]}
     summary = {}
     for name, vals in (("ttft", ttft), ("tpot", tpot[multi] if not multi.all() else tpot), ("e2e", e2e)):
         summary[f"{name}_mean"] = xp.mean(vals)
         summary[f"{name}_median"] = xp.median(vals)
         summary[f"{name}_p90"] = xp.percentile(vals, 90)
         summary[f"{name}_p99"] = xp.percentile(vals, 99)
+    summary["ttft_admission_mean"] = xp.mean(lat["admission"])
+    summary["ttft_wait_mean"] = xp.mean(lat["wait"])
     gaps = np.maximum(req["emits"] - 1, 0)
     summary["itl_mean"] = xp.sum(finish - first) / max(int(gaps.sum()), 1)
     w = np.asarray(sched.sums["emit_decode"]).sum(axis=0)
@@ -652,7 +915,8 @@ def schedule_counts(sched: Schedule) -> dict:
 @dataclasses.dataclass
 class ServingResult:
     """One simulated run. requests: per-request NumPy arrays (arrival, first_token, finish,
-    input_len, output_len, ttft, tpot, e2e, preemptions; seconds / counts). steps: per-step
+    input_len, output_len, ttft, tpot, e2e, admission, wait, preemptions; seconds / counts;
+    ``request_latencies``). steps: per-step
     arrays (time, end, tokens, resident, prefill_tokens, kv_blocks). summary: see
     ``schedule_metrics``. assumptions: every engine/client setting -> (value, where from)."""
     requests: dict
@@ -666,10 +930,10 @@ class ServingResult:
         return {k: (v * 1e3 if k.split("_")[0] in ("ttft", "tpot", "itl", "e2e") else v) for k, v in self.summary.items()}
 
 
-def _result(sched: Schedule, step_times, estimate):
+def _result(sched: Schedule, step_times, estimate, coefficients=None):
     dt = np.asarray(step_times)
-    met = schedule_metrics(sched, dt)
-    req = {k: np.asarray(met[k]) for k in ("arrival", "ttft", "tpot", "e2e")}
+    met = schedule_metrics(sched, dt, coefficients)
+    req = {k: np.asarray(met[k]) for k in ("arrival", "ttft", "tpot", "e2e", "admission", "wait")}
     req["first_token"] = np.asarray(met["first_token"])
     req["finish"] = np.asarray(met["finish"])
     for k in ("input_len", "output_len", "preemptions", "rank", "first_step", "finish_step", "emits"):
@@ -693,7 +957,7 @@ def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap"
     sched = build_schedule(deployment, workload, client, engine=engine, acceptance=acceptance, coefficients=coefs,
                            estimate=estimate, temperature=temperature)
     dt = price_steps(sched, coefs, estimate=estimate, temperature=temperature)
-    res = _result(sched, dt, estimate)
+    res = _result(sched, dt, estimate, coefs)
     res.assumptions["estimate"] = (estimate, "argument")
     return res
 
@@ -735,7 +999,7 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
         n = sc.dp * sc.steps
         dt = times[o:o + n].reshape(sc.dp, sc.steps).max(axis=0) if sc.steps else np.zeros(0)
         o += n
-        res = _result(sc, dt, estimate)
+        res = _result(sc, dt, estimate, coefs)
         res.assumptions["estimate"] = (estimate, "argument")
         out.append(res)
     if callback:

@@ -23,7 +23,12 @@ structures with a JaxpriceError naming what differs.
 ``price_deployments(stack, coefs, batches)`` prices B batches on D deployments in one call,
 compiled once per structure, padding and mode (never per deployment): values, and gradients
 through ``jax.grad`` over the coefficients. Exact mode equals ``price_many`` of each
-deployment alone bit for bit (tests/test_deployment_axis.py checks all 88 bundled scenarios).
+deployment alone (tests/test_deployment_axis.py checks all 88 bundled scenarios): bit for bit
+but for a few entries one unit in the last place apart. KNOWN DIVERGENCE [axis-ulps]: XLA's
+CPU backend contracts some product-sums into fused multiply-adds in one vector shape ([B]) and
+not in another ([D, B]); compiled for a CPU without FMA (``xla_cpu_max_isa=AVX``) the values
+agree bit for bit (tested). Coefficient gradients differ by at most 2 ulps even then: the
+gradient's sum over the batches is reduced in a shape-dependent order.
 
 Coefficients, two ways (``price_deployments``' ``coefs``):
 
@@ -71,13 +76,22 @@ _COMPILES = {"count": 0}
 
 
 def kernel_compiles() -> int:
-    """How many times this process has compiled a deployment-axis kernel (``price_deployments``
-    and ``price_plans``): one per structure, padding, batch layout and mode."""
+    """How many times this process has compiled a kernel whose plan values are traced
+    (``price_deployments``, ``price_plans``, and one deployment's ``price``, ``price_many``,
+    ``sweep.price_coefficient_sets`` and ``sweep.price_sharded``): one per structure, padding,
+    batch layout and mode, never per deployment."""
     return _COMPILES["count"]
 
 
 def _note_compile():
     _COMPILES["count"] += 1
+
+
+def _put(x):
+    """A NumPy array (or a JAX array, unchanged) on the default device. Under JAX 0.10
+    ``jnp.asarray`` of a NumPy array compiles a small XLA program per new shape (~15 ms on
+    two cores); ``jax.device_put`` of a NumPy array only copies it."""
+    return jax.device_put(x) if isinstance(x, np.ndarray) else jnp.asarray(x)
 
 
 # ----------------------------------------------------------------------------- structure
@@ -127,6 +141,11 @@ class Structure:
         """What differs from ``other``, in words (empty when equal)."""
         if self == other:
             return ""
+        mine, theirs = self.static_scalars.get("drafter"), other.static_scalars.get("drafter")
+        if mine != theirs:
+            return (f"speculative drafter: {'yes' if mine else 'no'} vs {'yes' if theirs else 'no'} (a drafter's "
+                    "layer kinds and passes are structure: stack deployments with and without speculative "
+                    "decoding separately)")
         if self.kinds != other.kinds:
             return f"layer kinds: {self.kinds} vs {other.kinds}"
         mine, theirs = {e[1]: e for e in self.layout}, {e[1]: e for e in other.layout}
@@ -485,7 +504,9 @@ def stack_coefficients(sets, *, union=True) -> Coefficients:
         for i, c in enumerate(sets):
             if c.names != first.names:
                 refuse("coefficient sets must share one list of names", field=f"sets[{i}]")
-        return Coefficients(jnp.stack([jnp.asarray(c.values) for c in sets]), first.names, first.units, first.cites)
+        if any(isinstance(c.values, jax.core.Tracer) for c in sets):
+            return Coefficients(jnp.stack([jnp.asarray(c.values) for c in sets]), first.names, first.units, first.cites)
+        return Coefficients(_put(np.stack([np.asarray(c.values) for c in sets])), first.names, first.units, first.cites)
     names, units, cites, seen = [], [], [], {}
     for c in sets:
         for n, u, ct in zip(c.names, c.units, c.cites):
@@ -501,7 +522,7 @@ def stack_coefficients(sets, *, union=True) -> Coefficients:
     out = np.full((len(sets), len(names)), np.nan)
     for i, c in enumerate(sets):
         out[i, [seen[n] for n in c.names]] = np.asarray(c.values)
-    return Coefficients(jnp.asarray(out), names, units, cites)
+    return Coefficients(_put(out), names, units, cites)
 
 
 # ----------------------------------------------------------------------------- pricing
@@ -523,7 +544,7 @@ def _price_body(structure, values, index, coef_values, batches, tau, breakdown, 
         return _batched_kernel(structure, v, idx, c, b, tau, breakdown)
 
     # a vmap over the deployments: XLA rewrites a division by a broadcast scalar into a
-    # multiplication by its reciprocal, the same way for [B] and [D, B] (checked bit for bit
+    # multiplication by its reciprocal, the same way for [B] and [D, B] (checked to 2 ulps
     # against price_many by tests/test_deployment_axis.py; a lax.map over deployments is not)
     return jax.vmap(one_deployment, in_axes=(0, 0, 0 if per_dep_coefs else None, 0 if per_dep_batches else None))(
         values, index, coef_values, batches)
@@ -553,8 +574,8 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
     deployment (values [names]; gradients sum over deployments) or one per deployment
     (values [D, names]: ``stack_coefficients``). batches: [B, rows] (``Batch.stack``), priced
     on every deployment, or [D, B, rows], each deployment its own. temperature: None for exact
-    mode (equal to ``price_many`` of each deployment alone, bit for bit), a float >= 0 for
-    smooth mode. Differentiable in the coefficients (``jax.grad`` of a function of the
+    mode (equal to ``price_many`` of each deployment alone, to 1 ulp: see the module
+    docstring), a float >= 0 for smooth mode. Differentiable in the coefficients (``jax.grad`` of a function of the
     result) and in float64 token counts; the stack's values are a traced leaf too.
     fast_compile: compile with XLA's cheapest settings (FAST_COMPILE), for a few batches where
     compiling costs more than running (the accuracy harness); the same prices up to rounding.
@@ -569,7 +590,7 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
     from .step import temperature_arg
     if not isinstance(stack, PlanStack):
         refuse("needs a PlanStack (stack_plans)", field="stack", value=type(stack).__name__)
-    values = jnp.asarray(coefs.values)
+    values = _put(coefs.values)
     D = len(stack)
     if values.ndim == 2:
         if values.shape[0] != D:
@@ -597,12 +618,12 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
     smooth, tau = temperature_arg(temperature)
     dev = stack.__dict__.get("_device")
     if dev is None or not isinstance(stack.values, np.ndarray):
-        dev = jnp.asarray(stack.values)
+        dev = _put(stack.values)
         if isinstance(stack.values, np.ndarray):
             stack.__dict__["_device"] = dev
     didx = stack.__dict__.setdefault("_device_index", {})
     if coefs.names not in didx:
-        didx[coefs.names] = jnp.asarray(index)
+        didx[coefs.names] = _put(index)
     values = _pad_names(values)
     fn = _price_stack_fast if fast_compile else _price_stack_jit
     return fn(stack.structure, dev, didx[coefs.names], values, batches, tau, smooth, breakdown,
@@ -619,7 +640,7 @@ def _pad_names(values):
     pad = [(0, 0)] * (values.ndim - 1) + [(0, m - n)]
     if isinstance(values, jax.core.Tracer):
         return jnp.pad(values, pad)
-    return jnp.asarray(np.pad(np.asarray(values), pad))
+    return _put(np.pad(np.asarray(values), pad))
 
 
 def price_plans(plans, coefs, batches, *, temperature=None):
@@ -648,15 +669,15 @@ def price_plans(plans, coefs, batches, *, temperature=None):
     return out
 
 
-def pad_batches(groups):
-    """Stack per-deployment stacked batches ([B_i, rows_i] each) into [D, max B, max rows]:
-    extra rows are padding (mask False, zero counts) and extra batches are empty. Returns
-    (Batch, [B_i])."""
+def pad_batches(groups, *, min_batches=0, min_rows=0):
+    """Stack per-deployment stacked batches ([B_i, rows_i] each) into [D, max B, max rows]
+    (at least ``min_batches`` and ``min_rows``): extra rows are padding (mask False, zero
+    counts) and extra batches are empty. Returns (Batch, [B_i])."""
     from .plan import Batch
     leaves = [[np.asarray(x) for x in (b.scheduled, b.computed, b.prompt_len, b.mask, b.decode_threshold)]
               for b in groups]
-    B = max(l[0].shape[0] for l in leaves)
-    R = max(l[0].shape[1] for l in leaves)
+    B = max([l[0].shape[0] for l in leaves] + [min_batches])
+    R = max([l[0].shape[1] for l in leaves] + [min_rows])
     D = len(groups)
     dtype = np.result_type(*[l[0].dtype for l in leaves])
     sched = np.zeros((D, B, R), dtype)
@@ -669,5 +690,4 @@ def pad_batches(groups):
         sched[d, :b, :r], comp[d, :b, :r], prompt[d, :b, :r], mask[d, :b, :r] = s, c, p, m
         thr[d, :b] = t
         thr[d, b:] = t[0] if len(t) else 0
-    return Batch(jnp.asarray(sched), jnp.asarray(comp), jnp.asarray(prompt), jnp.asarray(mask),
-                 jnp.asarray(thr)), [l[0].shape[0] for l in leaves]
+    return Batch(_put(sched), _put(comp), _put(prompt), _put(mask), _put(thr)), [l[0].shape[0] for l in leaves]

@@ -612,7 +612,7 @@ def _price_many_jit(plan, coefs, batches, tau, smooth):
 def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=None, fold=False) -> StepResult:
     """Price a stack of batches of one padding (leading axis) in one vmapped call, compiled
     once per plan structure (as ``price``; ``fold``: once per plan, its values constants).
-    ``stack.price_deployments`` prices many deployments in one call, each bit for bit as here."""
+    ``stack.price_deployments`` prices many deployments in one call, each as here (to 1 ulp)."""
     smooth, tau = temperature_arg(temperature)
     if fold:
         return _price_many_jit(plan, coefs, batches, tau, smooth)

@@ -1,9 +1,11 @@
 """Sweep: price many batches, or many coefficient sets, in one call; shard a sweep over devices.
 
 The kernel (step.step_time) prices one padded batch for one coefficient vector. A sweep is
-that kernel under ``jax.vmap``, compiled once per plan, padding and mode: a change of values
-(token counts, coefficients, temperature) never retraces, a change of padding or of mode
-(exact / smooth) does, once.
+that kernel under ``jax.vmap``, compiled once per plan STRUCTURE (stack.Structure: every
+deployment of one model graph shares it, the plan's values traced), padding and mode: a
+change of values (token counts, coefficients, temperature, the deployment) never retraces, a
+change of padding or of mode (exact / smooth) does, once. ``stack.kernel_compiles()`` counts
+the compiles; ``stack.price_deployments`` prices many deployments in one call.
 
 * ``price_many`` (step.py): many batches of one padding, one coefficient set.
 * ``price_coefficient_sets``: many coefficient sets (a Coefficients whose values are
@@ -26,7 +28,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .errors import refuse
 from .plan import Batch, Coefficients, Plan
-from .step import StepResult, _step_time, exact_at_zero, temperature_arg
+from . import step as _step
+from .step import StepResult, _batched_kernel, _traced_args, exact_at_zero, temperature_arg
 
 BATCH_AXIS = "batch"
 
@@ -34,10 +37,13 @@ BATCH_AXIS = "batch"
 # ----------------------------------------------------------------------------- coefficient sets
 
 
-@functools.partial(jax.jit, static_argnames=("plan", "smooth"))
-def _price_sets_jit(plan, coef_sets, batch, tau, smooth):
-    return exact_at_zero(lambda t: jax.vmap(lambda c: _step_time(plan, c, batch, t, False))(coef_sets),
-                         tau if smooth else None)
+@functools.partial(jax.jit, static_argnames=("structure", "smooth"))
+def _price_sets_jit(structure, values, index, coef_values, batch, tau, smooth):
+    from .stack import _note_compile, role_values, traced_view
+    _note_compile()
+    view = traced_view(structure, values)
+    return exact_at_zero(lambda t: jax.vmap(lambda c: _step._kernel(view, role_values(c, index), batch, t, False))(
+        coef_values), tau if smooth else None)
 
 
 def stack_coefficients(sets) -> Coefficients:
@@ -63,7 +69,8 @@ def price_coefficient_sets(plan: Plan, coef_sets: Coefficients, batch: Batch, *,
         refuse(f"needs values of shape [sets, {len(coef_sets.names)}], got {tuple(values.shape)}",
                field="coef_sets.values")
     smooth, tau = temperature_arg(temperature)
-    return _price_sets_jit(plan, coef_sets, batch, tau, smooth)
+    structure, plan_values, index = _traced_args(plan, coef_sets)
+    return _price_sets_jit(structure, plan_values, index, values, batch, tau, smooth)
 
 
 # ----------------------------------------------------------------------------- sharding
@@ -79,11 +86,13 @@ def batch_mesh(devices=None) -> Mesh:
 def _sharded_pricer(mesh: Mesh):
     spec = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
 
-    def run(plan, coefs, batches, tau, smooth):
-        return exact_at_zero(lambda t: jax.vmap(lambda b: _step_time(plan, coefs, b, t, False))(batches),
+    def run(structure, values, index, coef_values, batches, tau, smooth):
+        from .stack import _note_compile
+        _note_compile()
+        return exact_at_zero(lambda t: _batched_kernel(structure, values, index, coef_values, batches, t, False),
                              tau if smooth else None)
 
-    return jax.jit(run, static_argnames=("plan", "smooth"), out_shardings=spec)
+    return jax.jit(run, static_argnames=("structure", "smooth"), out_shardings=spec)
 
 
 def _global(host: np.ndarray, sharding) -> jax.Array:
@@ -128,9 +137,11 @@ def price_sharded(plan: Plan, coefs: Coefficients, batches: Batch, mesh: Mesh | 
     smooth, tau = temperature_arg(temperature)
     sharded, n = shard_batches(batches, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
-    coefs = Coefficients(_global(np.asarray(coefs.values), replicated), coefs.names, coefs.units, coefs.cites)
+    structure, plan_values, index = _traced_args(plan, coefs)
+    plan_values, index = (_global(np.asarray(x), replicated) for x in (plan_values, index))
+    coef_values = _global(np.asarray(coefs.values), replicated)
     tau = None if tau is None else _global(np.asarray(tau), replicated)
-    out = _sharded_pricer(mesh)(plan, coefs, sharded, tau, smooth)
+    out = _sharded_pricer(mesh)(structure, plan_values, index, coef_values, sharded, tau, smooth)
     if out.overlap.shape[0] == n:
         return out
     return jax.tree_util.tree_map(lambda x: x[:n], out)
