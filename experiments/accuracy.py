@@ -159,9 +159,7 @@ def main(argv=None) -> int:
     runs, seconds = {}, {}
     for rule in rules:
         md, plot, out = paths(rule, args.results, args.out)
-        cmd = ["accuracy", args.csv, "--out", out, "--plot", plot, "--markdown", md]
-        if rule != "anchor":
-            cmd += ["--batch-rule", rule]
+        cmd = ["accuracy", args.csv, "--out", out, "--plot", plot, "--markdown", md, "--batch-rule", rule]
         if args.cache_dir:
             cmd += ["--cache-dir", args.cache_dir]
         t = time.perf_counter()

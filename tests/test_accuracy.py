@@ -353,7 +353,8 @@ def test_report_text_and_markdown(report):
 
 
 def test_cli_writes_points_table_and_plot_exit_0(tmp_path, capsys):
-    rc = cli_main(["accuracy", str(EXCERPT), "--out", str(tmp_path), "--plot", str(tmp_path / "s.png"), "--quiet"])
+    rc = cli_main(["accuracy", str(EXCERPT), "--batch-rule", "anchor", "--out", str(tmp_path), "--plot",
+                   str(tmp_path / "s.png"), "--quiet"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "NoOverlap" in out and "Overlap" in out and "0 refused" in out
@@ -365,7 +366,7 @@ def test_cli_writes_points_table_and_plot_exit_0(tmp_path, capsys):
 
 
 def test_cli_json_and_deployment_filter(capsys):
-    rc = cli_main(["accuracy", str(EXCERPT), "--deployment", MINIMAX, "--json", "--quiet"])
+    rc = cli_main(["accuracy", str(EXCERPT), "--batch-rule", "anchor", "--deployment", MINIMAX, "--json", "--quiet"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["no_overlap"]["all"]["points"] == 3 and doc["refused"] == []

@@ -4,7 +4,7 @@
     jaxprice accuracy data.csv --coefficients fitted.yaml          # with a fitted coefficient set
     jaxprice accuracy data.csv --deployment kimi-k2.5-h200-int4-vllm-tp8 --json
     jaxprice accuracy data.csv --batch-rule interleaved            # resident batch + interleaved prefills
-    jaxprice accuracy data.csv --batch-rule simulate               # the serving simulation: TPOT and TTFT
+    jaxprice accuracy data.csv --batch-rule anchor                 # C decode rows: a quick static check
 
 Prints the summary table (TPOT shape error and TPOT error, and TTFT error and shape error where
 the rule predicts TTFT, per model and overall, NoOverlap and Overlap, with point counts), the
@@ -13,11 +13,13 @@ errors by concurrency bucket (C <= 16, <= 64, <= 256, > 256) and over the deploy
 DIR`` writes ``DIR/accuracy_points.csv`` (one row per point: measured and predicted TPOT and
 TTFT, errors, and the engine settings assumed) and ``DIR/accuracy.md`` (the tables in Markdown,
 with the engine settings of every simulated deployment and their sources); ``--plot FILE`` the
-sweeps (one panel per deployment). ``--batch-rule`` picks how a point is priced: ``anchor``
-(default, the anchor kernel's rule: C decode rows), ``capped`` (the engine's resident batch),
-``interleaved`` (the resident batch and the prefill chunks that keep it full), all three
-static (one step price per point, TPOT only), or ``simulate`` (the serving simulation of the
-benchmark's closed loop with the published recipe's engine settings: TPOT and TTFT); the
+sweeps (one panel per deployment). ``--batch-rule`` picks how a point is priced: ``simulate``
+(default: the serving simulation of the benchmark's closed loop with the published recipe's
+engine settings: TPOT and TTFT; the most accurate rule on the development set, and the
+slowest: minutes, not seconds), or one of three static rules (one step price per point,
+TPOT only, seconds): ``anchor`` (the anchor kernel's rule: C decode rows), ``capped`` (the
+engine's resident batch), ``interleaved`` (the resident batch and the prefill chunks that
+keep it full); the
 formulas are in ``jaxprice/_src/accuracy.py``. Exit status 0 when the CSV was read and scored
 (refused points are listed, not an error), 2 on bad input (a malformed CSV: file, line, column
 and value named).
@@ -28,6 +30,8 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+
+DEFAULT_RULE = "simulate"      # the most accurate rule on the development set (README, Accuracy)
 import time
 from pathlib import Path
 
@@ -60,11 +64,12 @@ def add_parser(subparsers):
                         "columns (default: the bundled testdata/aisimulate)")
     p.add_argument("--deployment", metavar="NAME", nargs="+", action="extend", default=None,
                    help="score only these deployments")
-    p.add_argument("--batch-rule", metavar="RULE", default="anchor",
-                   help="how each point is priced: anchor (default: C decode rows, the anchor "
-                        "kernel's rule), capped (min(C, max_num_seqs x dp, KV-cache capacity / ctx) decode rows), "
-                        "interleaved (the capped batch plus the steady-state prefill chunks), or simulate (the "
-                        "serving simulation of the closed loop with the recipe's engine settings; predicts TTFT too)")
+    p.add_argument("--batch-rule", metavar="RULE", default=DEFAULT_RULE,
+                   help="how each point is priced: simulate (default: the serving simulation of the closed loop "
+                        "with the recipe's engine settings; predicts TTFT too; the most accurate, minutes on the "
+                        "dev set), anchor (C decode rows, the anchor kernel's rule; seconds), capped (min(C, "
+                        "max_num_seqs x dp, KV-cache capacity / ctx) decode rows) or interleaved (the capped batch "
+                        "plus the steady-state prefill chunks)")
     p.add_argument("--assumptions", action="store_true",
                    help="also print the engine settings each simulated deployment ran with, and their sources")
     p.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap",
@@ -152,8 +157,7 @@ def markdown(report, *, command="") -> str:
 def command_line(args) -> str:
     """The command that reproduces this run (recorded in the Markdown)."""
     parts = ["jaxprice accuracy", shlex.quote(str(args.csv))]
-    if getattr(args, "batch_rule", "anchor") != "anchor":
-        parts += ["--batch-rule", shlex.quote(str(args.batch_rule))]
+    parts += ["--batch-rule", shlex.quote(str(getattr(args, "batch_rule", DEFAULT_RULE)))]   # always: defaults move
     for flag, value in (("--out", args.out), ("--plot", args.plot), ("--markdown", args.markdown)):
         if value:
             parts += [flag, shlex.quote(str(value))]
