@@ -241,6 +241,27 @@ def test_padding_batches_and_rows_across_deployments_changes_nothing(deployments
         np.testing.assert_allclose(np.asarray(r.no_overlap), np.asarray(alone.no_overlap), rtol=1e-15, atol=0)
 
 
+def test_padding_across_deployments_has_exactly_zero_gradient(deployments, groups):
+    """Rows and batches padded across deployments (pad_batches) get exactly zero gradient with
+    respect to their token counts; real rows do not."""
+    import dataclasses
+    g = max(groups, key=len)[:2]
+    rng = np.random.default_rng(5)
+    b, _ = st.pad_batches([random_batches(rng, n, rows, decode_threshold=8, empty=False)
+                           for n, rows in ((3, 8), (5, 16))])
+    stack = jp.stack_plans([deployments[n] for n in g])
+    coefs = st.stack_coefficients([deployments[n].coefficients for n in g])
+
+    def loss(sched, comp):
+        return jnp.sum(jp.price_deployments(stack, coefs, dataclasses.replace(b, scheduled=sched,
+                                                                              computed=comp)).no_overlap)
+    gs, gc = (np.asarray(x) for x in jax.grad(loss, argnums=(0, 1))(b.scheduled, b.computed))
+    pad = ~np.asarray(b.mask)
+    assert pad[0, :, 8:].all() and pad[0, 3:].all()          # padded rows and whole padded batches
+    assert np.all(gs[pad] == 0.0) and np.all(gc[pad] == 0.0)
+    assert np.all(np.isfinite(gs)) and np.any(gs[~pad] != 0.0) and np.any(gc[~pad] != 0.0)
+
+
 def test_smooth_mode_on_the_deployment_axis(deployments, groups, batches):
     g = groups[0][:2]
     b = batches["float64"]
