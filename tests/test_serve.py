@@ -304,6 +304,24 @@ def test_batched_schedules_across_deployments_equal_one_by_one(dep):
     assert isinstance(got[2][0], jp.JaxpriceError) and "fewer than one request needs" in str(got[2][0])
 
 
+def test_dp_ranks_in_other_shape_buckets_and_fewer_clients_than_ranks():
+    """dp = 2: with 33 clients the ranks keep 17 and 16 in flight (two slot buckets, run in
+    different scheduler groups, assembled into one run); with 1 client only rank 0 gets
+    requests and the other idles (it used to stall, waiting for a client it does not have)."""
+    other = jp.load_deployment("minimax-m2.5-b200-fp4-vllm-tp2-ep4-dp2")
+    w = jp.Workload(64, 8, 0.5, seed=1)
+    eng = dict(max_num_batched_tokens=256, **SYNC)
+    one, many = serve.build_schedules_batched([(other, [(w, jp.ClosedLoop(1, 3)), (w, jp.ClosedLoop(33, 66))],
+                                                eng)])[0]
+    for sc, n in ((one, 3), (many, 66)):
+        ins, outs = w.lengths(n)
+        np.testing.assert_array_equal(sc.requests["emits"], outs)           # every request served
+        assert sc.dp == 2
+    assert (one.requests["rank"] == 0).all() and one.sums["tokens"][1].sum() == 0
+    np.testing.assert_array_equal(many.requests["rank"], np.arange(66) % 2)
+    assert many.sums["resident"][0].max() == 17 and many.sums["resident"][1].max() == 16
+
+
 def test_open_loop_and_trace(dep, tmp_path):
     res = jp.simulate(dep, jp.Workload(128, 16), jp.OpenLoop(rate=20.0, num_prompts=12, seed=1))
     r = res.requests

@@ -228,13 +228,17 @@ def _lane(settings, *, n, concurrency, plen, olen, arrival, open_loop, law_array
 
 
 def _split(settings, arrival, ins, outs, concurrency):
-    """Per dp rank: (indices of its requests, its concurrency)."""
+    """Per dp rank: (indices of its requests, its concurrency). Closed loop: the C clients spread
+    evenly over the ranks, requests round-robin over the ranks that have a client (with C < dp
+    the others get none and idle); open loop: round-robin over every rank."""
     dp = settings["dp"]
     n = ins.size
+    used = dp if concurrency is None else max(1, min(dp, concurrency))
     out = []
     for r in range(dp):
-        idx = np.arange(r, n, dp)
-        c = concurrency // dp + (1 if r < concurrency % dp else 0) if concurrency is not None else None
+        idx = np.arange(r, n, used) if r < used else np.arange(0)
+        c = (concurrency // used + (1 if r < concurrency % used else 0) if r < used else 0) \
+            if concurrency is not None else None
         out.append((idx, c))
     return out
 
@@ -701,22 +705,30 @@ def build_schedules_batched(jobs, *, callback=None) -> list:
         slots, N, est, _ff = _closed_shape(lanes, settings)
         try:
             states = _run_closed(lanes, key[0], N, est, key[1], n_laws)
-        except JaxpriceError as err:
-            for e in members:
-                results[e[4][0]][e[4][1]] = err
-            continue
+        except JaxpriceError:
+            states = None
         for li, e in enumerate(members):
-            lane_states[e[4]] = {k: v[li] for k, v in states.items()}
-        if callback is not None:
+            if states is not None:
+                lane_states[e[4]] = {k: v[li] for k, v in states.items()}
+                continue
+            try:            # the group failed (e.g. a lane ran out of records): each lane alone
+                alone = _run_closed([e[2]], key[0], max(e[2]["n"], 1), e[1], key[1], n_laws)
+                lane_states[e[4]] = {k: v[0] for k, v in alone.items()}
+            except JaxpriceError as err:
+                results[e[4][0]][e[4][1]] = err
+        if callback is not None and states is not None:
             callback(g + 1, len(groups), stage="scheduled", slots=key[0], lanes=size,
                      iterations=int(states["it"].max()) // 2)
     for j, prep in enumerate(prepared):
         for i, p in enumerate(prep):
-            if p is None or results[j][i] is not None:
+            if p is None or results[j][i] is not None or any((j, i, r) not in lane_states
+                                                             for r in range(len(p[2]))):
                 continue
             ranks = [lane_states[(j, i, r)] for r in range(len(p[2]))]
-            states = {k: np.stack([st[k] for st in ranks]) for k in ranks[0]}
-            if states["stuck"].any():
+            # a run's ranks may have run in groups of other shapes (e.g. 17 and 16 clients: two
+            # slot buckets): a list per key, indexed by rank, not one stacked array
+            states = {k: [st[k] for st in ranks] for k in ranks[0]}
+            if any(bool(np.any(x)) for x in states["stuck"]):
                 results[j][i] = JaxpriceError("the scheduler stalled: a request cannot be admitted (KV cache or "
                                               "budget too small)", field="engine")
                 continue
