@@ -1,6 +1,6 @@
 """Benchmark: how fast jaxprice prices, and differentiates, padded batches on this machine.
 
-    python experiments/bench.py [--quick] [--json experiments/out/bench.json]
+    python experiments/bench.py [--quick] [--json experiments/out/bench.json] [--axis | --size | --serve]
 
 For DeepSeek-V3 on 8 H200 (fp8, SGLang, tp8) and Llama-3.1-70B on 4 H200 (fp8, vLLM, tp4),
 with batches padded to 256 rows, it prints side by side:
@@ -29,9 +29,18 @@ not inflate (alone on the machine, wall time is about CPU time over XLA's two th
 The goals in the last column are the project's benchmark goals for a 2-core CI machine,
 not timed tests.
 
+Then (``--axis``: only it, with the harness under the ``interleaved`` rule too and float64
+counts too) the deployment axis of issue 10: ``jaxprice accuracy`` on the whole dev set (45
+deployments), end to end in a fresh process, on the axis (one compile per plan structure)
+beside the per-deployment path (one compile per deployment): compiles, wall time, the ratio
+(goal >= 5x); and 64 deployments x 1,024 batches x 256 rows priced in ONE call
+(``price_deployments``), warm, in microseconds per (deployment, batch) (goal <= 1 us), beside
+one ``price_many`` call per deployment.
+
 Last section (``--size``: only it): the size search of issue 14 (``bench_size``), DeepSeek-V3 on
 8 H200 over its whole default candidate space x 8 concurrencies, cold and warm in a fresh
-process: layouts searched, compiles, steps priced, wall time.
+process: layouts searched and simulated, compiles, steps priced and simulated, wall time (the
+whole search and its steady stage).
 """
 
 from __future__ import annotations
@@ -247,41 +256,189 @@ r = jp.size(kw.pop("model"), **kw)
 t2, c2 = time.perf_counter(), time.process_time()
 w = jp.size(r.model, **kw)
 t3, c3 = time.perf_counter(), time.process_time()
+front = [r.results[i] for i, _ in r.frontier]
 print(json.dumps({"import_s": t1 - t0, "cold_s": t2 - t1, "warm_s": t3 - t2, "cold_cpu_s": c2 - c1,
                   "warm_cpu_s": c3 - c2, "load": os.getloadavg()[0], "info": r.info, "warm_info": w.info,
-                  "best": r.point(r.best)["label"] if r.best else None}))
+                  "best": r.point(r.best)["label"] if r.best else None,
+                  "frontier_simulated": f"{sum(x.source != 'steady' for x in front)} of {len(front)} points"}))
 """
 
 
 def bench_size():
     """The size search of issue 14: DeepSeek-V3 on 8 H200, ISL/OSL 1024, TTFT 2 s / TPOT 50 ms, the
-    default candidate space (with four max_num_seqs values) x 8 concurrencies, in a fresh process
-    (cold: every kernel compiled; warm: the same search again in that process)."""
+    default candidate space (with four max_num_seqs values) x 8 concurrencies, the default
+    evaluator ('auto': the closed-form steady state for every layout, then the serving simulation
+    at 10 x C prompts for the frontier, the best and the layouts near the targets, batched), in a
+    fresh process (cold: every kernel and scheduler shape compiled; warm: the same search again
+    in that process). Prints the layouts searched and simulated, compiles, steps priced and
+    simulated, and wall time of the whole search and of its two stages; the issue's goals
+    (<= 30 s cold, <= 10 s warm) are checked against the whole search and, separately, the
+    steady search stage."""
     import subprocess
     out = subprocess.run([sys.executable, "-c", SIZE_WORKER, json.dumps(SIZE_CASE)], capture_output=True, text=True,
                          cwd=os.path.dirname(HERE))
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    i = r["info"]
+    i, w = r["info"], r["warm_info"]
     print(f"jaxprice size {SIZE_CASE['model']} --chip {SIZE_CASE['chip']} --gpus {SIZE_CASE['gpus']} "
           f"(evaluator {i['evaluator']}): {i['layouts_considered']} layouts considered, {i['layouts_priced']} searched "
           f"({i['layouts_rejected']} rejected by memory), {i['layouts_evaluated']} distinct, "
-          f"x {i['concurrency_levels']} concurrencies")
-    print(f"  cold {r['cold_s']:.1f} s wall, {r['cold_cpu_s']:.1f} s CPU (import {r['import_s']:.1f} s not counted): "
-          f"{i['compiles']} compiles, {i['steps_priced']} steps priced, resolve {i['seconds_resolve']:.2f} s")
-    print(f"  warm {r['warm_s']:.1f} s wall, {r['warm_cpu_s']:.1f} s CPU: {r['warm_info']['steps_priced']} steps priced; "
-          f"best {r['best']}")
+          f"x {i['concurrency_levels']} concurrencies; {i.get('layouts_simulated', 0)} simulated at "
+          f"{i.get('simulated_prompts', '10 x C')} prompts per point in {i.get('simulation_rounds', 0)} round(s)")
+    for name, run, wall, cpu in (("cold", i, r["cold_s"], r["cold_cpu_s"]), ("warm", w, r["warm_s"], r["warm_cpu_s"])):
+        print(f"  {name} {wall:.1f} s wall, {cpu:.1f} s CPU"
+              + (f" (import {r['import_s']:.1f} s not counted)" if name == "cold" else "")
+              + f": steady search {run.get('seconds_search', run['seconds']):.1f} s ({run.get('search_compiles', run['compiles'])} "
+              f"kernel compiles, {run['steps_priced']} steps priced), simulation {run.get('seconds_simulate', 0.0):.1f} s "
+              f"(schedule {run.get('seconds_schedule', 0.0):.1f} s, price {run.get('seconds_simulate_price', 0.0):.1f} s; "
+              f"{run.get('scheduler_compiles', 0)} scheduler + {run.get('simulation_kernel_compiles', 0)} kernel compiles, "
+              f"{run.get('steps_simulated', 0)} steps simulated over all dp ranks, {run.get('scheduler_iterations', 0)} "
+              f"scheduler iterations); {run['compiles']} compiles in all")
+    print(f"  best {r['best']}; frontier from the simulation: {r.get('frontier_simulated', '?')}")
     print(f"  load average at the end {r['load']:.2f} on {len(os.sched_getaffinity(0))} CPUs (other processes inflate "
           f"wall time; CPU time is this process's own)")
     checks = [("size search layouts searched (>= 100)", i["layouts_priced"], i["layouts_priced"] >= SIZE_GOALS["layouts"]),
               ("size search concurrency levels (>= 8)", i["concurrency_levels"],
                i["concurrency_levels"] >= SIZE_GOALS["concurrencies"]),
               ("size search cold, s (<= 30)", r["cold_s"], r["cold_s"] <= SIZE_GOALS["cold_s"]),
-              ("size search warm, s (<= 10)", r["warm_s"], r["warm_s"] <= SIZE_GOALS["warm_s"])]
+              ("size search warm, s (<= 10)", r["warm_s"], r["warm_s"] <= SIZE_GOALS["warm_s"]),
+              ("  its steady stage cold, s (<= 30)", i.get("seconds_search", r["cold_s"]),
+               i.get("seconds_search", r["cold_s"]) <= SIZE_GOALS["cold_s"]),
+              ("  its steady stage warm, s (<= 10)", w.get("seconds_search", r["warm_s"]),
+               w.get("seconds_search", r["warm_s"]) <= SIZE_GOALS["warm_s"])]
     for what, value, ok in checks:
         print(f"  {'met ' if ok else 'MISS'}  {what}: {value:.3g}")
     return r
+
+# ----------------------------------------------------------------------------- the deployment axis (issue 10)
+
+AXIS_CSV = os.path.join(os.path.dirname(HERE), "..", "shared", "measured", "inferencex_vllm_dev.csv")
+AXIS_GOALS = {"harness_ratio": 5.0, "us_per_pair": 1.0}
+AXIS_DEPLOYMENTS, AXIS_BATCHES = 64, 1024
+AXIS_WORKER = """
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+import jaxprice as jp
+from jaxprice._src.accuracy import evaluate_accuracy
+t1, c1 = time.perf_counter(), time.process_time()
+csv, rule, per = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+r = evaluate_accuracy(csv, batch_rule=rule, per_deployment=per)
+t2, c2 = time.perf_counter(), time.process_time()
+w = evaluate_accuracy(csv, batch_rule=rule, per_deployment=per)
+t3 = time.perf_counter()
+pred = [x["no_overlap_tpot_us"] for x in r.records]
+print(json.dumps({"import_s": t1 - t0, "cold_s": t2 - t1, "cold_cpu_s": c2 - c1, "warm_s": t3 - t2,
+                  "compiles": r.info["kernel_compiles"], "warm_compiles": w.info["kernel_compiles"],
+                  "deployments": r.info["deployments"], "points": r.info["points"], "predicted_us": pred}))
+"""
+
+
+def _harness_run(rule, per_deployment, csv):
+    """``evaluate_accuracy`` on the dev set in a fresh process (cold: every kernel compiled; then
+    warm, the same call again in that process)."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", AXIS_WORKER, csv, rule, "1" if per_deployment else "0"],
+                         capture_output=True, text=True, cwd=os.path.dirname(HERE))
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bench_axis_harness(rules=("anchor",), csv=AXIS_CSV):
+    """The accuracy harness end to end on the dev set (read the CSV, resolve 45 deployments,
+    build the batches, compile, price, score; import not counted), on the deployment axis (one
+    compile per plan structure) beside the per-deployment path (``per_deployment=True``: one
+    compile per deployment), each in a fresh process, in the same run."""
+    out = {}
+    if not os.path.exists(csv):
+        print(f"  (skipped: no {csv})")
+        return out
+    for rule in rules:
+        axis, per = _harness_run(rule, False, csv), _harness_run(rule, True, csv)
+        a, b = np.asarray(axis.pop("predicted_us"), float), np.asarray(per.pop("predicted_us"), float)
+        ok = np.isfinite(a) & np.isfinite(b)
+        rel = float(np.max(np.abs(a[ok] / b[ok] - 1.0))) if ok.any() else float("nan")
+        out[rule] = {"axis": axis, "per_deployment": per, "ratio": per["cold_s"] / axis["cold_s"],
+                     "max_rel_diff": rel, "same_priced": bool(np.array_equal(np.isfinite(a), np.isfinite(b)))}
+        print(f"jaxprice accuracy, dev set ({axis['deployments']} deployments, {axis['points']} points), "
+              f"batch rule {rule}, end to end in a fresh process:")
+        print(f"  {'':<22}{'compiles':>10}{'cold wall':>12}{'cold CPU':>11}{'warm rerun':>12}")
+        for label, r in (("deployment axis", axis), ("per deployment", per)):
+            print(f"  {label:<22}{r['compiles']:>10}{r['cold_s']:>10.2f} s{r['cold_cpu_s']:>9.2f} s"
+                  f"{r['warm_s']:>10.2f} s")
+        print(f"  ratio (per deployment / axis, cold wall): x{out[rule]['ratio']:.2f}; predictions agree to "
+              f"{rel:.1e} (relative)")
+    return out
+
+
+def bench_axis_pricing(rounds=3, forms=("int32", "float64")):
+    """64 deployments x 1,024 batches of 256 rows priced in ONE price_deployments call (warm: us
+    per (deployment, batch)), beside the same pairs priced one deployment at a time
+    (price_many, 64 calls), for the structures of DeepSeek-V3 and Llama-3.1-70B: the bundled
+    deployments of each structure, cycled to 64."""
+    from pathlib import Path
+    from jaxprice._src import stack as ST
+    names = sorted(p.stem for p in (Path(os.path.dirname(HERE)) / "testdata" / "aisimulate").glob("*.yaml"))
+    deps = {n: jp.load_deployment(n) for n in names}
+    groups = jp.group_by_structure([deps[n] for n in names])
+    rng = np.random.default_rng(0)
+    b32 = random_batches(rng, AXIS_BATCHES, ROWS, decode_threshold=8, empty=False, dtype=np.int32)
+    b64 = b32.astype(np.float64)
+    pairs = AXIS_DEPLOYMENTS * AXIS_BATCHES
+    out = {}
+    print(f"{AXIS_DEPLOYMENTS} deployments x {AXIS_BATCHES} batches x {ROWS} rows in one call (price_deployments, "
+          f"exact), warm, beside one price_many call per deployment:")
+    print(f"  {'':<40}{'distinct':>9}  | axis: {'compiles':>8}{'compile':>10}{'one call':>11}{'us/pair':>9}"
+          f"  | per deployment: {'compiles':>8}{'us/pair':>9}  | ratio")
+    for label, name in DEPLOYMENTS:
+        idx = next(i for _, i in groups if names.index(name) in i)
+        sel = [deps[names[idx[k % len(idx)]]] for k in range(AXIS_DEPLOYMENTS)]
+        stack = jp.stack_plans(sel)
+        coefs = ST.stack_coefficients([d.coefficients for d in sel])
+        row = {"distinct_deployments": len(idx)}
+        for form, b in ((f, {"int32": b32, "float64": b64}[f]) for f in forms):
+            c0, t0 = jp.kernel_compiles(), time.perf_counter()
+            res = jax.block_until_ready(jp.price_deployments(stack, coefs, b))
+            cold = time.perf_counter() - t0
+            compiles = jp.kernel_compiles() - c0
+            one = timed(lambda: jax.block_until_ready(jp.price_deployments(stack, coefs, b).no_overlap), rounds=rounds)
+            c1 = jp.kernel_compiles()
+            alone = [jp.price_many(d.plan, d.coefficients, b) for d in sel]
+            per_compiles = jp.kernel_compiles() - c1
+            loop = timed(lambda: jax.block_until_ready([jp.price_many(d.plan, d.coefficients, b).no_overlap
+                                                        for d in sel]), rounds=rounds, min_calls=1)
+            ulps = max(int(np.max(np.abs(np.asarray(res.no_overlap)[k].view(np.int64)
+                                         - np.asarray(a.no_overlap).view(np.int64)))) for k, a in enumerate(alone))
+            row[form] = {"compiles": compiles, "cold_s": cold, "call_s": one, "us_per_pair": one / pairs * 1e6,
+                         "per_deployment_us_per_pair": loop / pairs * 1e6, "per_deployment_compiles": per_compiles,
+                         "ratio": loop / one, "max_ulps_vs_alone": ulps}
+            print(f"  {label + ', ' + form + ' counts':<40}{len(idx):>9}  |       {compiles:>8}{cold:>8.2f} s"
+                  f"{one * 1e3:>8.1f} ms{one / pairs * 1e6:>9.3f}  |                 {per_compiles:>8}"
+                  f"{loop / pairs * 1e6:>9.3f}  | x{loop / one:.1f}")
+        out[label] = row
+    print(f"  (price_many compiles per structure too: its one compile is the per-deployment path's first call; "
+          f"largest difference from pricing alone, NoOverlap: "
+          f"{max(r[f]['max_ulps_vs_alone'] for r in out.values() for f in forms)} ulp)")
+    return out
+
+
+def bench_axis(rules=("anchor",), forms=("int32",)):
+    """The deployment axis (issue 10): the harness's speed-up, and many deployments in one call
+    (``forms``: the token counts' dtypes priced; --axis: int32 and float64)."""
+    print(f"deployment axis (issue 10); load average {loadavg()[0]:.2f} on {len(os.sched_getaffinity(0))} CPUs")
+    harness = bench_axis_harness(rules)
+    pricing = bench_axis_pricing(forms=forms)
+    checks = [(f"harness ({rule}) per-deployment / axis, x (>= {AXIS_GOALS['harness_ratio']:.0f})", h["ratio"],
+               h["ratio"] >= AXIS_GOALS["harness_ratio"]) for rule, h in harness.items()]
+    checks += [(f"{label}: {AXIS_DEPLOYMENTS} x {AXIS_BATCHES} in one call, us/pair int32 (<= 1)",
+                r["int32"]["us_per_pair"], r["int32"]["us_per_pair"] <= AXIS_GOALS["us_per_pair"])
+               for label, r in pricing.items()]
+    for what, value, ok in checks:
+        print(f"  {'met ' if ok else 'MISS'}  {what}: {value:.3g}")
+    return {"harness": harness, "pricing": pricing}
+
 
 SERVE_CONCURRENCY = (4, 8, 16, 32, 64, 128, 256)
 SERVE_GOALS = {"sweep_warm_s": 1.0, "ratio": 50.0, "rss_gib": 2.0}
@@ -363,12 +520,22 @@ def main(argv=None):
     ap.add_argument("--json", help="also write the numbers here (e.g. experiments/out/bench.json)")
     ap.add_argument("--size", action="store_true", help="only the size-search section (issue 14)")
     ap.add_argument("--serve", action="store_true", help="only the serving-simulation section (issue 15)")
+    ap.add_argument("--axis", action="store_true",
+                    help="only the deployment-axis section (issue 10), with the harness under rules anchor and "
+                         "interleaved (the default run: anchor)")
     args = ap.parse_args(argv)
     if args.size:
         bench_size()
         return 0
     if args.serve:
         bench_serve()
+        return 0
+    if args.axis:
+        axis = bench_axis(("anchor", "interleaved"), ("int32", "float64"))
+        if args.json:
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+            with open(args.json, "w") as f:
+                json.dump({"axis": axis}, f, indent=1, default=str)
         return 0
     sizes = SIZES[:3] if args.quick else SIZES
     rounds = 3 if args.quick else 5
@@ -387,14 +554,16 @@ def main(argv=None):
     for what, value, ok in verdicts(results, sizes):
         print(f"  {'met ' if ok else 'MISS'}  {what}: {value:.3g}")
     print()
+    axis = bench_axis()
+    print()
     bench_size()
     print()
     bench_serve()
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"nproc": len(os.sched_getaffinity(0)), "loadavg": [load0, load1], "results": results},
-                      f, indent=1, default=str)
+            json.dump({"nproc": len(os.sched_getaffinity(0)), "loadavg": [load0, load1], "results": results,
+                       "axis": axis}, f, indent=1, default=str)
     return 0
 
 

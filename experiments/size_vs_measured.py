@@ -1,7 +1,7 @@
 """Does `jaxprice size` choose what the measurements would choose?
 
     python experiments/size_vs_measured.py [--csv ../shared/measured/inferencex_vllm_dev.csv]
-        [--evaluator steady|serve] [--targets 8] [--max-num-seqs conc|scenario]
+        [--evaluators steady,simulate] [--targets 8] [--max-num-seqs conc|scenario]
 
 For every (model, chip, workload) of the measurement CSV with two or more measured deployments,
 compare the measured and the predicted output throughput per GPU at matched TPOT targets, and
@@ -10,12 +10,24 @@ write experiments/results/size_vs_measured.md (and experiments/out/size_vs_measu
 * Throughput per GPU of a point, measured and predicted alike: C x osl / E2E / GPUs with
   E2E = TTFT + (osl - 1) x TPOT (mean TTFT and mean TPOT; GPUs = tp x dp; osl the nominal one).
 * Deployments: ``accuracy.build_deployment`` (the bundled scenario where there is one, else built
-  from the columns), the machinery the accuracy harness uses. Predicted TTFT and TPOT: the size
-  search's evaluator (``--evaluator``; default ``steady``, the closed-form closed loop of
-  jaxprice/_src/size.py; ``serve``: the serving simulation where installed) at the sweep's
-  measured concurrencies, lengths uniform on [0.8 L, L] as InferenceX draws them, with
-  max_num_seqs = the sweep's largest C (InferenceX's recipes pass ``--max-num-seqs $CONC``;
-  ``--max-num-seqs scenario`` keeps the scenario's 256).
+  from the columns), the machinery the accuracy harness uses. Predicted TTFT and TPOT, by each
+  evaluator of ``--evaluators`` (scored separately, reported side by side), at the sweep's
+  measured concurrencies, lengths uniform on [0.8 L, L] as InferenceX draws them:
+
+  - ``steady``: the size search's closed-form closed loop (jaxprice/_src/size.py,
+    ``evaluate_steady``) with the scenario's engine settings and max_num_seqs = the sweep's
+    largest C (InferenceX's recipes pass ``--max-num-seqs $CONC``; ``--max-num-seqs scenario``
+    keeps the scenario's 256);
+  - ``simulate``: the serving simulation as the accuracy harness runs it (its ``simulate`` batch
+    rule, ``accuracy.simulate_points``): each deployment-workload's closed-loop runs with the
+    published recipe's engine settings (``accuracy.engine_assumptions``: max_num_seqs,
+    max_num_batched_tokens, block size, KV cache dtype and gpu_memory_utilization, the recipe's
+    prompt count, 10 x C or C), all runs' schedules in shared scheduler calls, mean TTFT and mean
+    TPOT per point;
+  - ``serve``: the size search's serving-simulation evaluator (``size.evaluate_serve``: the
+    scenario's engine settings, max_num_seqs as for steady, 10 x C prompts or ``--num-prompts``).
+
+  Only the deployments of groups with two or more deployments are evaluated.
 * Matched TPOT targets: per group, ``--targets`` TPOT values spaced evenly in log between the
   lowest and highest measured mean TPOT of the group, kept where at least two deployments'
   measured sweeps span them. At a target t a deployment's measured throughput is interpolated
@@ -47,7 +59,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from jaxprice._src.accuracy import build_deployment, read_measurements  # noqa: E402
+from jaxprice._src.accuracy import build_deployment, read_measurements, simulate_points  # noqa: E402
 from jaxprice._src.errors import JaxpriceError  # noqa: E402
 from jaxprice._src.progress import Progress  # noqa: E402
 from jaxprice._src import size as S  # noqa: E402
@@ -81,23 +93,25 @@ def layout_of(dep, max_seqs):
                     str(r["cudagraph_mode"]))
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", default=DEFAULT_CSV)
-    ap.add_argument("--evaluator", choices=("steady", "serve"), default="steady")
-    ap.add_argument("--targets", type=int, default=8, help="TPOT targets per group (default 8)")
-    ap.add_argument("--max-num-seqs", choices=("conc", "scenario"), default="conc")
-    ap.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap",
-                    help="steady evaluator: the step estimate (default no_overlap, the accuracy harness's headline)")
-    ap.add_argument("--num-prompts", type=int, default=None, help="serve evaluator: prompts per point")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "size_vs_measured.md"))
-    args = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    tpot_pts, _ = read_measurements(args.csv, quantity="mean_tpot")
-    ttft_pts, _ = read_measurements(args.csv, quantity="mean_ttft")
-    ttft_of = {(p.sweep, p.concurrency): p.measured for p in ttft_pts}
+EVALUATORS = ("steady", "simulate", "serve")
+DESCRIBE = {
+    "steady": "the closed-form closed loop of jaxprice/_src/size.py (resident batch, chunked prefills beside it, "
+              "Little's-law queueing), the scenario's engine settings, max_num_seqs = the sweep's largest C",
+    "simulate": "the serving simulation as the accuracy harness runs it (batch rule `simulate`, "
+                "accuracy.simulate_points): each recipe's engine settings and prompt count, vLLM v1's scheduler "
+                "step by step, every step priced by the kernel",
+    "serve": "the size search's serving-simulation evaluator (size.evaluate_serve): the scenario's engine settings, "
+             "max_num_seqs = the sweep's largest C",
+}
 
-    # sweeps: (deployment, workload) -> scenario -> [(C, ttft, tpot)]
+
+def load_groups(csv):
+    """(groups, first, points): groups (model, chip, workload) -> deployment -> scenario ->
+    [(C, ttft, tpot)] for the groups with two or more deployments; first (deployment, workload) ->
+    its first Point; points: the TPOT points of those groups that have a TTFT."""
+    tpot_pts, _ = read_measurements(csv, quantity="mean_tpot")
+    ttft_pts, _ = read_measurements(csv, quantity="mean_ttft")
+    ttft_of = {(p.sweep, p.concurrency): p.measured for p in ttft_pts}
     by_group = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     first = {}
     for p in tpot_pts:
@@ -107,11 +121,22 @@ def main(argv=None) -> int:
         by_group[g][p.deployment][p.scenario].append((p.concurrency, ttft_of[(p.sweep, p.concurrency)], p.measured))
         first.setdefault((p.deployment, p.workload), p)
     groups = {g: deps for g, deps in by_group.items() if len(deps) >= 2}
+    keep = {(d, g[2]) for g, deps in groups.items() for d in deps}
+    points = [p for p in tpot_pts if (p.deployment, p.workload) in keep and (p.sweep, p.concurrency) in ttft_of]
+    return groups, first, points
 
-    # predicted sweeps, one evaluation per (deployment, workload)
+
+def _entry(p, concs, ttft, tpot, source, gpus):
+    ttft, tpot = np.asarray(ttft, float), np.asarray(tpot, float)
+    return {"c": list(concs), "ttft": ttft, "tpot": tpot, "source": source,
+            "tput": np.array([tput(c, p.osl, a, b, gpus) for c, a, b in zip(concs, ttft, tpot)])}
+
+
+def predict_closed_form(groups, first, args, evaluator):
+    """steady / serve: one evaluation per (deployment, workload) at the sweep's concurrencies."""
     jobs = sorted({(d, g[2]) for g, deps in groups.items() for d in deps})
     cache, refused, predicted = {}, {}, {}
-    bar = Progress(len(jobs), "size_vs_measured")
+    bar = Progress(len(jobs), evaluator)
     for k, (d, w) in enumerate(jobs):
         p = first[(d, w)]
         try:
@@ -123,20 +148,63 @@ def main(argv=None) -> int:
             seqs = max(concs) if args.max_num_seqs == "conc" else int(dep.scenario.engine.get("max_num_seqs", 256))
             lay = layout_of(dep, seqs)
             wl = S.SizeWorkload(p.isl, p.osl, 0.8)
-            if args.evaluator == "serve":
+            if evaluator == "serve":
                 out = S.evaluate_serve(dep, lay, wl, concs, num_prompts=args.num_prompts, estimate=args.estimate,
                                        engine={"max_num_seqs": seqs})
             else:
                 out = S.evaluate_steady(dep, lay, wl, concs, estimate=args.estimate)
-            ttft, tpot = np.asarray(out[0]), np.asarray(out[1])
-            gpus = lay.width
-            predicted[(d, w)] = {"c": concs, "ttft": ttft, "tpot": tpot, "source": source,
-                                 "tput": np.array([tput(c, p.osl, a, b, gpus) for c, a, b in zip(concs, ttft, tpot)])}
+            predicted[(d, w)] = _entry(p, concs, out[0], out[1], source, lay.width)
         except JaxpriceError as err:
             refused[(d, w)] = str(err)
         bar.update(k + 1, deployment=d)
     bar.close()
+    return predicted, refused
 
+
+def predict_simulate(points, first, args):
+    """The accuracy harness's ``simulate`` rule over the points of the groups: per point mean TTFT
+    and TPOT (``accuracy.simulate_points``), gathered per (deployment, workload)."""
+    bar = {}
+
+    def cb(done, total, **info):
+        key = "deployments" if "deployment" in info else "schedule"
+        if bar.get("key") != key:
+            if "bar" in bar:
+                bar["bar"].close()
+            bar["bar"], bar["key"] = Progress(total, f"simulate ({key})"), key
+        bar["bar"].update(done, total, **{k: v for k, v in info.items() if k in ("deployment", "slots")})
+    try:
+        sim_groups, refused_pts, preds = simulate_points(points, estimates=(args.estimate,), callback=cb)
+    finally:
+        if "bar" in bar:
+            bar["bar"].close()
+    vals = defaultdict(dict)
+    sources = {}
+    for g in sim_groups:
+        pr = preds[g.name]
+        for k, i in enumerate(g.index):
+            p = points[i]
+            vals[(p.deployment, p.workload)].setdefault(p.concurrency, (pr[f"ttft_{args.estimate}"][k],
+                                                                         pr[f"tpot_{args.estimate}"][k]))
+            sources[(p.deployment, p.workload)] = g.source
+    predicted, refused = {}, {}
+    for (d, w), by_c in vals.items():
+        concs = sorted(by_c)
+        p = first[(d, w)]
+        predicted[(d, w)] = _entry(p, concs, [by_c[c][0] for c in concs], [by_c[c][1] for c in concs],
+                                   sources[(d, w)], p.tp * p.dp)
+    for i, why in refused_pts:
+        p = points[i]
+        key = (p.deployment, p.workload)
+        if key not in predicted:
+            refused[key] = why
+        else:
+            predicted[key].setdefault("partly_refused", {})[p.concurrency] = why
+    return predicted, refused
+
+
+def score(groups, first, predicted, n_targets):
+    """Pairwise order agreement and best-choice rates of one evaluator's predictions."""
     cases, rows = [], []
     for g in sorted(groups):
         deps = groups[g]
@@ -150,7 +218,7 @@ def main(argv=None) -> int:
         usable = [d for d in deps if (d, g[2]) in predicted]
         lo = min(t.min() for d in usable for t, _ in meas[d]) if usable else 1.0
         hi = max(t.max() for d in usable for t, _ in meas[d]) if usable else 1.0
-        targets = np.exp(np.linspace(math.log(lo), math.log(hi), args.targets)) if hi > lo else np.array([lo])
+        targets = np.exp(np.linspace(math.log(lo), math.log(hi), n_targets)) if hi > lo else np.array([lo])
         gcases = []
         for t in targets:
             m, pr = {}, {}
@@ -188,91 +256,160 @@ def main(argv=None) -> int:
         else:
             rows.append({"group": g, "deployments": len(usable), "all_deployments": len(deps), "targets": 0,
                          "pairwise": float("nan"), "best": float("nan"), "best_majority": False, "median_case": None})
-
     pairs = sum(c["pairs"] for c in cases)
-    pairwise = sum(c["agree"] for c in cases) / pairs if pairs else float("nan")
-    best_cases = float(np.mean([c["best_match"] for c in cases])) if cases else float("nan")
     scored = [r for r in rows if r["targets"]]
-    best_groups = float(np.mean([r["best_majority"] for r in scored])) if scored else float("nan")
-    median_groups = float(np.mean([r["median_case"]["best_match"] for r in scored])) if scored else float("nan")
     regrets = np.array([c["regret"] for c in cases]) if cases else np.array([np.nan])
-    close = float(np.mean(regrets <= 0.05))
-    wall = time.perf_counter() - t0
+    return {"cases": cases, "rows": rows, "pairs": pairs, "scored": len(scored),
+            "pairwise": sum(c["agree"] for c in cases) / pairs if pairs else float("nan"),
+            "best_cases": float(np.mean([c["best_match"] for c in cases])) if cases else float("nan"),
+            "best_groups": float(np.mean([r["best_majority"] for r in scored])) if scored else float("nan"),
+            "median_groups": float(np.mean([r["median_case"]["best_match"] for r in scored])) if scored else float("nan"),
+            "close": float(np.mean(regrets <= 0.05)), "regret_mean": float(np.mean(regrets)),
+            "regret_max": float(np.max(regrets))}
 
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", default=DEFAULT_CSV)
+    ap.add_argument("--evaluators", default="steady,simulate",
+                    help=f"comma-separated, scored side by side (known: {', '.join(EVALUATORS)}; default %(default)s)")
+    ap.add_argument("--targets", type=int, default=8, help="TPOT targets per group (default 8)")
+    ap.add_argument("--max-num-seqs", choices=("conc", "scenario"), default="conc")
+    ap.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap",
+                    help="the step estimate (default no_overlap, the accuracy harness's headline)")
+    ap.add_argument("--num-prompts", type=int, default=None, help="serve evaluator: prompts per point")
+    ap.add_argument("--out", default=os.path.join(HERE, "results", "size_vs_measured.md"))
+    args = ap.parse_args(argv)
+    evaluators = [e.strip() for e in args.evaluators.split(",") if e.strip()]
+    bad = [e for e in evaluators if e not in EVALUATORS]
+    if bad or not evaluators:
+        ap.error(f"unknown evaluator {bad[0] if bad else '(none)'} (known: {', '.join(EVALUATORS)})")
+    t0 = time.perf_counter()
+    groups, first, points = load_groups(args.csv)
+    res = {}
+    for ev in evaluators:
+        t1 = time.perf_counter()
+        if ev == "simulate":
+            predicted, refused = predict_simulate(points, first, args)
+        else:
+            predicted, refused = predict_closed_form(groups, first, args, ev)
+        sc = score(groups, first, predicted, args.targets)
+        res[ev] = dict(sc, predicted=predicted, refused=refused, seconds=time.perf_counter() - t1)
+    wall = time.perf_counter() - t0
+    ndep = len({(d, g[2]) for g, deps in groups.items() for d in deps})
+
+    E = evaluators
     L = ["# Does `jaxprice size` choose what the measurements choose?", "",
-         f"`python experiments/size_vs_measured.py --evaluator {args.evaluator} --targets {args.targets} "
-         f"--max-num-seqs {args.max_num_seqs} --estimate {args.estimate}` on `{os.path.relpath(args.csv, ROOT)}` ({wall:.0f} s on 2 CPU cores). "
+         f"`python experiments/size_vs_measured.py --evaluators {','.join(E)} --targets {args.targets} "
+         f"--max-num-seqs {args.max_num_seqs} --estimate {args.estimate}` on `{os.path.relpath(args.csv, ROOT)}`: "
+         f"{len(groups)} (model, chip, workload) groups with two or more measured deployments, {ndep} "
+         f"deployment-workloads, {len(points)} measured points ({wall:.0f} s on 2 shared CPU cores: "
+         + ", ".join(f"{e} {res[e]['seconds']:.0f} s" for e in E) + "). "
          "Method: the docstring of experiments/size_vs_measured.py. Throughput per GPU = C x osl / (TTFT + (osl - 1) "
          "x TPOT) / (tp x dp), measured and predicted alike, compared at matched mean-TPOT targets interpolated along "
-         "each sweep.", "",
-         f"Predicted by the `{args.evaluator}` evaluator"
-         + (" (the closed-form closed loop of jaxprice/_src/size.py: resident batch, chunked prefills beside it, "
-            "Little's-law queueing; the registry's coefficients as bundled, no fitting)" if args.evaluator == "steady"
-            else " (the serving simulation, jaxprice/_src/serve.py)") + ".", "",
-         "| score | value | goal |", "|---|---:|---:|",
-         f"| pairwise order agreement ({int(pairs)} pairs over {len(cases)} (group, target) cases) | "
-         f"**{pairwise:.1%}** | >= 85% |",
-         f"| measured best = predicted best, per (group, target) case | {best_cases:.1%} | |",
-         f"| measured best = predicted best, per group (at the majority of its targets; {len(scored)} groups) | "
-         f"**{best_groups:.1%}** | >= 80% |",
-         f"| measured best = predicted best, per group at its median target | {median_groups:.1%} | |",
-         f"| predicted best within 5% of the measured best's measured throughput, per case | {close:.1%} | |",
-         f"| measured throughput given up by taking the predicted best: mean / max over cases | "
-         f"{np.mean(regrets):.1%} / {np.max(regrets):.1%} | |", ""]
-    verdict = []
-    verdict.append("pairwise goal " + ("met" if pairwise >= 0.85 else "NOT met"))
-    verdict.append("best-layout goal " + ("met" if best_groups >= 0.80 else "NOT met"))
-    L += ["Verdict: " + "; ".join(verdict) + ".", ""]
-    L += ["Caveats. These are in-sample figures: the steady evaluator's rules (chunked prefills beside the "
-          "resident batch; the lockstep of an MoE model's data-parallel ranks, added after the serving "
-          "simulation disagreed with the first version at dp > 1) were written with this file's scores in view, "
-          "which moved between 84.0% and 85.0% pairwise and 59% and 64% best-per-group over those revisions, so the "
-          "pairwise goal is met only at its edge. Many wrong best picks are near-ties: see the 5% row above. The "
-          "misses concentrate where the step kernel's absolute TPOT is off by more than the measured gap between "
-          "deployments (gpt-oss on H100/H200 across tp; minimax fp4 at high concurrency, where the kernel "
-          "under-predicts TPOT, and its data-parallel deployments, which it over-rates); a ranking at matched TPOT "
-          "inherits every absolute TPOT error. The serving simulation (`--evaluator serve`) was not run over the "
-          "whole set here (about an hour on 2 shared cores); on the layouts checked it agrees with `steady` on TPOT "
-          "and throughput within about 5%.", ""]
+         "each sweep. The registry's coefficients as bundled, no fitting here.", "",
+         "Evaluators:", ""]
+    L += [f"- `{e}`: {DESCRIBE[e]}." for e in E]
+    L += ["", "| score | " + " | ".join(f"`{e}`" for e in E) + " | goal |", "|---|" + "---:|" * len(E) + "---:|"]
+
+    def row(name, fmt, goal=""):
+        L.append(f"| {name} | " + " | ".join(fmt(res[e]) for e in E) + f" | {goal} |")
+    row("(group, target) cases / deployment pairs", lambda r: f"{len(r['cases'])} / {int(r['pairs'])}")
+    row("pairwise order agreement", lambda r: f"**{r['pairwise']:.1%}**", ">= 85%")
+    row("measured best = predicted best, per (group, target) case", lambda r: f"{r['best_cases']:.1%}")
+    row("measured best = predicted best, per group (at the majority of its targets)",
+        lambda r: f"**{r['best_groups']:.1%}** of {r['scored']}", ">= 80%")
+    row("measured best = predicted best, per group at its median target", lambda r: f"{r['median_groups']:.1%}")
+    row("predicted best within 5% of the measured best's measured throughput, per case", lambda r: f"{r['close']:.1%}")
+    row("measured throughput given up by taking the predicted best: mean / max over cases",
+        lambda r: f"{r['regret_mean']:.1%} / {r['regret_max']:.1%}")
+    row("deployment-workloads refused", lambda r: f"{len(r['refused'])}")
+    L.append("")
+    if len(E) > 1:      # how often the evaluators pick the same best, case by case
+        keyed = {e: {(c["group"], round(c["target_ms"], 9)): c["predicted_best"] for c in res[e]["cases"]} for e in E}
+        for e in E[1:]:
+            common = [k for k in keyed[E[0]] if k in keyed[e]]
+            same = sum(keyed[E[0]][k] == keyed[e][k] for k in common)
+            L.append(f"`{E[0]}` and `{e}` predict the same best deployment in {same} of {len(common)} (group, target) "
+                     f"cases.")
+        L.append("")
+    verdicts = []
+    for e in E:
+        r = res[e]
+        verdicts.append(f"`{e}`: pairwise goal " + ("met" if r["pairwise"] >= 0.85 else "NOT met")
+                        + ", best-layout goal " + ("met" if r["best_groups"] >= 0.80 else "NOT met"))
+    L += ["Verdict: " + "; ".join(verdicts) + ".", ""]
+    L += ["What is in sample. Everything here is in sample: there is no held-out measurement set, and both "
+          "evaluators were developed against this same development CSV. The `steady` evaluator's rules (chunked "
+          "prefills beside the resident batch; the lockstep of an MoE model's data-parallel ranks, added after the "
+          "serving simulation disagreed with the first version at dp > 1) were written with this file's scores in "
+          "view (they moved between 84.0% and 85.0% pairwise and 59% and 64% best-per-group over those revisions). "
+          "The serving simulation and the `simulate` rule (scheduler, host latencies, recipe settings) were built and "
+          "checked against this CSV's TPOT and TTFT by the serving and accuracy work; nothing in them was changed "
+          "with these ranking scores in view, and this comparison of the two evaluators was run once, as written, "
+          "with nothing tuned after it. The two evaluators also differ in their engine settings: `simulate` runs each "
+          "point with its published recipe's settings (max_num_batched_tokens, block size, KV cache dtype, "
+          "gpu_memory_utilization, prompt count), `steady` with the scenario's. Many wrong best picks are near-ties "
+          "(see the 5% row); a ranking at matched TPOT inherits every absolute TPOT error of the step kernel.", ""]
     L += ["## Per group", "",
-          "| model | chip | workload | deployments | targets | pairwise | best match | median target (ms): measured best "
-          "/ predicted best |", "|---|---|---|---:|---:|---:|---:|---|"]
-    for r in rows:
-        m, c, w = r["group"]
-        mc = r["median_case"]
-        med = (f"{mc['target_ms']:.1f}: {mc['measured_best']} / {mc['predicted_best']}" if mc else "-")
-        dd = f"{r['deployments']}" + (f" of {r['all_deployments']}" if r["deployments"] != r["all_deployments"] else "")
-        L.append(f"| {m} | {c} | {w} | {dd} | {r['targets']} | "
-                 + (f"{r['pairwise']:.0%} | {r['best']:.0%} |" if r["targets"] else "- | - |") + f" {med} |")
-    if refused:
-        L += ["", "## Deployments the kernel refused (left out of their groups)", ""]
-        for (d, w), why in sorted(refused.items()):
-            L.append(f"- {d} ({w}): {why}")
-    L += ["", "## Where the order is wrong", "",
-          "Each (group, target) case whose measured best is not the predicted best, with the throughputs per GPU "
-          "(measured / predicted, tokens/s):", ""]
-    wrong = [c for c in cases if not c["best_match"]]
-    for c in wrong[:40]:
-        m, ch, w = c["group"]
-        vals = ", ".join(f"{d.replace(m + '-', '')} {c['measured'][d]:.0f}/{c['predicted'][d]:.0f}"
-                         for d in c["deployments"])
-        L.append(f"- {m} {ch} {w} @ TPOT {c['target_ms']:.1f} ms: measured best {c['measured_best'].replace(m + '-', '')}"
-                 f", predicted best {c['predicted_best'].replace(m + '-', '')} (gives up {c['regret']:.0%}; {vals})")
-    if len(wrong) > 40:
-        L.append(f"- ... and {len(wrong) - 40} more (experiments/out/size_vs_measured.json)")
+          "| model | chip | workload | deployments | targets | " + " | ".join(f"pairwise `{e}`" for e in E) + " | "
+          + " | ".join(f"best match `{e}`" for e in E) + " | median target (ms): measured best / "
+          + " / ".join(f"`{e}` best" for e in E) + " |",
+          "|---|---|---|---:|---:|" + "---:|" * (2 * len(E)) + "---|"]
+    for k, r0 in enumerate(res[E[0]]["rows"]):
+        m, c, w = r0["group"]
+        rs = [res[e]["rows"][k] for e in E]
+        mc = r0["median_case"]
+        strip = lambda d: d.replace(m + "-", "")  # noqa: E731
+        if mc:
+            picks = []
+            for r in rs:
+                pc = r["median_case"]
+                picks.append(strip(pc["predicted_best"]) if pc and abs(pc["target_ms"] - mc["target_ms"]) < 1e-9
+                             else (strip(pc["predicted_best"]) + f" (@{pc['target_ms']:.1f})" if pc else "-"))
+            med = f"{mc['target_ms']:.1f}: {strip(mc['measured_best'])} / " + " / ".join(picks)
+        else:
+            med = "-"
+        dd = f"{r0['all_deployments']}"
+        L.append(f"| {m} | {c} | {w} | {dd} | {r0['targets']} | "
+                 + " | ".join(f"{r['pairwise']:.0%}" if r["targets"] else "-" for r in rs) + " | "
+                 + " | ".join(f"{r['best']:.0%}" if r["targets"] else "-" for r in rs) + f" | {med} |")
+    for e in E:
+        if res[e]["refused"]:
+            L += ["", f"## Deployments `{e}` refused (left out of their groups)", ""]
+            for (d, w), why in sorted(res[e]["refused"].items()):
+                L.append(f"- {d} ({w}): {why}")
+    for e in E:
+        L += ["", f"## Where the order is wrong: `{e}`", "",
+              "Each (group, target) case whose measured best is not the predicted best, with the throughputs per GPU "
+              "(measured / predicted, tokens/s):", ""]
+        wrong = [c for c in res[e]["cases"] if not c["best_match"]]
+        for c in wrong[:30]:
+            m, ch, w = c["group"]
+            vals = ", ".join(f"{d.replace(m + '-', '')} {c['measured'][d]:.0f}/{c['predicted'][d]:.0f}"
+                             for d in c["deployments"])
+            L.append(f"- {m} {ch} {w} @ TPOT {c['target_ms']:.1f} ms: measured best "
+                     f"{c['measured_best'].replace(m + '-', '')}, predicted best "
+                     f"{c['predicted_best'].replace(m + '-', '')} (gives up {c['regret']:.0%}; {vals})")
+        if len(wrong) > 30:
+            L.append(f"- ... and {len(wrong) - 30} more (experiments/out/size_vs_measured.json)")
     L.append("")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as fh:
         fh.write("\n".join(L))
     out_json = os.path.join(HERE, "out", "size_vs_measured.json")
     os.makedirs(os.path.dirname(out_json), exist_ok=True)
+
+    def plain(v):
+        return v.tolist() if isinstance(v, np.ndarray) else v
     with open(out_json, "w") as fh:
-        json.dump({"pairwise": pairwise, "best_cases": best_cases, "best_groups": best_groups,
-                   "cases": [dict(c, group=list(c["group"])) for c in cases],
-                   "predicted": {f"{d}|{w}": {k: (v.tolist() if isinstance(v, np.ndarray) else v)
-                                              for k, v in q.items()} for (d, w), q in predicted.items()},
-                   "refused": {f"{d}|{w}": v for (d, w), v in refused.items()}}, fh, indent=1, default=float)
-    print("\n".join(L[:18]))
+        json.dump({e: {"pairwise": r["pairwise"], "best_cases": r["best_cases"], "best_groups": r["best_groups"],
+                       "seconds": r["seconds"], "cases": [dict(c, group=list(c["group"])) for c in r["cases"]],
+                       "predicted": {f"{d}|{w}": {k: plain(v) for k, v in q.items()}
+                                     for (d, w), q in r["predicted"].items()},
+                       "refused": {f"{d}|{w}": v for (d, w), v in r["refused"].items()}}
+                   for e, r in res.items()}, fh, indent=1, default=float)
+    print("\n".join(L[:24]))
     print(f"wrote {args.out} ({wall:.0f} s)")
     return 0
 

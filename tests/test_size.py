@@ -7,6 +7,7 @@ fit in bf16), one engine setting, three concurrencies: two plans, compiled once 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -234,3 +235,101 @@ def test_steady_state_lockstep_weights():
         assert fw == [0.5, 1.0] and sum(tw) == pytest.approx(1.0)
         weights[dp] = tw[1]
     assert weights[1] == pytest.approx(64 / 1024) and weights[2] == pytest.approx(2 * 64 / 1024)
+
+
+# ----------------------------------------------------------------------------- the serving simulation in the search
+
+SIM = dict(chip="h200", gpus=4, isl=256, osl=64, weights=["bf16"], max_num_seqs=(256,), max_num_batched_tokens=(8192,),
+           cudagraph_modes=("PIECEWISE",), concurrency=(1, 8))
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    """auto: steady for both layouts, then both re-run under the simulation at 10 x C prompts
+    (both are on the frontier or near the target); shapes small enough for one scheduler bucket."""
+    return jp.size(MODEL, tpot_ms=40, evaluator="auto", **SIM)
+
+
+def test_simulated_numbers_equal_simulate_sweep(simulated):
+    sims = [r for r in simulated.results if r.source == "serve"]
+    assert len(sims) == len(simulated.results) == 2 and simulated.info["layouts_simulated"] == 2
+    assert simulated.info["steps_simulated"] > 0 and simulated.info["scheduler_iterations"] > 0
+    wl = jp.Workload(isl=256, osl=64, range_ratio=0.8)
+    r = sims[0]
+    dep = simulated.candidates[r.index].deployment
+    # 10 x C prompts, the benchmark's; the levels twice: four lanes, the scheduler shape the search
+    # compiled (its two layouts x two levels), so no new compile
+    ref = jp.simulate_sweep(dep, wl, list(r.concurrency) * 2)[:len(r.concurrency)]
+    np.testing.assert_array_equal(r.ttft, [x.summary["ttft_mean"] for x in ref])
+    np.testing.assert_array_equal(r.tpot, [x.summary["tpot_mean"] for x in ref])
+    np.testing.assert_array_equal(r.tps_per_gpu, [x.summary["output_tps"] / r.layout.width for x in ref])
+    assert [x.summary["output_tps_per_gpu"] for x in ref] == pytest.approx(list(r.tps_per_gpu), rel=1e-12)
+    # the steady numbers it replaced are kept, and differ (another evaluator), though not wildly
+    assert r.replaced["source"] == "steady" and not np.array_equal(r.replaced["tpot"], r.tpot)
+    np.testing.assert_allclose(r.replaced["tpot"], r.tpot, rtol=0.5)
+    assert S.LayoutResult.as_dict(r)["source"] == "serve"
+
+
+def test_simulated_frontier_non_dominated_and_simulated(simulated):
+    res = simulated.results
+    pts = np.array([(r.tps_per_user[j], r.tps_per_gpu[j]) for r in res for j in range(len(r.concurrency))])
+    assert simulated.frontier
+    for i, j in simulated.frontier:
+        x, y = res[i].tps_per_user[j], res[i].tps_per_gpu[j]
+        assert not np.any((pts[:, 0] >= x) & (pts[:, 1] >= y) & ((pts[:, 0] > x) | (pts[:, 1] > y)))
+        assert res[i].source == "serve"
+    assert simulated.best in simulated.frontier and simulated.best_result.source == "serve"
+    assert simulated.point(simulated.best)["tpot_ms"] <= 40
+    from jaxprice._src.cli_size import describe_sources, format_table
+    text = describe_sources(simulated)
+    assert "2 of 2 layouts from the serving simulation" in text and "every frontier point simulated" in text
+    assert " sim " in format_table(simulated) + " " and "std" not in format_table(simulated).split("src:")[0]
+
+
+def _fake(label, tpot, gpu, k):
+    lay = S.Layout(k + 1, 1, False, "bf16", 256, 8192, "PIECEWISE")
+    tpot = np.asarray(tpot, float)
+    return S.LayoutResult(k, lay, 1, np.array([1, 8]), np.full(2, 0.1), tpot, np.asarray(gpu, float), 1 / tpot,
+                          np.array([1, 8]))
+
+
+def test_refine_simulates_until_the_frontier_is_simulated(monkeypatch):
+    """Layouts whose simulated numbers fall let a steady one take the lead: that one is simulated
+    in the next round; the limit stops the rounds; a refused layout is dropped and rejected."""
+    res = [_fake("a", [0.010, 0.020], [100, 400], 0), _fake("b", [0.011, 0.021], [90, 380], 1),
+           _fake("e", [0.0115, 0.0215], [85, 370], 2), _fake("d", [0.012, 0.022], [10, 20], 3)]
+    cands = [S.Candidate(r.layout, 1, "ok") for r in res]
+    scale = {1: 0.5, 2: 0.5, 3: 0.99}
+    calls = []
+
+    def fake_many(deps, layouts, workload, concurrencies, **kw):
+        calls.append([lay.tp for lay in layouts])
+        out = []
+        for lay in layouts:
+            r = res[lay.tp - 1]
+            out.append(S.JaxpriceError("stalled", field="engine") if lay.tp == 4 else
+                       (r.ttft, r.tpot, r.tps_per_gpu * scale[lay.tp], r.tps_per_user, r.resident, 10))
+        return out
+    monkeypatch.setattr(S, "evaluate_serve_many", fake_many)
+    fresh = lambda: [dataclasses.replace(r) for r in res]  # noqa: E731
+    got, rounds = S.refine(fresh(), cands, S.SizeWorkload(256, 64), [1, 8], None, 0.05, limit=8, first="frontier")
+    assert calls == [[1, 2], [3]] and rounds == 2           # a, b (best, runner-up, frontier), then e
+    assert {r.layout.tp: r.source for r in got} == {1: "serve", 2: "serve", 3: "serve", 4: "steady"}
+    assert got[0].replaced["source"] == "steady" and got[0].replaced["tps_per_gpu"][1] == 400
+    front, best, *_ = S.choose(got, None, 0.05)
+    assert all(got[i].source == "serve" for i, _ in front) and got[best[0]].layout.tp == 3
+    calls.clear()
+    got, rounds = S.refine(fresh(), cands, S.SizeWorkload(256, 64), [1, 8], None, 0.05, limit=0, first="frontier",
+                           max_rounds=1)
+    assert calls == [[1, 2]] and rounds == 1 and got[2].source == "steady"      # stopped: e stays steady
+    # 'near': within 20 % of the 10 ms target and within 20 % of the best such throughput; the
+    # frontier, best and runner-up always, ``limit`` more at most
+    sel = S.simulation_set(res, None, 0.010, near=0.2, band=0.2, limit=8)
+    assert sel == [0, 1, 2]          # a: frontier and best (alone meets 10 ms), b, e: near; d: near, too slow
+    assert S.simulation_set(res, None, 0.010, near=0.2, band=0.2, limit=0) == [0]
+    assert S.simulation_set(res, None, 0.010, near=0.2, band=0.2, limit=1) == [0, 1]
+    assert S.simulation_set(res, None, 0.010, near=0.2, band=0.2, limit=8, done=[0]) == [1, 2]
+    calls.clear()
+    got, rounds = S.refine([dataclasses.replace(res[3])], cands, S.SizeWorkload(256, 64), [1, 8], None, None,
+                           first="frontier")
+    assert got == [] and cands[3].status == "rejected" and "stalled" in cands[3].reason

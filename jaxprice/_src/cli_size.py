@@ -57,11 +57,22 @@ def add_parser(subparsers):
                    help="request lengths uniform on [ratio x L, L] (InferenceX: 0.8; 1 = fixed)")
     p.add_argument("--evaluator", choices=S.EVALUATORS, default="auto",
                    help="steady: the closed loop's steady state in closed form, all layouts on the deployment "
-                        "axis (fast); serve: the serving simulation for every layout (slow); auto: steady, with "
-                        "--verify")
-    p.add_argument("--verify", default="2",
-                   help="re-run the best (and runner-up) layout under the serving simulation (default 2; 0: no)")
-    p.add_argument("--num-prompts", default=None, help="prompts per simulated point (serve; default 10 x C)")
+                        "axis (fast); serve: the serving simulation for every layout (all layouts' runs in "
+                        "shared scheduler calls, --search-prompts per client, then the frontier at 10 x C); "
+                        "auto (default): steady for every layout, then the serving simulation at 10 x C for the "
+                        "frontier, the best and the layouts near the targets (--simulate), its numbers replacing "
+                        "the steady ones")
+    p.add_argument("--simulate", default=str(S.DEFAULT_SIMULATE),
+                   help="auto: layouts near the targets re-run under the serving simulation at 10 x C prompts "
+                        "beside the frontier, best and runner-up (always re-run), at most (default %(default)s; "
+                        "0: no simulation)")
+    p.add_argument("--search-prompts", default=str(S.DEFAULT_SEARCH_PROMPTS),
+                   help="serve: prompts per client for the search over every layout (default %(default)s, i.e. "
+                        "2 x C per point; 'none': 10 x C)")
+    p.add_argument("--verify", default="0",
+                   help="steady: re-run the best (and runner-up) layout under the serving simulation (default 0)")
+    p.add_argument("--num-prompts", default=None,
+                   help="prompts per simulated point, every simulated run (default 10 x C, the benchmark's)")
     p.add_argument("--show-rejected", action="store_true", help="list every rejected layout with its reason")
     p.add_argument("--top", default="12", help="table rows (layouts, best first; default 12)")
     p.add_argument("--json", metavar="FILE", default=None, help="write everything as JSON ('-': stdout)")
@@ -97,7 +108,10 @@ def options(args) -> dict:
                                                       minimum=1),
                 cudagraph_modes=modes, range_ratio=rr, evaluator=args.evaluator,
                 num_prompts=parse_int(args.num_prompts, flag="--num-prompts", minimum=1) if args.num_prompts else None,
-                verify=parse_int(args.verify, flag="--verify", minimum=0))
+                verify=parse_int(args.verify, flag="--verify", minimum=0),
+                simulate=parse_int(args.simulate, flag="--simulate", minimum=0),
+                search_prompts=(None if str(args.search_prompts).lower() == "none"
+                                else _targets(args.search_prompts, "--search-prompts")))
 
 
 def describe_space(cands, ctx, show_rejected=False) -> str:
@@ -143,7 +157,7 @@ def format_table(result, top=12) -> str:
             rows.append((-1.0, i, int(np.argmin(r.tpot)), False))
     rows.sort(key=lambda t: (-t[0], t[1]))
     head = (f"{'layout':<42}{'rep':>4}{'C/eng':>7}{'TTFT ms':>10}{'TPOT ms':>9}{'tok/s/GPU':>11}{'tok/s/user':>11}"
-            f"{'':>3}")
+            f"{'src':>5}{'':>3}")
     lines = [f"layouts by their best point within the targets ({len(rows)} distinct; top {min(top, len(rows))}):",
              head]
     front = set(result.frontier)
@@ -152,14 +166,45 @@ def format_table(result, top=12) -> str:
         mark = ("*" if (i, j) == result.best else "") + ("F" if (i, j) in front else "")
         lines.append(f"{r.layout.label:<42}{r.replicas:>4}{int(r.concurrency[j]):>7}{r.ttft[j] * 1e3:>10.1f}"
                      f"{r.tpot[j] * 1e3:>9.2f}{r.tps_per_gpu[j]:>11.1f}{r.tps_per_user[j]:>11.1f}"
-                     + (f"  {mark}" if mark else "") + ("" if ok else "  (misses targets at every C)"))
-    lines.append("  * best   F on the Pareto frontier")
+                     f"{_src(r):>5}" + (f"  {mark}" if mark else "") + ("" if ok else "  (misses targets at every C)"))
+    lines.append("  * best   F on the Pareto frontier   src: sim = the serving simulation, 10 x C prompts; "
+                 "sim~ = the simulation with fewer prompts (the search); std = the closed-form steady state")
     lines.append(f"Pareto frontier ({len(result.frontier)} points, tokens/s per user ascending):")
     for i, j in result.frontier:
         r = result.results[i]
         lines.append(f"  {r.tps_per_user[j]:8.1f} tok/s/user  {r.tps_per_gpu[j]:8.1f} tok/s/GPU  {r.layout.label} "
-                     f"@ C={int(r.concurrency[j])}")
+                     f"@ C={int(r.concurrency[j])}  ({_src(r)})")
     return "\n".join(lines)
+
+
+def _src(r) -> str:
+    if r.source == "steady":
+        return "std"
+    return "sim" if r.source == "serve" else "sim~"
+
+
+def describe_sources(result) -> str:
+    """Which layouts' numbers come from the serving simulation, which from the steady state."""
+    info = result.info
+    sim = [r for r in result.results if r.source.startswith("serve")]
+    if not sim:
+        return f"numbers: all {len(result.results)} layouts from the {info['evaluator']} evaluator"
+    final = [r for r in sim if r.source == "serve"]
+    parts = [f"numbers: {len(sim)} of {len(result.results)} layouts from the serving simulation"]
+    if final:
+        parts.append(f"{len(final)} at {info.get('simulated_prompts', '10 x C')} prompts per point (the frontier, "
+                     "best, runner-up and layouts near the targets)")
+    if len(sim) > len(final):
+        parts.append(f"{len(sim) - len(final)} at the search's {info.get('search_prompts')} prompts per point")
+    rest = len(result.results) - len(sim)
+    if rest:
+        parts.append(f"the other {rest} from the closed-form steady state")
+    front = [result.results[i] for i, _ in result.frontier]
+    steady_front = sum(r.source == "steady" for r in front)
+    tail = ("; every frontier point simulated" if not steady_front
+            else f"; {steady_front} frontier point(s) still from the steady state")
+    return "; ".join(parts) + tail + (f" ({info.get('simulation_rounds', 0)} simulation round(s), "
+                                      f"{info.get('seconds_simulate', 0.0):.1f} s)")
 
 
 def run(args) -> int:
@@ -189,7 +234,8 @@ def run(args) -> int:
     print(f"searched {info['layouts_priced']} layouts x {info['concurrency_levels']} concurrencies "
           f"({info['layouts_evaluated']} distinct results, {info['layouts_duplicate']} duplicates) with the "
           f"{info['evaluator']} evaluator: {info['compiles']} compiles, {info['steps_priced']} steps priced, "
-          f"{info['seconds']:.1f} s")
+          f"{info.get('steps_simulated', 0)} steps simulated, {info['seconds']:.1f} s")
+    print(describe_sources(result))
     print(format_table(result, top))
     status = 0
     if result.best is None:

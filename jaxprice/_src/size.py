@@ -33,10 +33,32 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
      rank's pace, else 1), TTFT = half a decode step + the prompt's chunk steps + the queueing a
      closed loop of C > R clients implies by Little's law. Priced exactly by the step kernel.
 
-   ``auto`` (the default) searches with ``steady`` and, with ``verify``, re-runs the chosen
-   layout (and the runner-up) under ``serve`` and reports both (on the development set the two
-   agree on TPOT and throughput within a few percent; the simulation's TTFT is higher at high
-   concurrency, where every client's first request arrives at once).
+   ``auto`` (the default) searches every layout with ``steady``, then re-runs under ``serve``, at
+   the benchmark's 10 x C prompts per point, the layouts that matter (``refine``,
+   ``simulation_set``): the Pareto frontier, the best and the runner-up, and the layouts that
+   meet or come near the targets (within 20 % of them, with a throughput within 20 % of the best
+   such; at most ``simulate``, 8, of these beside the frontier); their simulated numbers
+   REPLACE the steady ones (``LayoutResult.source`` 'serve', the steady ones kept in
+   ``replaced``), and while the frontier or the choice of the updated numbers still holds a
+   steady layout, that one is simulated too (at most 32 rounds). The simulated layouts run
+   together (``evaluate_serve_many``): their lanes (every concurrency level and dp rank) in
+   shared scheduler calls grouped by shape
+   (``serve.build_schedules_batched``), each layout's steps priced in one call compiled per plan
+   structure (``serve.price_flat``). ``serve`` simulates every layout that way, with
+   ``search_prompts`` x C prompts per point (2: the closed loop's cost grows with the prompt
+   count), then re-runs at 10 x C as ``auto`` does (the frontier, best, runner-up and at most
+   ``simulate`` layouts near the targets, then the frontier until it is all at 10 x C; a
+   layout re-run at 10 x C often falls below its 2 x C numbers and lets another 2 x C layout onto
+   the frontier, so that takes many rounds).
+   Measured on 2 pinned cores of an otherwise idle machine (DeepSeek-V3, 8 x H200, 192 layouts
+   x 8 concurrencies, 1k/1k, TTFT 2 s / TPOT 50 ms): ``steady`` 6 s cold, 0.8 s warm; ``auto``
+   89 s cold, 47 s warm (18 layouts simulated at 10 x C in 7 rounds: 2.2 M steps over all dp
+   ranks, 0.9 M scheduler iterations); ``serve``: the 2 x C search of all 192 layouts (114
+   distinct) 120 s cold, 276 s in all with 43 layouts re-run at 10 x C in 8 rounds (then a
+   limit of 8 rounds, since raised to 32), not converged; with 32 rounds (on this project's
+   2-core machine, lightly shared) 389 s cold, the search 154 s, 62 layouts re-run at 10 x C in
+   18 rounds, converged, to the same best layout as ``auto``. The simulation's TTFT is higher than
+   the steady state's at high concurrency, where every client's first request arrives at once.
 
    Layouts are priced in vmapped groups on the deployment axis (stack.py): all layouts of one
    model structure and row padding in ONE call (every batch of every layout: all concurrencies,
@@ -44,7 +66,9 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
    as ``sweep.price_sharded`` shards batches), compiled once per structure and padding, not per
    layout (``stacked=False``: one kernel per plan, for comparison).
 4. **Output** (``SizeResult``): the Pareto frontier of tokens/s per GPU against tokens/s per user
-   over every point of every layout (among the points meeting the TTFT target, when one is set),
+   over every point of every layout (among the points meeting the TTFT target, when one is set;
+   each layout's numbers from the evaluator its ``source`` names, and the CLI's table, the JSON
+   and the plot say which),
    the best layout meeting the targets and by how much it beats the next best layout, a table,
    ``as_dict`` (JSON), ``plot`` (frontier, one curve per layout, targets), ``scenario_yaml`` (the
    chosen deployment as a two-document scenario that ``jaxprice price`` loads) and the
@@ -78,6 +102,9 @@ DEFAULT_CONCURRENCY = (1, 4, 16, 64, 128, 256, 512, 1024)
 DEFAULT_MAX_NUM_SEQS = (256, 512, 1024)
 DEFAULT_BATCHED_TOKENS = (4096, 8192, 16384)
 DEFAULT_GRAPH_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
+DEFAULT_SIMULATE = 8           # 'auto': layouts near the targets re-run under the serving simulation beside
+#                                the frontier, best and runner-up (always re-run), at most
+DEFAULT_SEARCH_PROMPTS = 2     # 'serve': prompts per client of the search over every layout (then 10 x C)
 EVALUATORS = ("auto", "serve", "steady")
 DECODE_THRESHOLD = 8
 QUANT_FLAG = {"fp8": "fp8", "nvfp4": "modelopt_fp4", "mxfp4": "mxfp4"}
@@ -343,15 +370,34 @@ class LayoutResult:
     tps_per_gpu: np.ndarray
     tps_per_user: np.ndarray
     resident: np.ndarray
+    source: str = "steady"         # where the numbers come from: 'steady', 'serve' (10 x C prompts) or
+    #                                'serve (k x C prompts)' / 'serve (n prompts)'
+    replaced: dict | None = None   # the numbers the simulation replaced (source, ttft, tpot, tps_per_gpu)
 
     def as_dict(self) -> dict:
-        return {"layout": self.layout.as_dict(), "label": self.layout.label, "replicas": self.replicas,
+        out = {"layout": self.layout.as_dict(), "label": self.layout.label, "replicas": self.replicas,
+               "source": self.source}
+        if self.replaced is not None:
+            out["replaced"] = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.replaced.items()}
+        return out | {
                 "points": [{"concurrency_per_engine": int(c), "concurrency_total": int(c) * self.replicas,
                             "ttft_ms": float(a) * 1e3, "tpot_ms": float(b) * 1e3,
                             "tokens_per_s_per_gpu": float(g), "tokens_per_s_per_user": float(u),
                             "resident_per_rank": int(r)}
                            for c, a, b, g, u, r in zip(self.concurrency, self.ttft, self.tpot, self.tps_per_gpu,
                                                        self.tps_per_user, self.resident)]}
+
+    def replace_numbers(self, out, source: str) -> None:
+        """Take another evaluator's numbers (``evaluate_serve``'s tuple), keeping the old ones in
+        ``replaced``."""
+        if self.replaced is None:
+            self.replaced = {"source": self.source, "ttft": self.ttft, "tpot": self.tpot,
+                             "tps_per_gpu": self.tps_per_gpu}
+        ttft, tpot, per_gpu, per_user, resident, _steps = out
+        self.ttft, self.tpot = np.asarray(ttft, float), np.asarray(tpot, float)
+        self.tps_per_gpu, self.tps_per_user = np.asarray(per_gpu, float), np.asarray(per_user, float)
+        self.resident = np.asarray(resident)
+        self.source = source
 
 
 def _rows(n: int) -> int:
@@ -595,6 +641,167 @@ def evaluate_serve(dep: Deployment, layout: Layout, workload: SizeWorkload, conc
     resident = get("resident_peak") if "resident_peak" in res[0].summary else np.zeros(len(res))
     steps = int(sum(float(r.summary.get("steps", 0)) for r in res))
     return ttft, tpot, per_gpu, 1.0 / tpot, resident.astype(int), steps
+
+
+def _jit_cache_size(fn) -> int:
+    try:
+        return int(fn._cache_size())
+    except Exception:  # noqa: BLE001 - a JAX without the counter: compiles are not reported
+        return 0
+
+
+def simulation_compiles() -> dict:
+    """Compiled programs of the serving simulation in this process so far: the closed-loop
+    scheduler (one per shape bucket and lane-group size) and the step kernel on per-step sums
+    (one per plan structure and chunk size)."""
+    serve = _serve_module()
+    if serve is None:
+        return {"scheduler": 0, "kernel": 0}
+    from . import schedule as SCH
+    return {"scheduler": _jit_cache_size(SCH.run_closed), "kernel": _jit_cache_size(serve._price_chunk)}
+
+
+def _schedules_batched(serve, deps, layouts, items, callback=None):
+    """Every layout's schedules of its ``items`` (per layout, closed-loop levels) in ONE shared
+    ``serve.build_schedules_batched`` call (the lanes of all layouts, levels and dp ranks grouped
+    by shape bucket): per layout per item a Schedule or the JaxpriceError refusing that run."""
+    jobs = [(dep, its, None) for dep, its in zip(deps, items)]
+    progress = None if callback is None else (lambda done, total, **info: callback(done, total, stage="schedule"))
+    return serve.build_schedules_batched(jobs, callback=progress)
+
+
+def evaluate_serve_many(deps, layouts, workload: SizeWorkload, concurrencies, *, num_prompts=None,
+                        prompts_per_client=None, estimate: str = "no_overlap", callback=None, stats: dict | None = None):
+    """The ``serve`` evaluator over many layouts at once: every layout's closed-loop sweep
+    scheduled in SHARED scheduler calls (``serve.build_schedules_batched``: the lanes of all
+    layouts, levels and dp ranks grouped by shape bucket, so the compiles do not grow with the
+    number of layouts), then each layout's steps of all levels priced in one ``serve.price_flat``
+    call (compiled once per plan structure). Returns per layout ``evaluate_serve``'s tuple (equal
+    to ``serve.simulate_sweep``'s numbers: the same schedule, prices and metrics), or the
+    JaxpriceError refusing one of its runs. Prompts per point: ``num_prompts`` when given, else
+    ``prompts_per_client`` x C when given, else the benchmark's 10 x C. ``stats`` (a dict)
+    receives steps, scheduler_iterations, seconds_schedule, seconds_price."""
+    serve = _serve_module()
+    if serve is None:
+        refuse("the serving simulation (jaxprice serve) is not installed in this version", field="evaluator",
+               value="serve")
+    if estimate not in ("no_overlap", "overlap"):
+        refuse("unknown estimate (known: no_overlap, overlap)", field="estimate", value=estimate)
+    wl = serve.Workload(isl=workload.isl, osl=workload.osl, range_ratio=workload.range_ratio, seed=workload.seed)
+    concs = [int(c) for c in concurrencies]
+
+    def prompts(c):
+        if num_prompts is not None:
+            return int(num_prompts)
+        if prompts_per_client is not None:
+            return max(int(round(prompts_per_client * c)), 1)
+        return None                                  # the benchmark's 10 x C
+    items = [[(wl, serve.ClosedLoop(c, prompts(c))) for c in concs] for lay in layouts]
+    t0 = time.perf_counter()
+    built = _schedules_batched(serve, deps, layouts, items, callback)
+    t1 = time.perf_counter()
+    out, steps, iters = [], 0, 0
+    for k, (dep, lay, scheds) in enumerate(zip(deps, layouts, built)):
+        bad = [sc for sc in scheds if isinstance(sc, JaxpriceError)]
+        if bad:
+            out.append(bad[0])
+            continue
+        coefs = dep.coefficients
+        flats = [serve._flat_columns(sc) for sc in scheds]
+        flat = {key: np.concatenate([f[key] for f in flats]) for key in flats[0]}
+        times = np.asarray(serve.price_flat(dep.plan, coefs, scheds[0].laws, flat, estimate=estimate))
+        summ, o = [], 0
+        for sc in scheds:
+            n = sc.dp * sc.steps
+            dt = times[o:o + n].reshape(sc.dp, sc.steps).max(axis=0) if sc.steps else np.zeros(0)
+            o += n
+            summ.append(serve.schedule_metrics(sc, dt, coefs)["summary"])
+            steps += n
+            iters += int(sc.iterations)
+        get = lambda key: np.array([float(m[key]) for m in summ])  # noqa: E731
+        ttft, tpot = get("ttft_mean"), get("tpot_mean")
+        per_gpu = get("output_tps") / lay.width
+        resident = get("resident_peak")
+        out.append((ttft, tpot, per_gpu, 1.0 / tpot, resident.astype(int), int(sum(sc.steps for sc in scheds))))
+        if callback is not None:
+            callback(k + 1, len(deps), stage="simulate")
+    if stats is not None:
+        stats["steps"] = stats.get("steps", 0) + steps
+        stats["scheduler_iterations"] = stats.get("scheduler_iterations", 0) + iters
+        stats["seconds_schedule"] = stats.get("seconds_schedule", 0.0) + (t1 - t0)
+        stats["seconds_price"] = stats.get("seconds_price", 0.0) + (time.perf_counter() - t1)
+    return out
+
+
+def refine(results, cands, workload: SizeWorkload, concurrencies, ttft_t, tpot_t, *, limit: int = DEFAULT_SIMULATE,
+           num_prompts=None, first: str = "near", rule: str = "serve", stats: dict | None = None, callback=None,
+           max_rounds: int = 32):
+    """Re-run layouts under the serving simulation and put its numbers in place of the search's
+    (``LayoutResult.replace_numbers``; ``source`` says which): first ``simulation_set`` (``first``
+    'near': the frontier, best, runner-up and the layouts meeting or near the targets; 'frontier':
+    the frontier, best and runner-up only), all in one batched call (``evaluate_serve_many``);
+    then, while the frontier, the best or the runner-up of the updated numbers holds a layout
+    whose numbers are not yet simulated, those layouts, until none is left (or after
+    ``max_rounds`` rounds). So every frontier point and the chosen layouts carry simulated
+    numbers; ``limit`` bounds only the layouts near the targets added in the first round. A
+    layout the simulation refuses is dropped (its candidate rejected with the reason). Returns
+    (results, rounds)."""
+    results = list(results)
+    done: set = set()          # candidate indices simulated under ``rule``
+    rounds = 0
+    while True:
+        index_done = [i for i, r in enumerate(results) if r.index in done]
+        if rounds == 0 and first == "near":
+            todo = simulation_set(results, ttft_t, tpot_t, limit=limit, done=index_done)
+        else:
+            frontier, best, runner, _m, _miss = choose(results, ttft_t, tpot_t)
+            want = list(dict.fromkeys([i for i, _ in frontier] + [x[0] for x in (best, runner) if x is not None]))
+            todo = [i for i in want if results[i].index not in done]
+        if not todo or rounds >= max_rounds:
+            break
+        rounds += 1
+        outs = evaluate_serve_many([cands[results[i].index].deployment for i in todo],
+                                   [results[i].layout for i in todo], workload, concurrencies, num_prompts=num_prompts,
+                                   stats=stats, callback=callback)
+        drop = set()
+        for i, out in zip(todo, outs):
+            done.add(results[i].index)
+            if isinstance(out, JaxpriceError):
+                c = cands[results[i].index]
+                c.status, c.reason = "rejected", f"serving simulation refused: {out.reason}"
+                drop.add(i)
+            else:
+                results[i].replace_numbers(out, rule)
+        results = [r for i, r in enumerate(results) if i not in drop]
+    return results, rounds
+
+
+def simulation_set(results, ttft_t, tpot_t, *, near: float = 0.2, band: float = 0.2, limit: int = 24,
+                   done=()) -> list:
+    """Indices (into ``results``) of the layouts the serving simulation should re-run, leaving out
+    ``done`` (already simulated): every layout on the Pareto frontier, the best and the runner-up,
+    then at most ``limit`` more: the layouts that meet or come near the targets (some point within
+    ``near`` of both, e.g. TPOT <= 1.2 x target) with a throughput per GPU there within ``band``
+    of the best such (1 - band = 0.8 of it), by that throughput."""
+    frontier, best, runner, _m, _miss = choose(results, ttft_t, tpot_t)
+    must = list(dict.fromkeys([i for i, _ in frontier] + [ref[0] for ref in (best, runner) if ref is not None]))
+    want = list(must)
+    scores = []
+    for i, r in enumerate(results):
+        ok = np.isfinite(r.tpot) & np.isfinite(r.ttft) & (r.tps_per_gpu > 0)
+        if ttft_t is not None:
+            ok &= r.ttft <= (1.0 + near) * ttft_t
+        if tpot_t is not None:
+            ok &= r.tpot <= (1.0 + near) * tpot_t
+        if ok.any():
+            scores.append((float(r.tps_per_gpu[ok].max()), i))
+    if scores:
+        top = max(v for v, _ in scores)
+        want += [i for v, i in sorted(scores, key=lambda t: (-t[0], t[1])) if v >= (1.0 - band) * top]
+    done = set(done)
+    core = [i for i in dict.fromkeys(want[:len(must)]) if i not in done]
+    extra = [i for i in dict.fromkeys(want[len(must):]) if i not in done and i not in core]
+    return core + extra[:max(int(limit), 0)]
 
 
 # ----------------------------------------------------------------------------- results
@@ -860,7 +1067,8 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
          max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
          cudagraph_modes=DEFAULT_GRAPH_MODES, range_ratio: float = 0.8, evaluator: str = "auto",
          num_prompts=None, gpus_per_node: int = 8, mesh=None, registry: Registry | None = None,
-         callback=None, on_candidates=None, workers: int = 2, stacked: bool = True, verify: int = 0) -> SizeResult:
+         callback=None, on_candidates=None, workers: int = 2, stacked: bool = True, verify: int = 0,
+         simulate: int = DEFAULT_SIMULATE, search_prompts=DEFAULT_SEARCH_PROMPTS) -> SizeResult:
     """Search the layouts of ``model`` on ``gpus`` x ``chip`` for a workload of ``isl`` / ``osl``
     tokens (see the module docstring). ``model``: a registry model name or a model graph file.
     ttft_ms, tpot_ms: targets on the means (None: none). concurrency: clients per engine.
@@ -872,7 +1080,12 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     deployment axis (one kernel per model structure; False: one kernel per plan, ``workers``
     threads compiling them). verify: with the steady evaluator, re-run the best (and, for 2,
     the runner-up) layout at its chosen concurrency under the serving simulation where it is
-    installed (``SizeResult.verification``). on_candidates(candidates, context dict): called once the
+    installed (``SizeResult.verification``). simulate: 'auto' and 'serve': the layouts on the
+    frontier, the best and the runner-up are re-run under the serving simulation at the
+    benchmark's 10 x C prompts (``num_prompts`` when given), until the frontier of the updated
+    numbers is all simulated, and ('auto') at most ``simulate`` more layouts near the targets;
+    their numbers replace the search's (``LayoutResult.source``; see ``refine``); 0: no re-run. search_prompts: 'serve': prompts per client of the search over every
+    layout (2: 2 x C prompts per point; None: 10 x C, no re-run). on_candidates(candidates, context dict): called once the
     candidate space is resolved, before the search (the CLI prints it). Bad input raises JaxpriceError before anything is jitted."""
     t0 = time.perf_counter()
     gpus = _positive(gpus, "gpus", integer=True)
@@ -887,8 +1100,14 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
         refuse("must be in (0, 1]", field="range_ratio", value=range_ratio)
     if evaluator not in EVALUATORS:
         refuse(f"unknown evaluator (known: {', '.join(EVALUATORS)})", field="evaluator", value=evaluator)
-    if evaluator == "auto":      # the search in closed form on the deployment axis; serve verifies
+    requested = evaluator
+    simulate = int(simulate or 0)
+    if evaluator == "auto":      # the search in closed form on the deployment axis; serve refines
         evaluator = "steady"
+        if _serve_module() is None:
+            simulate = 0
+    elif evaluator == "steady":
+        simulate = 0
     elif evaluator == "serve" and _serve_module() is None:
         refuse("the serving simulation (jaxprice serve) is not installed in this version", field="evaluator",
                value=evaluator)
@@ -935,6 +1154,11 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
         from .sweep import batch_mesh
         mesh = batch_mesh()
     results, steps, plans, same, shapes = [], 0, set(), {}, set()
+    sim_stats: dict = {}
+    sim0 = simulation_compiles()
+    search_rule = "serve" if num_prompts is None and search_prompts is None else (
+        f"serve ({int(num_prompts)} prompts)" if num_prompts is not None else f"serve ({search_prompts:g} x C prompts)")
+    final_rule = "serve" if num_prompts is None else f"serve ({int(num_prompts)} prompts)"
 
     def evaluate(c):
         if evaluator == "serve":
@@ -950,6 +1174,12 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
         outs = evaluate_steady_many([cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc,
                                     mesh=mesh, rows_cap=max(max_num_seqs),
                                     callback=None if callback is None else (lambda d, t: callback(d, t, stage="price")))
+        early = dict(zip(ok, outs))
+        was_stacked = True
+    elif evaluator == "serve":      # every layout's lanes in shared scheduler calls
+        outs = evaluate_serve_many([cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc,
+                                   num_prompts=num_prompts, prompts_per_client=search_prompts, stats=sim_stats,
+                                   callback=None if callback is None else (lambda d, t, **k: callback(d, t, **k)))
         early = dict(zip(ok, outs))
         was_stacked = True
     else:
@@ -968,6 +1198,8 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
         plans.add(c.deployment.plan.digest)
         try:
             out = early.pop(k) if k in early else evaluate(c)
+            if isinstance(out, JaxpriceError):
+                raise out
         except JaxpriceError as err:      # e.g. the serving simulation cannot admit a request
             c.status, c.reason = "rejected", f"{evaluator} evaluation refused: {err.reason}"
             continue
@@ -975,7 +1207,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
         steps += nsteps
         res = LayoutResult(k, c.layout, c.replicas, np.asarray(conc), np.asarray(ttft, float),
                            np.asarray(tpot, float), np.asarray(per_gpu, float), np.asarray(per_user, float),
-                           np.asarray(resident))
+                           np.asarray(resident), source=search_rule if evaluator == "serve" else "steady")
         key = (res.ttft.tobytes(), res.tpot.tobytes(), res.tps_per_gpu.tobytes())
         if key in same:      # e.g. tp1 x dp8 with and without expert parallelism: one plan price
             c.status, c.reason = "duplicate", f"priced the same as {same[key].label}"
@@ -984,20 +1216,49 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
             results.append(res)
         if callback is not None and not was_stacked:
             callback(n + 1, len(ok), layout=c.layout.parallel_label)
+    t_search = time.perf_counter() - t0
+    if evaluator == "steady":
+        search_compiles = ((_stack_compiles() - compiles0) if stacked and compiles0 is not None else len(shapes))
+    else:
+        search_compiles = 0      # the simulation's compiles are counted below
+    rounds = 0
+    if simulate > 0 and results and not (evaluator == "serve" and search_rule == final_rule):
+        results, rounds = refine(results, cands, workload, conc, ttft_t, tpot_t, limit=simulate,
+                                 num_prompts=num_prompts, first="near",
+                                 rule=final_rule, stats=sim_stats,
+                                 callback=None if callback is None else (lambda d, t, **k: callback(d, t, **k)))
     frontier, best, runner, margin, miss = choose(results, ttft_t, tpot_t)
     verification = []
     if verify and evaluator == "steady" and _serve_module() is not None:
         for ref in [r for r in (best, runner) if r is not None][:int(verify)]:
             verification.append(verify_point(cands[results[ref[0]].index], results[ref[0]], ref[1], workload,
                                              ttft_t, tpot_t, num_prompts=num_prompts))
-    info = {"evaluator": evaluator, "layouts_considered": len(cands), "layouts_priced": len(ok),
+    sim1 = simulation_compiles()
+    simulated = [r for r in results if r.source.startswith("serve")]
+    info = {"evaluator": evaluator if not (requested == "auto" and simulate > 0) else "auto (steady + serve)",
+            "layouts_considered": len(cands), "layouts_priced": len(ok),
             "layouts_evaluated": len(results),
             "layouts_rejected": sum(c.status == "rejected" for c in cands),
             "layouts_duplicate": sum(c.status == "duplicate" for c in cands),
             "concurrency_levels": len(conc), "points": len(results) * len(conc), "distinct_plans": len(plans),
-            "compiles": (_stack_compiles() - compiles0) if evaluator == "steady" and stacked and compiles0 is not None
-            else len(shapes) if evaluator == "steady" else len(plans), "steps_priced": int(steps), "devices": 1 if mesh is None else int(mesh.size),
-            "seconds_resolve": t_resolve, "seconds": time.perf_counter() - t0, "model_source": source}
+            "compiles": search_compiles + (sim1["scheduler"] - sim0["scheduler"]) + (sim1["kernel"] - sim0["kernel"]),
+            "search_compiles": search_compiles, "steps_priced": int(steps),
+            "devices": 1 if mesh is None else int(mesh.size),
+            "seconds_resolve": t_resolve, "seconds": time.perf_counter() - t0, "model_source": source,
+            "seconds_search": t_search,
+            "layouts_simulated": len(simulated),
+            "layouts_simulated_final": sum(r.source == final_rule for r in results),
+            "simulated_prompts": ("10 x C" if num_prompts is None else f"{int(num_prompts)}"),
+            "search_prompts": (None if evaluator != "serve" else search_rule.replace("serve", "").strip(" ()")
+                               or "10 x C"),
+            "simulation_rounds": rounds,
+            "steps_simulated": int(sim_stats.get("steps", 0)),
+            "scheduler_iterations": int(sim_stats.get("scheduler_iterations", 0)),
+            "scheduler_compiles": sim1["scheduler"] - sim0["scheduler"],
+            "simulation_kernel_compiles": sim1["kernel"] - sim0["kernel"],
+            "seconds_simulate": float(sim_stats.get("seconds_schedule", 0.0) + sim_stats.get("seconds_price", 0.0)),
+            "seconds_schedule": float(sim_stats.get("seconds_schedule", 0.0)),
+            "seconds_simulate_price": float(sim_stats.get("seconds_price", 0.0))}
     return SizeResult(model=graph.name, chip=chip, gpus=gpus, workload=workload, ttft_target=ttft_t,
                       tpot_target=tpot_t, candidates=cands, results=results, frontier=frontier, best=best,
                       runner_up=runner, margin=margin, miss=miss, info=info, graph=graph, registry=registry,
@@ -1020,14 +1281,20 @@ def plot(result: SizeResult, path, *, title=None) -> Path:
     cmap = plt.get_cmap("tab10")
     parallels = list(dict.fromkeys(r.layout.parallel_label for r in result.results))
     colour = {p: cmap(k % 10) for k, p in enumerate(parallels)}
-    for r in result.results:
-        ax.plot(r.tps_per_user, r.tps_per_gpu, "-", lw=0.6, alpha=0.45, color=colour[r.layout.parallel_label])
+    mixed = len({r.source == "steady" for r in result.results}) > 1
+    for r in result.results:      # dashed: the steady state's numbers beside simulated ones
+        ax.plot(r.tps_per_user, r.tps_per_gpu, "--" if mixed and r.source == "steady" else "-",
+                lw=0.6 if r.source == "steady" else 0.9, alpha=0.45, color=colour[r.layout.parallel_label])
         if result.ttft_target is not None:
             bad = r.ttft > result.ttft_target
             ax.plot(r.tps_per_user[bad], r.tps_per_gpu[bad], "o", ms=2.5, mfc="none", mew=0.5,
                     color=colour[r.layout.parallel_label], alpha=0.5)
     for p in parallels:
         ax.plot([], [], "-", color=colour[p], label=p)
+    if mixed:
+        ax.plot([], [], "-", color="grey", label="serving simulation (10 x C prompts)" if any(
+            r.source == "serve" for r in result.results) else "serving simulation")
+        ax.plot([], [], "--", color="grey", label="closed-form steady state")
     if result.frontier:
         fx = [result.results[i].tps_per_user[j] for i, j in result.frontier]
         fy = [result.results[i].tps_per_gpu[j] for i, j in result.frontier]
