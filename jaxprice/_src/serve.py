@@ -508,29 +508,25 @@ def _run_closed(lanes, slots, N, est, ff, n_laws):
     refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
 
 
-def _run_lanes(dep, laws, lanes, settings_list, open_loop, coefficients=None, estimate="no_overlap",
-               temperature=None):
-    """Run lanes (closed: vmapped, independent; open: one coupled group) with retry on record overflow."""
-    if open_loop:
-        N = max(max(l["n"] for l in lanes), 1)
-        slots = max(s["max_num_seqs"] for s in settings_list)
-        est = max(_record_estimate(l, s, len(laws.a)) for l, s in zip(lanes, settings_list))
-        records = 2 * est
-        stacked = _stack_lanes(lanes, _static(slots, N, records, False, len(laws.a)).requests)
-        for _ in range(3):
-            st = _static(slots, N, records, False, len(laws.a))
-            states = _checked(_run_open_jit(st, dep.plan, coefficients, stacked, estimate,
-                                            *temperature_arg(temperature),
-                                            None if laws.inverse is None else jnp.asarray(laws.inverse)),
-                              st, lanes, records)
-            if states is not None:
-                break
-            records *= 8
-        else:
-            refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
+def _run_open(dep, laws, lanes, settings_list, coefficients, estimate="no_overlap", temperature=None):
+    """An open-loop run's lanes (its dp ranks, coupled: they step together, priced inside the
+    loop), retried with more records on overflow; NumPy states. Closed loops go through
+    ``build_schedules_batched``."""
+    N = max(max(l["n"] for l in lanes), 1)
+    slots = max(s["max_num_seqs"] for s in settings_list)
+    est = max(_record_estimate(l, s, len(laws.a)) for l, s in zip(lanes, settings_list))
+    records = 2 * est
+    stacked = _stack_lanes(lanes, _static(slots, N, records, False, len(laws.a)).requests)
+    for _ in range(3):
+        st = _static(slots, N, records, False, len(laws.a))
+        states = _checked(_run_open_jit(st, dep.plan, coefficients, stacked, estimate, *temperature_arg(temperature),
+                                        None if laws.inverse is None else jnp.asarray(laws.inverse)),
+                          st, lanes, records)
+        if states is not None:
+            break
+        records *= 8
     else:
-        slots, N, est, ff = _closed_shape(lanes, settings_list)
-        states = _run_closed(lanes, slots, N, est, ff, len(laws.a))
+        refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
     if states["stuck"].any():
         refuse("the scheduler stalled: a request cannot be admitted (KV cache or budget too small)",
                field="engine", value=None)
@@ -628,8 +624,7 @@ def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=No
     for i, p in enumerate(prepared):
         if p[7] is None:
             coefs = dep.coefficients if coefficients is None else coefficients
-            states = _run_lanes(dep, laws, p[2], [p[0]] * len(p[2]), True, coefficients=coefs, estimate=estimate,
-                                temperature=temperature)
+            states = _run_open(dep, laws, p[2], [p[0]] * len(p[2]), coefs, estimate=estimate, temperature=temperature)
             out[i] = _assemble(dep, laws, states, list(range(len(p[2]))), p)
     return out
 
