@@ -1951,12 +1951,13 @@ def _run_data(run: SimRun):
     n = int(flat["tokens"].shape[0])
     chunk = min(SIM_CHUNK, 1 << max(n - 1, 0).bit_length())
     total = -(-n // chunk) * chunk
-    x = {k: jnp.asarray(np.concatenate([v, np.zeros((total - n,) + v.shape[1:])]).reshape(
+    # jax.device_put, not jnp.asarray: under JAX 0.10 the latter compiles a small program per new shape
+    x = {k: jax.device_put(np.concatenate([v, np.zeros((total - n,) + v.shape[1:])]).reshape(
         (total // chunk, chunk) + v.shape[1:])) for k, v in flat.items()}
     laws = run.schedules[0].laws
-    inverse = None if laws.inverse is None else jnp.asarray(laws.inverse)
-    return (x, inverse, jnp.asarray(np.concatenate(idx).astype(np.int32)), jnp.asarray(np.concatenate(w, axis=1)),
-            jnp.asarray(np.concatenate(seg)), jnp.asarray(mean_in))
+    inverse = None if laws.inverse is None else jax.device_put(np.asarray(laws.inverse))
+    return (x, inverse, jax.device_put(np.concatenate(idx).astype(np.int32)), jax.device_put(np.concatenate(w, axis=1)),
+            jax.device_put(np.concatenate(seg)), jax.device_put(mean_in))
 
 
 def _sim_predict(plan, coefs, x, inverse, idx, w, seg, mean_in, *, n_points, estimate, smooth, tau):
