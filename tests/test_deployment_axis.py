@@ -149,6 +149,33 @@ def test_the_sweep_prices_coefficient_sets_once_per_structure(deployments, group
     assert float(res.no_overlap[1]) > float(res.no_overlap[0])
 
 
+# the constant-folded single-deployment kernel (price(fold=True): a compile per plan, faster
+# for one deployment; experiments/bench.py prints both) against the traced one (a compile per
+# structure): XLA rewrites constant subexpressions of the folded one, so a few prices differ by
+# a few ulps (times: 6 at most over the 88 scenarios x 12 batches x exact and smooth, checked once;
+# the smooth bottleneck weights, a softmax of them, up to 28 ulps, 4e-15 relative)
+FOLD_ULPS = 8
+
+
+def test_folded_and_traced_single_deployment_kernels_agree(deployments, groups, batches):
+    # exact mode on every fourth structure, smooth mode on the first (each a compile per plan)
+    for g, temperature in [(groups[0], 0.3)] + [(g, None) for g in groups[::4]]:
+        dep = deployments[g[0]]
+        for k in (0, 5):
+            one = jax.tree_util.tree_map(lambda x, k=k: x[k], batches["int32"])
+            traced = jp.price(dep.plan, dep.coefficients, one, temperature=temperature)
+            folded = jp.price(dep.plan, dep.coefficients, one, temperature=temperature, fold=True)
+            for f in FIELDS:
+                a, d = np.asarray(getattr(folded, f)), np.asarray(getattr(traced, f))
+                if a.dtype.kind in "iub":
+                    np.testing.assert_array_equal(a, d, err_msg=f"{g[0]} {f}")
+                elif f == "bottleneck_weights":     # a softmax of the times: small weights amplify an ulp
+                    np.testing.assert_allclose(a, d, rtol=1e-13, atol=1e-16, err_msg=f"{g[0]} {f}")
+                else:
+                    np.testing.assert_array_max_ulp(a, d, maxulp=FOLD_ULPS)
+            assert float(traced.no_overlap) > 0
+
+
 def _loss_alone(dep, coefs, b):
     return jax.grad(lambda c: jnp.sum(jp.price_many(dep.plan, c, b).no_overlap))(coefs).values
 

@@ -593,8 +593,10 @@ def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, br
     deployment of one model graph shares it), padding and mode: the plan's values are traced.
 
     temperature: None for exact mode; a float >= 0 for smooth mode (0 reproduces exact).
-    fold: compile per plan instead, its values constants (the former path; equal up to XLA's
-    rewrites of constant subexpressions, a few ulps).
+    fold: compile per plan instead, its values constants: for one deployment priced many times
+    the faster call (XLA drops what the constants make dead; experiments/bench.py prints both
+    paths' warm call and compile side by side), at a compile per deployment. Equal up to XLA's
+    rewrites of constant subexpressions, a few ulps (tests/test_deployment_axis.py).
     """
     smooth, tau = temperature_arg(temperature)
     if fold:
