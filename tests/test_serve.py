@@ -363,3 +363,39 @@ def test_bad_trace_row_refused(tmp_path, text, where):
     p.write_text(text)
     with pytest.raises(jp.JaxpriceError, match=where):
         jp.load_trace(p)
+
+
+def test_lane_groups_largest_bucket_first_one_size_per_bucket_wide_lanes_alone():
+    """The largest slot bucket runs first (the other buckets compile meanwhile); one group size
+    per bucket, its last group padded to it (one compiled shape per bucket); lanes of
+    ALONE_SLOTS slots or more one per call; the longest expected lanes first."""
+    def entry(slots, length, i):
+        return ((slots, True), length, {"n": 1}, {}, (0, i, 0))
+    entries = [entry(16, 10 * i, i) for i in range(70)] + [entry(512, 5, 70), entry(512, 9, 71), entry(64, 1, 72)]
+    groups = serve._lane_groups(entries)
+    assert [(g[0][0], g[2], len(g[1])) for g in groups] == [(512, 1, 1), (512, 1, 1), (64, 1, 1), (16, 64, 64),
+                                                             (16, 64, 6)]
+    assert groups[0][1][0][1] == 9 and [e[1] for e in groups[3][1][:2]] == [690, 680]
+    lane = {"n": 4, "concurrency": 4, "plen": np.full(4, 100), "olen": np.full(4, 60)}
+    tight = {"max_num_seqs": 8, "block_size": 16, "kv_blocks": 20}        # 4 requests x 10 blocks: 2 x the cache
+    assert serve._kv_pressure(lane, tight) == 2.0
+    assert serve._expected_length(lane, tight, 100) == 800
+    assert serve._expected_length(lane, dict(tight, kv_blocks=80), 100) == 100
+
+
+def test_a_lane_out_of_records_is_run_again_alone(dep, monkeypatch):
+    """A lane whose record estimate is far too small runs out of records in its group; it is run
+    again alone with more and gives the schedule a large enough estimate gives."""
+    w, client = jp.Workload(32, 16, 0.5, seed=2), jp.ClosedLoop(4, 200)      # 366 records
+    want = serve.build_schedules_batched([(dep, [(w, client)], SYNC)])[0][0]
+    monkeypatch.setattr(serve, "RECORDS_PER_REQUEST", 1)
+    monkeypatch.setattr(serve, "_record_estimate", lambda *a: 1)
+    calls = []
+    real = S.run_closed
+    monkeypatch.setattr(S, "run_closed", lambda st, lanes: calls.append(st.records) or real(st, lanes))
+    got = serve.build_schedules_batched([(dep, [(w, client)], SYNC)])[0][0]
+    assert len(calls) == 2 and calls[1] > calls[0]
+    assert got.steps == want.steps and got.iterations == want.iterations
+    for k in ("tokens", "n_decode", "reads", "finishes"):
+        np.testing.assert_array_equal(got.sums[k], want.sums[k])
+    np.testing.assert_array_equal(got.requests["finish_step"], want.requests["finish_step"])

@@ -3,7 +3,8 @@
 ``simulate(deployment, workload, client)`` runs the engine's scheduler step by step
 (schedule.py), prices every step with the kernel, and returns per-request latencies (TTFT,
 TPOT, E2E, ITL) and the run's summary (``ServingResult``). ``simulate_sweep`` does a whole
-closed-loop concurrency sweep in one vmapped scheduler call and one vmapped pricing call.
+closed-loop concurrency sweep in shared vmapped scheduler calls (``build_schedules_batched``:
+lanes grouped by shape) and one vmapped pricing call.
 
 The engine (vLLM v1, serving-reference.md §1-3), per data-parallel rank:
 
@@ -74,6 +75,7 @@ the ``jax.lax.while_loop``; its gradient is that of the FIXED schedule the loop 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import math
@@ -251,22 +253,24 @@ def _record_estimate(lane, settings, n_laws):
 
 
 def _stack_lanes(lanes, N):
+    """The lanes' arrays stacked on a leading lane axis, requests padded to N, on the device
+    (``jax.device_put`` of NumPy arrays: ``jnp.asarray`` compiles a small program per new shape)."""
     out = {}
     for key in lanes[0]:
         vals = [l[key] for l in lanes]
         if key in ("plen", "olen"):
-            out[key] = jnp.asarray(np.stack([np.concatenate([v, np.ones(N - v.size, np.int64)]) for v in vals]))
+            out[key] = np.stack([np.concatenate([v, np.ones(N - v.size, np.int64)]) for v in vals])
         elif key == "arrival":
-            out[key] = jnp.asarray(np.stack([np.concatenate([v, np.full(N - v.size, np.inf)]) for v in vals]))
+            out[key] = np.stack([np.concatenate([v, np.full(N - v.size, np.inf)]) for v in vals])
         elif key in ("open", "reserve_full_isl", "async", "law_on"):
-            out[key] = jnp.asarray(np.array(vals, bool))
+            out[key] = np.array(vals, bool)
         elif key.startswith("law_") or key == "uniform_width":
-            out[key] = jnp.asarray(np.array(vals, float))
+            out[key] = np.array(vals, float)
         elif key == "bs_max":
-            out[key] = jnp.zeros((len(vals), max(v.size for v in vals)))
+            out[key] = np.zeros((len(vals), max(v.size for v in vals)))
         else:
-            out[key] = jnp.asarray(np.array(vals, np.int64))
-    return out
+            out[key] = np.array(vals, np.int64)
+    return {k: jax.device_put(v) for k, v in out.items()}
 
 
 # ----------------------------------------------------------------------------- schedule
@@ -387,13 +391,23 @@ def price_flat(plan, coefs, laws, flat, *, estimate="no_overlap", temperature=No
     padded = {k: np.concatenate([v, np.zeros((total - n,) + v.shape[1:])]) for k, v in flat.items()}
     smooth, tau = temperature_arg(temperature)
     has_rec = bool(len(plan.arrays["rec_kind"]))
-    inverse = jnp.asarray(laws.inverse) if laws.inverse is not None else None
+    inverse = jax.device_put(np.asarray(laws.inverse)) if laws.inverse is not None else None
     outs = []
     for o in range(0, total, chunk):
-        part = {k: jnp.asarray(v[o:o + chunk]) for k, v in padded.items()}
+        part = {k: jax.device_put(v[o:o + chunk]) for k, v in padded.items()}
         outs.append(price_rows(plan, coefs, part, inverse, tau, smooth, has_rec))
-    both = jnp.concatenate(outs, axis=1)[:, :n] if len(outs) > 1 else outs[0][:, :n]
-    return both if estimate == "both" else both[ESTIMATES.index(estimate)]
+    return _joined(outs, n, None if estimate == "both" else ESTIMATES.index(estimate))
+
+
+def _joined(outs, n, row=None):
+    """The chunks' [2, chunk] step times joined and cut to the first ``n`` steps (``row``: only
+    that estimate). Concrete chunks are joined in NumPy and put back on the device (a jnp
+    slice or concatenate of a new shape compiles a small program); traced ones in jnp."""
+    if any(isinstance(o, jax.core.Tracer) for o in outs):
+        both = jnp.concatenate(outs, axis=1)[:, :n] if len(outs) > 1 else outs[0][:, :n]
+        return both if row is None else both[row]
+    both = np.concatenate([np.asarray(o) for o in outs], axis=1)[:, :n]
+    return jax.device_put(both if row is None else both[row])
 
 
 def _flat_columns(sched):
@@ -453,7 +467,7 @@ def _prepare(dep, items, engine, acceptance, *, coefficients=None):
     return prepared
 
 
-SLOT_BUCKETS = (16, 64, 256, 1024)      # then powers of two: few shapes, so few compiles
+SLOT_BUCKETS = (16, 64, 256, 512, 1024)      # then powers of two: few shapes, so few compiles
 REQUESTS_PER_SLOT, RECORDS_PER_REQUEST = 16, 32
 
 
@@ -493,19 +507,40 @@ def _checked(states, st, lanes, records):
     return None if overflow.any() else states
 
 
-def _run_closed(lanes, slots, N, est, ff, n_laws):
-    """Closed-loop lanes in ONE vmapped scheduler call (retried with more records on overflow);
-    NumPy states. Lanes may come from different deployments: the plan enters only through the
+def _run_closed(lanes, st):
+    """Closed-loop lanes in ONE vmapped scheduler call of shape ``st``: (per lane its NumPy
+    states, the indices of the lanes that ran out of records: ``_rerun_alone`` runs them
+    again). Lanes may come from different deployments: the plan enters only through the
     lanes' read-law arrays."""
-    records = 2 * est
-    stacked = _stack_lanes(lanes, _static(slots, N, records, ff, n_laws).requests)
-    for _ in range(3):
-        st = _static(slots, N, records, ff, n_laws)
-        states = _checked(S.run_closed(st, stacked), st, lanes, records)
-        if states is not None:
-            return states
-        records *= 8
-    refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
+    states = jax.tree_util.tree_map(np.asarray, S.run_closed(st, _stack_lanes(lanes, st.requests)))
+    per_lane = [{k: v[i] for k, v in states.items()} for i in range(len(lanes))]
+    return per_lane, np.flatnonzero(_overflowed(states, st, lanes)).tolist()
+
+
+def _overflowed(states, st, lanes):
+    """[lanes] bool: the lanes that ran out of records before their last request finished."""
+    return (states["it"] + 2 > st.records) & (states["finished"] < np.array([l["n"] for l in lanes]))
+
+
+def _alone_static(lane, st, partial):
+    """The shape to run again alone a lane that ran out of records in a call of shape ``st``:
+    enough records for all its requests at the rate it finished them (``partial``: its states
+    when it stopped), 4 to 16 x as many."""
+    grow = 1.5 * max(int(lane["n"]), 1) / max(int(partial["finished"]), 1)
+    records = st.records * min(max(_next_pow2(math.ceil(grow)), 4), 16)
+    return _static(st.slots, max(int(lane["n"]), 1), records, st.fast_forward, st.laws)
+
+
+def _rerun_alone(lane, st, partial, tries=3):
+    """A lane that ran out of records in a call of shape ``st`` run alone with more
+    (``_alone_static``), up to ``tries`` times: its NumPy states, or the JaxpriceError
+    refusing it."""
+    for _ in range(tries):
+        st = _alone_static(lane, st, partial)
+        (partial,), over = _run_closed([lane], st)
+        if not over:
+            return partial
+    return JaxpriceError("the schedule did not finish (too many steps)", field="schedule", value=int(st.records))
 
 
 def _run_open(dep, laws, lanes, settings_list, coefficients, estimate="no_overlap", temperature=None):
@@ -556,6 +591,14 @@ def _run_open_jit(st, plan, coefs, lanes, estimate, smooth, tau, inverse):
     return S.run_open(st, lanes, price)
 
 
+def _padded(arrays, steps):
+    """[ranks, steps, ...] float: each rank's array, zero-padded to ``steps`` rows."""
+    out = np.zeros((len(arrays), steps) + arrays[0].shape[1:])
+    for r, x in enumerate(arrays):
+        out[r, :x.shape[0]] = x
+    return out
+
+
 def _assemble(dep, laws, states, lane_ids, prepared_item):
     settings, assumptions, lanes, index, ins, outs, arrival, conc = prepared_item
     dp = len(lanes)
@@ -568,18 +611,11 @@ def _assemble(dep, laws, states, lane_ids, prepared_item):
         per.append((st, cols, reads, pairs, floor))
     steps = max(p[1]["tokens"].size for p in per)
     L = len(laws.a)
-
-    def pad(x):
-        return np.concatenate([x, np.zeros((steps - x.shape[0],) + x.shape[1:])])
-    sums = {}
-    for c in S.COLS:
-        if c == "m":
-            continue
-        sums[c] = np.stack([pad(p[1][c]) for p in per])
+    sums = {c: _padded([p[1][c] for p in per], steps) for c in S.COLS if c != "m"}
     sums["emit"] = sums["emit_decode"] + sums["emit_first"]
-    sums["reads"] = np.stack([pad(p[2][:, :L]) for p in per]).reshape(dp, steps, L)
-    sums["pairs"] = np.stack([pad(p[3][:, :L]) for p in per]).reshape(dp, steps, L)
-    floor = np.max(np.stack([pad(p[4]) for p in per]), axis=0) if steps else np.zeros(0)
+    sums["reads"] = _padded([p[2][:, :L] for p in per], steps).reshape(dp, steps, L)
+    sums["pairs"] = _padded([p[3][:, :L] for p in per], steps).reshape(dp, steps, L)
+    floor = np.max(_padded([p[4] for p in per], steps), axis=0) if steps else np.zeros(0)
     n = ins.size
     req = {"input_len": ins.copy(), "output_len": outs.copy(), "rank": np.zeros(n, np.int64),
            "first_step": np.zeros(n, np.int64), "finish_step": np.zeros(n, np.int64),
@@ -609,8 +645,9 @@ def _assemble(dep, laws, states, lane_ids, prepared_item):
 
 def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=None, estimate="no_overlap",
                     temperature=None):
-    """Schedules of several (workload, client) pairs; the closed-loop ones in ONE vmapped scheduler
-    call (every concurrency level and dp rank a lane), each open-loop one in its own loop."""
+    """Schedules of several (workload, client) pairs; the closed-loop ones in shared vmapped
+    scheduler calls (every concurrency level and dp rank a lane, grouped by shape:
+    ``build_schedules_batched``), each open-loop one in its own loop."""
     laws = S.read_laws(dep.plan)
     prepared = _prepare(dep, items, engine, acceptance)       # refusals of bad input raise here
     out = [None] * len(items)
@@ -632,25 +669,51 @@ def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=No
 LANE_ELEMENTS = 1024      # lanes x slots per batched scheduler call: small lanes ride along nearly
 #                           free (an iteration of a small lane costs mostly dispatch), large ones cost
 #                           in proportion, so they go in small groups
+ALONE_SLOTS = 256         # lanes of this many slots or more run alone: there n lanes in one call cost n
+#                           times one per iteration (measured), and the call runs as long as its longest
+
+
+def _kv_pressure(lane, settings):
+    """Blocks the lane's resident requests would hold at full length (min(C, max_num_seqs)
+    requests of its mean prompt + output) over the blocks its KV cache holds: above 1 the
+    lane preempts, and runs several times as many iterations."""
+    n = int(lane["n"])
+    if n == 0:
+        return 0.0
+    resident = min(max(int(lane["concurrency"]), 1), settings["max_num_seqs"])
+    per_request = math.ceil(float(np.mean(lane["plen"][:n] + lane["olen"][:n])) / settings["block_size"])
+    return resident * per_request / max(settings["kv_blocks"], 1)
+
+
+def _expected_length(lane, settings, est):
+    """A lane's expected run length, for grouping: its record estimate ``est``, times 4 x its
+    KV pressure where that is above 1 (``_kv_pressure``: a preempting lane runs longer)."""
+    p = _kv_pressure(lane, settings)
+    return est * (4.0 * p if p > 1.0 else 1.0)
 
 
 def _lane_groups(entries):
-    """Entries (bucket key, estimate, ...) -> lists of entries run together: per shape bucket,
-    longest first (lanes of one call run as long as its longest), in groups of a fixed size
-    (the bucket's cap, or the next power of two of what is left), so few shapes compile."""
+    """Entries (bucket key, expected length, ...) -> lists of entries run together: per shape
+    bucket, the largest slot bucket first (its lanes run longest: the other buckets' shapes
+    compile meanwhile), longest lanes first (lanes of one call run as long as its longest), in
+    groups of one size per bucket (``_group_size``; the last group padded to it), so each
+    bucket compiles one shape."""
     by_key: dict = {}
     for e in entries:
         by_key.setdefault(e[0], []).append(e)
     groups = []
-    for key, es in sorted(by_key.items(), key=lambda kv: kv[0]):
+    for key, es in sorted(by_key.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
         es.sort(key=lambda e: -e[1])
-        cap = max(1, LANE_ELEMENTS // key[0])
-        o = 0
-        while o < len(es):
-            size = min(cap, _next_pow2(len(es) - o))
-            groups.append((key, es[o:o + size], size))
-            o += size
+        size = _group_size(key[0], len(es))
+        groups += [(key, es[o:o + size], size) for o in range(0, len(es), size)]
     return groups
+
+
+def _group_size(slots, lanes):
+    """Lanes per scheduler call in a slot bucket holding ``lanes`` lanes: LANE_ELEMENTS / slots
+    (1 from ALONE_SLOTS), at most the next power of two of ``lanes``."""
+    cap = max(1, LANE_ELEMENTS // slots) if slots < ALONE_SLOTS else 1
+    return min(cap, _next_pow2(lanes))
 
 
 def _dummy_lane(lane):
@@ -658,23 +721,42 @@ def _dummy_lane(lane):
     return dict(lane, n=0, concurrency=0)
 
 
-def build_schedules_batched(jobs, *, callback=None) -> list:
-    """Closed-loop schedules of many deployments at once. ``jobs``: a list of (deployment, items,
-    engine[, acceptance]), items (workload, ClosedLoop) pairs as for ``build_schedules``. Returns, per job, a
-    list with per item its Schedule, or the JaxpriceError that refuses that run (so one bad
-    run does not sink the others).
+def _group_call(group, n_laws):
+    """(lanes, Static) of one lane group: its lanes padded to the group's size with dummy lanes,
+    and the scheduler's shape for them."""
+    key, members, size = group
+    lanes = [e[2] for e in members]
+    lanes += [_dummy_lane(lanes[0])] * (size - len(lanes))
+    settings = [e[3] for e in members] + [members[0][3]] * (size - len(members))
+    _slots, N, est, _ff = _closed_shape(lanes, settings)
+    return lanes, _static(key[0], N, 2 * est, key[1], n_laws)
 
-    The scheduler reads a plan only through its read laws, which are lane data, so lanes of
-    different deployments share one compiled call: every lane (concurrency level and dp rank)
-    of every job is put in its shape bucket (slots, fast-forward), sorted by expected length and
-    run in groups of a fixed number of lanes (``_lane_groups``). The compiles are one per
-    bucket and group size, not one per deployment, and the schedules equal ``build_schedules``'
-    (a test holds them equal). ``callback(done, total, stage='scheduled')`` after each group."""
-    results = [[None] * len(job[1]) for job in jobs]
+
+def _compile_scheduler(lanes, st):
+    """Compile (not run) the scheduler for these lanes' shape; the jitted ``S.run_closed`` then
+    finds it compiled."""
+    S.run_closed.lower(st, _stack_lanes(lanes, st.requests)).compile()
+
+
+def _compile_ahead(pool, calls):
+    """Start compiling in ``pool`` each distinct shape of ``calls`` ((lanes, Static) per group)
+    but the first one's (the first call compiles that meanwhile), in the order the groups run:
+    {(Static, lanes): Future}. Later shapes compile while earlier groups run."""
+    first = (calls[0][1], len(calls[0][0])) if calls else None
+    ahead = {}
+    for lanes, st in calls:
+        if (st, len(lanes)) not in ahead and (st, len(lanes)) != first:
+            ahead[(st, len(lanes))] = pool.submit(_compile_scheduler, lanes, st)
+    return ahead
+
+
+def _prepare_lanes(jobs, results):
+    """Every job's items prepared (``_prepare``; a refusal lands in ``results``) and their lanes
+    as entries (bucket key, expected length, lane, settings, (job, item, rank)): (prepared per
+    job, read laws per job, entries)."""
     prepared, laws_of, entries = [], [], []
     for j, (dep, items, engine, *acceptance) in enumerate(jobs):
-        laws = S.read_laws(dep.plan)
-        laws_of.append(laws)
+        laws_of.append(S.read_laws(dep.plan))
         prep = []
         for i, item in enumerate(items):
             if not isinstance(item[1], ClosedLoop):
@@ -688,32 +770,60 @@ def build_schedules_batched(jobs, *, callback=None) -> list:
             prep.append(p)
             for r, lane in enumerate(p[2]):
                 slots, _n, est, ff = _closed_shape([lane], [p[0]])
-                entries.append(((_slot_bucket(slots), ff), est, lane, p[0], (j, i, r)))
+                entries.append(((_slot_bucket(slots), ff), _expected_length(lane, p[0], est), lane, p[0], (j, i, r)))
         prepared.append(prep)
-    n_laws = max([len(l.a) for l in laws_of] + [1])
-    lane_states = {}
+    return prepared, laws_of, entries
+
+
+def _run_groups(entries, n_laws, results, callback=None):
+    """Run every lane group (``_lane_groups``), the shapes compiled ahead in a background thread
+    (``_compile_ahead``; a lane that runs out of records is run again alone at the end, its
+    shape compiled meanwhile): {(job, item, rank): NumPy states}; a lane the scheduler refuses
+    puts its JaxpriceError in ``results``."""
     groups = _lane_groups(entries)
-    for g, (key, members, size) in enumerate(groups):
-        lanes = [e[2] for e in members]
-        lanes += [_dummy_lane(lanes[0])] * (size - len(lanes))
-        settings = [e[3] for e in members] + [members[0][3]] * (size - len(members))
-        slots, N, est, _ff = _closed_shape(lanes, settings)
-        try:
-            states = _run_closed(lanes, key[0], N, est, key[1], n_laws)
-        except JaxpriceError:
-            states = None
-        for li, e in enumerate(members):
-            if states is not None:
-                lane_states[e[4]] = {k: v[li] for k, v in states.items()}
-                continue
-            try:            # the group failed (e.g. a lane ran out of records): each lane alone
-                alone = _run_closed([e[2]], key[0], max(e[2]["n"], 1), e[1], key[1], n_laws)
-                lane_states[e[4]] = {k: v[0] for k, v in alone.items()}
-            except JaxpriceError as err:
-                results[e[4][0]][e[4][1]] = err
-        if callback is not None and states is not None:
-            callback(g + 1, len(groups), stage="scheduled", slots=key[0], lanes=size,
-                     iterations=int(states["it"].max()) // 2)
+    calls = [_group_call(g, n_laws) for g in groups]
+    lane_states, again = {}, []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        ahead = _compile_ahead(pool, calls)
+        for g, ((key, members, size), (lanes, st)) in enumerate(zip(groups, calls)):
+            if (st, size) in ahead:
+                ahead[(st, size)].exception()   # wait for its compile (a failed one: the call compiles)
+            per_lane, over = _run_closed(lanes, st)
+            for li, e in enumerate(members):
+                lane_states[e[4]] = per_lane[li]
+            for li in over:
+                pool.submit(_compile_scheduler, [lanes[li]], _alone_static(lanes[li], st, per_lane[li]))
+                again.append((members[li][4], lanes[li], st, per_lane[li]))
+            if callback is not None:
+                callback(g + 1, len(groups), stage="scheduled", slots=key[0], lanes=size,
+                         iterations=max(int(x["it"]) for x in per_lane) // 2)
+    for ids, lane, st, partial in again:
+        lane_states.pop(ids)
+        states = _rerun_alone(lane, st, partial)
+        if isinstance(states, JaxpriceError):
+            results[ids[0]][ids[1]] = states
+        else:
+            lane_states[ids] = states
+    return lane_states
+
+
+def build_schedules_batched(jobs, *, callback=None) -> list:
+    """Closed-loop schedules of many deployments at once. ``jobs``: a list of (deployment, items,
+    engine[, acceptance]), items (workload, ClosedLoop) pairs as for ``build_schedules``. Returns, per job, a
+    list with per item its Schedule, or the JaxpriceError that refuses that run (so one bad
+    run does not sink the others).
+
+    The scheduler reads a plan only through its read laws, which are lane data, so lanes of
+    different deployments share one compiled call: every lane (concurrency level and dp rank)
+    of every job is put in its shape bucket (slots, fast-forward), sorted by expected length
+    (``_expected_length``) and run in groups of one size per bucket (``_lane_groups``), the
+    shapes compiled in a background thread while earlier groups run. The compiles are one per
+    bucket, not one per deployment, and the schedules equal ``build_schedules``' (a test holds
+    them equal). ``callback(done, total, stage='scheduled')`` after each group."""
+    results = [[None] * len(job[1]) for job in jobs]
+    prepared, laws_of, entries = _prepare_lanes(jobs, results)
+    n_laws = max([len(l.a) for l in laws_of] + [1])
+    lane_states = _run_groups(entries, n_laws, results, callback)
     for j, prep in enumerate(prepared):
         for i, p in enumerate(prep):
             if p is None or results[j][i] is not None or any((j, i, r) not in lane_states
@@ -764,15 +874,18 @@ def step_end_times(sched: Schedule, step_times):
     return c + x
 
 
-def _weighted_percentile(xp, values, weights, q):
+def _weighted_percentiles(xp, values, weights, qs):
+    """The weighted percentiles ``qs`` of ``values`` (one sort for all of them)."""
     order = xp.argsort(values)
     v = values[order]
     w = xp.asarray(weights)[order] if xp is np else jnp.asarray(weights)[order]
     cw = xp.cumsum(w)
     total = cw[-1]
-    i = xp.searchsorted(cw, q / 100.0 * total, side="left")
-    i = xp.clip(i, 0, v.shape[0] - 1)
-    return v[i]
+    out = []
+    for q in qs:
+        i = xp.searchsorted(cw, q / 100.0 * total, side="left")
+        out.append(v[xp.clip(i, 0, v.shape[0] - 1)])
+    return out
 
 
 def _host_latencies(coefs) -> dict:
@@ -883,8 +996,9 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     summary["itl_mean"] = xp.sum(finish - first) / max(int(gaps.sum()), 1)
     w = np.asarray(sched.sums["emit_decode"]).sum(axis=0)
     if w.sum() > 0:
-        for q, name in ((50, "median"), (90, "p90"), (99, "p99")):
-            summary[f"itl_{name}"] = _weighted_percentile(xp, step_times, w, q)
+        itl = _weighted_percentiles(xp, step_times, w, (50, 90, 99))
+        for v, name in zip(itl, ("median", "p90", "p99")):
+            summary[f"itl_{name}"] = v
     else:
         for name in ("median", "p90", "p99"):
             summary[f"itl_{name}"] = summary["itl_mean"]
@@ -971,8 +1085,9 @@ def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap"
 
 def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate="no_overlap", coefficients=None,
                    num_prompts=None, acceptance=None, temperature=None, callback=None) -> list:
-    """A closed-loop sweep: one ServingResult per concurrency level, every level's schedule in
-    ONE vmapped scheduler call and all their steps in ONE vmapped pricing call. ``engine`` may
+    """A closed-loop sweep: one ServingResult per concurrency level, the levels' schedules in
+    shared vmapped scheduler calls (``build_schedules``) and all their steps in ONE vmapped
+    pricing call. ``engine`` may
     be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran)."""
     if estimate not in ESTIMATES:
         refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
