@@ -16,7 +16,7 @@ with the engine settings of every simulated deployment and their sources); ``--p
 sweeps (one panel per deployment). ``--batch-rule`` picks how a point is priced: ``simulate``
 (default: the serving simulation of the benchmark's closed loop with the published recipe's
 engine settings: TPOT and TTFT; the most accurate rule on the development set, and the
-slowest: minutes, not seconds), or one of three static rules (one step price per point,
+slowest: about a minute on the dev set, not seconds), or one of three static rules (one step price per point,
 TPOT only, seconds): ``anchor`` (the anchor kernel's rule: C decode rows), ``capped`` (the
 engine's resident batch), ``interleaved`` (the resident batch and the prefill chunks that
 keep it full); the
@@ -66,7 +66,7 @@ def add_parser(subparsers):
                    help="score only these deployments")
     p.add_argument("--batch-rule", metavar="RULE", default=DEFAULT_RULE,
                    help="how each point is priced: simulate (default: the serving simulation of the closed loop "
-                        "with the recipe's engine settings; predicts TTFT too; the most accurate, minutes on the "
+                        "with the recipe's engine settings; predicts TTFT too; the most accurate, about a minute on the "
                         "dev set), anchor (C decode rows, the anchor kernel's rule; seconds), capped (min(C, "
                         "max_num_seqs x dp, KV-cache capacity / ctx) decode rows) or interleaved (the capped batch "
                         "plus the steady-state prefill chunks)")

@@ -5,8 +5,8 @@
     jaxprice serve SCENARIO --trace requests.csv            # arrival_s,input_len,output_len
     jaxprice serve SCENARIO --concurrency 64 --max-num-seqs 64 --csv requests.csv --timeline run.png
 
-A closed-loop sweep (``--concurrency``) runs every level's schedule in one vmapped scheduler
-call and prices all steps in one vmapped call (``jaxprice.simulate_sweep``).
+A closed-loop sweep (``--concurrency``) runs every level's schedule in vmapped scheduler calls
+(levels of like size share one) and prices all steps in vmapped calls (``jaxprice.simulate_sweep``).
 """
 
 from __future__ import annotations
