@@ -500,11 +500,10 @@ def _fast_forward(settings):
     return bool(settings["fast_forward"]) and 1 + settings["num_spec_tokens"] <= settings["decode_threshold"]
 
 
-def _checked(states, st, lanes, records):
+def _checked(states, st, lanes):
     """States as NumPy, or None when a lane ran out of records (run again with more)."""
     states = jax.tree_util.tree_map(np.asarray, states)
-    overflow = (states["it"] + 2 > st.records) & (states["finished"] < np.array([l["n"] for l in lanes]))
-    return None if overflow.any() else states
+    return None if _overflowed(states, st, lanes).any() else states
 
 
 def _run_closed(lanes, st):
@@ -556,7 +555,7 @@ def _run_open(dep, laws, lanes, settings_list, coefficients, estimate="no_overla
         st = _static(slots, N, records, False, len(laws.a))
         states = _checked(_run_open_jit(st, dep.plan, coefficients, stacked, estimate, *temperature_arg(temperature),
                                         None if laws.inverse is None else jnp.asarray(laws.inverse)),
-                          st, lanes, records)
+                          st, lanes)
         if states is not None:
             break
         records *= 8
