@@ -779,6 +779,51 @@ def test_sim_metric_weights_are_schedule_metrics(sim):
                                    rel=1e-12)
 
 
+def test_sim_blocks_price_like_every_step_and_share_one_pack():
+    """The fit's compressed schedules (simfit: decode-only stretches merged into blocks priced
+    at their mean reads) give the same mean TPOT and TTFT as pricing every step, at the
+    registry's values and at other multipliers, with far fewer rows; two deployments of one
+    plan structure (tp1 and tp2) share one pack, i.e. one compiled function; the closed-form
+    metric weights equal the gradient of schedule_metrics on a data-parallel (dp 2) schedule."""
+    import jax
+    import jax.numpy as jnp
+    from jaxprice._src import serve, simfit
+    obs = []
+    for name in ("gpt-oss-120b-h200-fp4-vllm-tp1", "gpt-oss-120b-h200-fp4-vllm-tp2"):
+        dep = jp.load_deployment(name)
+        scheds = [jp.build_schedule(dep, jp.Workload(48, 96, 0.8, 0), jp.ClosedLoop(c, 3 * c)) for c in (2, 5)]
+        run = F.SimRun(dep, scheds, [0, 1])
+        obs.append(F.SimObservations(name, dep, [run], [1e-3, 1e-3], [1e-2, 1e-2], ("tpot", "ttft")))
+    items = [(o.runs[0], np.full(len(o.deployment.coefficients.names), -1), [(o.name, 0), (o.name, 1)])
+             for o in obs]
+    packed = simfit.packs(items, stride=16)
+    assert len(packed) == 1
+    steps = sum(sc.steps for o in obs for sc in o.runs[0].schedules)
+    assert packed[0].steps < steps / 3
+    layout = FS.Layout(["hbm_derate", "host_output_token@global"])
+    for o in obs:
+        layout.kmap(o.deployment, create=True)
+    for theta in (None, np.array([0.3, -0.4])):
+        exact = simfit.predict(obs, layout if theta is not None else None, theta, stride=1)
+        blocks = simfit.predict(obs, layout if theta is not None else None, theta, stride=16)
+        for o in obs:
+            np.testing.assert_allclose(blocks[o.name], exact[o.name], rtol=1e-10)
+            for j, sc in enumerate(o.runs[0].schedules):      # stride 1 is the serving layer's own pricing
+                coefs = o.deployment.coefficients if theta is None else \
+                    FS.apply_theta(o.deployment.coefficients, theta, layout.kmap(o.deployment, create=False))
+                s = serve.schedule_metrics(sc, np.asarray(serve.price_steps(sc, coefs)), coefs)["summary"]
+                np.testing.assert_allclose(exact[o.name][:, j], [s["tpot_mean"], s["ttft_mean"]], rtol=1e-12)
+    dep = jp.load_deployment("minimax-m2.5-b200-fp4-vllm-tp2-ep4-dp2")
+    sc = jp.build_schedule(dep, jp.Workload(64, 24, 0.8, 1), jp.ClosedLoop(6, 14))
+    assert sc.dp == 2
+
+    def f(t):
+        s = serve.schedule_metrics(sc, t)["summary"]
+        return jnp.stack([s["tpot_mean"], s["ttft_mean"]])
+    np.testing.assert_allclose(F.metric_weights(sc), np.asarray(jax.jacrev(f)(jnp.ones(sc.steps))), rtol=1e-12,
+                               atol=1e-15)
+
+
 def test_sim_objective_gradient_equals_central_differences(sim):
     obs = sim[1]
     settings = {"tau": 0.0, "delta": 0.1, "loss": "l2", "smooth": False}

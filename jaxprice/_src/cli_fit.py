@@ -309,9 +309,8 @@ def print_fit(res, obs, target, args, seed):
               f"{_mape(before, meas):>13.1%}{_mape(after, meas):>12.1%}")
         if sim:
             from . import fit as F
-            reg = F.score_simulated(sel, {o.name: F.predict_simulated(o, temperature=temperature) for o in sel})
-            fit = F.score_simulated(sel, {o.name: F.predict_simulated(o, res.layout, res.theta,
-                                                                      temperature=temperature) for o in sel})
+            reg = F.score_simulated(sel, F.predict_simulated_many(sel, temperature=temperature))
+            fit = F.score_simulated(sel, F.predict_simulated_many(sel, res.layout, res.theta, temperature=temperature))
             print(f"  {split}: TPOT MAPE {_pct(reg['tpot_mape'])} -> {_pct(fit['tpot_mape'])}, shape "
                   f"{_pct(reg['shape_mean'])} -> {_pct(fit['shape_mean'])}; TTFT MAPE {_pct(reg['ttft_mape'])} -> "
                   f"{_pct(fit['ttft_mape'])}, shape {_pct(reg['ttft_shape_mean'])} -> {_pct(fit['ttft_shape_mean'])}"

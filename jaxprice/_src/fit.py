@@ -41,7 +41,8 @@ Under the ``simulate`` batch rule (``observations_from_simulation``, ``SimObserv
 point is a closed-loop run of the serving simulation: its schedule is built once (the accuracy
 harness's engine settings), and the loss sums the log-errors of the chosen targets, mean TPOT
 and/or mean TTFT, each a fixed linear map of the run's step times (``metric_weights``), so the
-gradient flows exactly through the re-priced steps; the prior, bounds, identifiability, solvers,
+gradient flows exactly through the re-priced steps (``simfit``: one compiled function per
+plan structure, decode-only stretches priced in blocks); the prior, bounds, identifiability, solvers,
 cross-validation (with TTFT scores: ``score_simulated``) and the written set work unchanged.
 
 ``fit_law`` is the same descent for any small jittable law (e.g. a GEMM efficiency ramp
@@ -593,7 +594,6 @@ def _compile_terms(terms, workers, callback=None):
     """Compile every term not compiled yet, in a thread pool (XLA compiles outside the GIL).
     Returns how many executables were compiled (terms sharing a plan, names, shapes and
     settings share one)."""
-    terms = [u for t in terms for u in getattr(t, "parts", [t])]      # a simulated term: its runs
     todo = {}
     for t in terms:
         if t.fn is None:
@@ -814,10 +814,10 @@ def _terms(observations, layout, settings, weighting, *, record, kind, per_deplo
     if total_w <= 0 and observations:
         refuse("every weight is zero", field="weights")
     n = len(observations)
-    terms, groups = [], {}
+    terms, groups, sims = [], {}, []
     for o in observations:     # keys are created in the observations' order, whatever the grouping
         if isinstance(o, SimObservations):
-            terms.append(_SimTerm(o, layout, total_w, weighting, n, settings, kind, record=record))
+            sims.append(o)
             continue
         kmap = layout.kmap(o.deployment, create=record, record=record, tighten=True)
         if per_deployment:
@@ -826,6 +826,9 @@ def _terms(observations, layout, settings, weighting, *, record, kind, per_deplo
             groups.setdefault((structure_of(o.deployment.plan), o.estimate), []).append((o, kmap))
     terms += [_StackTerm([o for o, _ in g], [k for _, k in g], total_w, weighting, n, settings, kind)
               for g in groups.values()]
+    if sims:
+        from . import simfit
+        terms += simfit.terms(sims, layout, total_w, weighting, n, settings, kind, record=record)
     return terms
 
 
@@ -1193,12 +1196,14 @@ class FitResult:
 
     def predict_all(self, observations, *, fitted: bool = True) -> dict:
         """{name: ``predict(obs)``} for many Observations at once: one call and one compile per
-        plan structure (``predict_stacked``; simulated ones one by one)."""
+        plan structure (``predict_stacked``, ``predict_simulated_many``)."""
         theta = self.theta if fitted else np.zeros(len(self.theta))
         temperature = self.settings["temperature"]
         out = predict_stacked([o for o in observations if not isinstance(o, SimObservations)], self.layout, theta,
                               temperature=temperature)
-        out.update({o.name: self.predict(o, fitted=fitted) for o in observations if isinstance(o, SimObservations)})
+        sims = [o for o in observations if isinstance(o, SimObservations)]
+        both = predict_simulated_many(sims, self.layout, theta, temperature=temperature)
+        out.update({o.name: both[o.name].reshape(-1)[o.residual_index] for o in sims})
         return out
 
     def entries(self) -> list:
@@ -1540,9 +1545,8 @@ class _FitCache:
         todo = [self.obs[n] for n in names if n not in self.registry]
         self.registry.update(predict_stacked([o for o in todo if not isinstance(o, SimObservations)],
                                              temperature=temperature))
-        for o in todo:
-            if isinstance(o, SimObservations):
-                self.registry[o.name] = predict_simulated(o, temperature=temperature)
+        self.registry.update(predict_simulated_many([o for o in todo if isinstance(o, SimObservations)],
+                                                    temperature=temperature))
         return {n: self.registry[n] for n in names}
 
     def score(self, res, names):
@@ -1550,8 +1554,8 @@ class _FitCache:
         temperature = res.settings["temperature"]
         fitted = predict_stacked([o for o in obs if not isinstance(o, SimObservations)], res.layout, res.theta,
                                  temperature=temperature)
-        fitted.update({o.name: predict_simulated(o, res.layout, res.theta, temperature=temperature)
-                       for o in obs if isinstance(o, SimObservations)})
+        fitted.update(predict_simulated_many([o for o in obs if isinstance(o, SimObservations)], res.layout,
+                                             res.theta, temperature=temperature))
         return {"registry": score_points(obs, self.registry_preds(names)), "fitted": score_points(obs, fitted)}
 
 
@@ -1807,12 +1811,13 @@ def set_applies(path, deployment: Deployment) -> dict:
 # only re-prices the schedule's steps. A run's mean TPOT and mean TTFT are LINEAR in its step
 # times (cumulative sums of step times, differenced per request and averaged:
 # ``serve.schedule_metrics``), so each is a fixed weight vector over steps, taken once per point
-# as the exact gradient of schedule_metrics' summary; the objective is then
+# (``metric_weights``, in closed form); the objective is then
 # ``log(w . max_rank(step_times(coefficients)))`` and its gradient flows exactly through the
-# step times (``tests/test_fit.py`` checks both the weights and the gradient).
+# step times (``tests/test_fit.py`` checks both the weights and the gradient). The runs of one
+# plan structure are priced in one compiled call, runs of decode-only steps merged into blocks
+# priced at their mean reads (``simfit``).
 
 SIM_TARGETS = ("tpot", "ttft")
-SIM_CHUNK = 2048
 
 
 def parse_targets(text) -> tuple:
@@ -1829,17 +1834,36 @@ def parse_targets(text) -> tuple:
 
 def metric_weights(sched) -> np.ndarray:
     """[2, steps]: mean TPOT and mean TTFT of a closed-loop schedule as weights over its step
-    times (both are linear in them): the exact gradient of ``serve.schedule_metrics``."""
+    times (both are linear in them): the exact gradient of ``serve.schedule_metrics``, in NumPy.
+
+    With end[k] = t_0 + ... + t_k, a request arriving at the end of step a (a < 0: at time 0),
+    emitting its first token at step f and its last at step g with o output tokens:
+    TTFT = end[f] - end[a] + wait + admission, wait = phase x t[a + 1] when busy
+    (``serve.request_latencies``), so steps a+1..f weigh 1 and step a+1 another phase;
+    TPOT = (end[g] - end[f]) / (o - 1): steps f+1..g weigh 1 / (o - 1), over requests with
+    o > 1. Each mean divides by its request count."""
     from . import serve
     if sched.open_loop:
         refuse("an open-loop schedule's times are not linear in its step times", field="schedule")
-    if sched.steps == 0:
+    S = int(sched.steps)
+    if S == 0:
         return np.zeros((2, 0))
-
-    def f(t):
-        s = serve.schedule_metrics(sched, t)["summary"]
-        return jnp.stack([s["tpot_mean"], s["ttft_mean"]])
-    return np.asarray(jax.jacrev(f)(jnp.ones(sched.steps)))
+    req = sched.requests
+    a, f, g = (np.asarray(req[k], dtype=np.int64) for k in ("arrival_step", "first_step", "finish_step"))
+    out_len = np.asarray(req["output_len"])
+    lat = serve.request_latencies(sched, np.ones(S))           # wait = busy x phase x 1
+    diff = np.zeros((2, S + 1))
+    multi = out_len > 1
+    k = multi if multi.any() and not multi.all() else np.ones(out_len.size, bool)
+    share = np.where(k, 1.0 / np.maximum(out_len - 1, 1), 0.0) / max(int(k.sum()), 1)
+    np.add.at(diff[0], f + 1, share)
+    np.add.at(diff[0], g + 1, -share)
+    lo = np.maximum(a + 1, 0)
+    np.add.at(diff[1], lo, 1.0 / a.size)
+    np.add.at(diff[1], f + 1, -1.0 / a.size)
+    w = np.cumsum(diff, axis=1)[:, :S]
+    np.add.at(w[1], np.clip(a + 1, 0, S - 1), np.asarray(lat["wait"], dtype=float) / a.size)
+    return w
 
 
 @dataclasses.dataclass
@@ -1932,191 +1956,22 @@ class SimObservations:
         return dataclasses.replace(self, targets=parse_targets(targets), weights=None)
 
 
-def _run_data(run: SimRun):
-    """One SimRun's device arrays: its steps' row sums in chunks [n_chunks, chunk, ...], each
-    step's rank rows (idx [G, dp]), the metric weights [2, G], each step's point (seg [G]) and
-    each point's mean prompt length (mean_in [points]: its admission latencies' share)."""
-    from . import serve
-    flats, idx, w, seg, o = [], [], [], [], 0
-    mean_in = np.array([float(np.mean(sc.requests["input_len"])) for sc in run.schedules])
-    for j, sc in enumerate(run.schedules):
-        f = serve._flat_columns(sc)
-        flats.append(f)
-        S, dp = sc.steps, sc.dp
-        idx.append(o + np.arange(dp)[None, :] * S + np.arange(S)[:, None])
-        w.append(metric_weights(sc))
-        seg.append(np.full(S, j, dtype=np.int32))
-        o += dp * S
-    flat = {k: np.concatenate([f[k] for f in flats]) for k in flats[0]}
-    n = int(flat["tokens"].shape[0])
-    chunk = min(SIM_CHUNK, 1 << max(n - 1, 0).bit_length())
-    total = -(-n // chunk) * chunk
-    # jax.device_put, not jnp.asarray: under JAX 0.10 the latter compiles a small program per new shape
-    x = {k: jax.device_put(np.concatenate([v, np.zeros((total - n,) + v.shape[1:])]).reshape(
-        (total // chunk, chunk) + v.shape[1:])) for k, v in flat.items()}
-    laws = run.schedules[0].laws
-    inverse = None if laws.inverse is None else jax.device_put(np.asarray(laws.inverse))
-    return (x, inverse, jax.device_put(np.concatenate(idx).astype(np.int32)), jax.device_put(np.concatenate(w, axis=1)),
-            jax.device_put(np.concatenate(seg)), jax.device_put(mean_in))
-
-
-def _sim_predict(plan, coefs, x, inverse, idx, w, seg, mean_in, *, n_points, estimate, smooth, tau):
-    """[2, n_points]: each point's mean TPOT and mean TTFT from its steps' prices (the metric
-    weights ``w``), plus the mean TTFT's part outside the steps: the admission latency,
-    host_admission_per_request + host_admission_per_token x the point's mean prompt length
-    (``mean_in``; ``serve.metric_offsets``), so a fit can free those coefficients too."""
-    from . import serve
-    has_rec = bool(len(plan.arrays["rec_kind"]))
-    e = serve.ESTIMATES.index(estimate)
-
-    def chunk(xc):
-        return serve.price_rows(plan, coefs, xc, inverse, tau, smooth, has_rec)[e]
-    rows = jax.lax.map(jax.checkpoint(chunk), x).reshape(-1)
-    step = jnp.max(rows[idx], axis=1)
-    pred = jnp.stack([jax.ops.segment_sum(w[q] * step, seg, num_segments=n_points) for q in range(2)])
-    coef = lambda name: coefs[name] if name in coefs else 0.0  # noqa: E731
-    admission = coef("host_admission_per_request") + coef("host_admission_per_token") * mean_in
-    return pred + jnp.stack([jnp.zeros(n_points), admission])
-
-
-def _sim_both(u, values, x, inverse, idx, w, seg, mean_in, *, plan, names, n_points, estimate, smooth, tau):
-    return _sim_predict(plan, Coefficients(values * jnp.exp(u), names), x, inverse, idx, w, seg, mean_in,
-                        n_points=n_points,
-                        estimate=estimate, smooth=smooth, tau=tau)
-
-
-def _sim_objective(u, values, x, inverse, idx, w, seg, mean_in, ridx, log_meas, weights, delta, *, plan, names, n_points,
-                   estimate, loss, smooth, tau):
-    pred = _sim_both(u, values, x, inverse, idx, w, seg, mean_in, plan=plan, names=names, n_points=n_points,
-                     estimate=estimate, smooth=smooth, tau=tau).reshape(-1)[ridx]
-    r = jnp.log(pred) - log_meas
-    return jnp.sum(weights * _residual_loss(r, loss, delta))
-
-
-def _sim_log_jacobian(u, values, x, inverse, idx, w, seg, mean_in, ridx, log_meas, weights, delta, *, plan, names,
-                      n_points,                      estimate, loss, smooth, tau, forward=False):
-    """Reverse mode (one pass back per residual) or, with ``forward``, forward mode (one tangent
-    per coefficient name): whichever is fewer, chosen by the caller."""
-    def logpred(uu):
-        lp = jnp.log(_sim_both(uu, values, x, inverse, idx, w, seg, mean_in, plan=plan, names=names, n_points=n_points,
-                               estimate=estimate, smooth=smooth, tau=tau).reshape(-1)[ridx])
-        return lp, lp
-    jac, lp = (jax.jacfwd if forward else jax.jacrev)(logpred, has_aux=True)(u)
-    return lp, jac
-
-
-_SIM_STATIC = ("plan", "names", "n_points", "estimate", "loss", "smooth", "tau")
-_SIM_KINDS = {"grad": jax.jit(jax.value_and_grad(_sim_objective), static_argnames=_SIM_STATIC),
-              "value": jax.jit(_sim_objective, static_argnames=_SIM_STATIC),
-              "jac": jax.jit(_sim_log_jacobian, static_argnames=_SIM_STATIC + ("forward",))}
-_sim_both_jit = jax.jit(_sim_both, static_argnames=("plan", "names", "n_points", "estimate", "smooth", "tau"))
-_SIM_DATA: dict = {}          # id(SimRun) -> (run, its device arrays)
-
-
-def _sim_data(run):
-    got = _SIM_DATA.get(id(run))
-    if got is None or got[0] is not run:
-        got = (run, _run_data(run))
-        _SIM_DATA[id(run)] = got
-    return got[1]
-
-
-class _SimPart(_Term):
-    """One SimRun's share of a SimObservations' loss (a _Term over its schedules' steps)."""
-
-    def __init__(self, obs: SimObservations, run: SimRun, kmap, weights_all, settings, kind):
-        self.obs, self.kind, self.kmap = obs, kind, np.asarray(kmap)
-        n = obs.n_points
-        ridx_all = obs.residual_index
-        loc = {p: j for j, p in enumerate(run.positions)}
-        sel, ridx = [], []
-        for k, r in enumerate(ridx_all):                 # this run's residuals, in the obs order
-            q, p = divmod(int(r), n)
-            if p in loc:
-                sel.append(k)
-                ridx.append(q * len(run.positions) + loc[p])
-        self.rows = np.array(sel, dtype=np.int32)
-        self.weights = np.asarray(weights_all)[self.rows]
-        self.log_meas = np.log(obs.measured[self.rows])
-        coefs = run.deployment.coefficients
-        x, inverse, idx, w, seg, mean_in = _sim_data(run)
-        self.args = (jnp.asarray(coefs.values, dtype=float), x, inverse, idx, w, seg, mean_in,
-                     jnp.asarray(np.array(ridx, dtype=np.int32)), jnp.asarray(self.log_meas),
-                     jnp.asarray(self.weights), float(settings["delta"]))
-        self.kw = {"plan": run.deployment.plan, "names": tuple(coefs.names), "n_points": len(run.positions),
-                   "estimate": obs.estimate, "loss": settings["loss"], "smooth": bool(settings["smooth"]),
-                   "tau": float(settings["tau"]) if settings["smooth"] else 0.0}
-        shapes = tuple((k, tuple(v.shape)) for k, v in sorted(x.items())) + (tuple(idx.shape), len(ridx))
-        self.cache_key = ("sim", kind, self.kw["plan"], self.kw["names"], shapes, inverse is None,
-                          *(self.kw[k] for k in ("n_points", "estimate", "smooth", "tau")),
-                          None if kind == "jac" else self.kw["loss"])
-        self.fn = _COMPILED.get(self.cache_key)
-
-    def compile(self):
-        u = jnp.zeros(len(self.kw["names"]))
-        kw = dict(self.kw, forward=len(self.kw["names"]) < self.rows.size) if self.kind == "jac" else self.kw
-        return _SIM_KINDS[self.kind].lower(u, *self.args, **kw).compile()
-
-
-class _SimTerm:
-    """A SimObservations' share of a loss: the sum over its SimRuns (``parts``), each compiled
-    once per plan, names and shapes. Same interface as _Term."""
-
-    def __init__(self, obs: SimObservations, layout, weight_total, weighting, n_deployments, settings, kind, *,
-                 record):
-        self.obs, self.kind = obs, kind
-        w = np.asarray(obs.weights, dtype=float) if obs.weights is not None else np.ones(obs.points)
-        w = w / (w.sum() * n_deployments) if weighting == "deployment" else w / weight_total
-        self.weights = w
-        self.log_meas = np.log(obs.measured)
-        self.parts = [_SimPart(obs, run, layout.kmap(run.deployment, create=record, record=record, tighten=True),
-                               w, settings, kind) for run in obs.runs]
-        self.parts = [p for p in self.parts if p.rows.size]
-
-    def __call__(self, theta):
-        if self.kind == "jac":
-            lp = np.zeros(self.obs.points)
-            out = []
-            for p in self.parts:
-                lpp, ju = p(theta)
-                lp[p.rows] = lpp
-                out.append((p, ju))
-            return lp, out
-        val, g = 0.0, np.zeros(len(theta))
-        for p in self.parts:
-            v, gp = p(theta)
-            val += v
-            if gp is not None:
-                g += gp
-        return val, (g if self.kind == "grad" else None)
-
-    def pred_jac(self, theta, n_keys):
-        out = np.zeros((self.obs.points, n_keys))
-        lp = np.zeros(self.obs.points)
-        for p in self.parts:
-            lpp, jp_ = p.pred_jac(theta, n_keys)
-            lp[p.rows] = lpp
-            out[p.rows] = jp_
-        return lp, out
-
-    def jacobian_theta(self, theta, n_keys) -> np.ndarray:
-        return self.pred_jac(theta, n_keys)[1] * np.sqrt(self.weights)[:, None]
-
-
 def predict_simulated(obs: SimObservations, layout=None, theta=None, *, temperature=None) -> np.ndarray:
     """[2, n]: each point's predicted mean TPOT and mean TTFT (seconds) from its fixed schedule,
-    at the registry's values (no ``layout``) or with ``theta`` applied through ``layout``."""
-    out = np.zeros((2, obs.n_points))
-    smooth, tau = temperature is not None, float(temperature or 0.0)
-    for run in obs.runs:
-        coefs = run.deployment.coefficients
-        u = (np.zeros(len(coefs.names)) if layout is None or theta is None else
-             log_multipliers(theta, layout.kmap(run.deployment, create=False)))
-        x, inverse, idx, w, seg, mean_in = _sim_data(run)
-        both = _sim_both_jit(jnp.asarray(u), jnp.asarray(coefs.values, dtype=float), x, inverse, idx, w, seg, mean_in,
-                             plan=run.deployment.plan, names=tuple(coefs.names), n_points=len(run.positions),
-                             estimate=obs.estimate, smooth=smooth, tau=tau)
-        out[:, run.positions] = np.asarray(both)
+    every step priced, at the registry's values (no ``layout``) or with ``theta`` applied
+    through ``layout`` (``predict_simulated_many`` for many deployments in shared calls)."""
+    return predict_simulated_many([obs], layout, theta, temperature=temperature)[obs.name]
+
+
+def predict_simulated_many(observations, layout=None, theta=None, *, temperature=None) -> dict:
+    """{name: [2, n]} as ``predict_simulated``, one compiled call per plan structure and
+    estimate (``simfit.predict``)."""
+    from . import simfit
+    out, by_est = {}, {}
+    for o in observations:
+        by_est.setdefault(o.estimate, []).append(o)
+    for group in by_est.values():
+        out.update(simfit.predict(group, layout, theta, temperature=temperature))
     return out
 
 
@@ -2133,7 +1988,6 @@ def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, 
     Returns (observations: SimObservations, one per deployment; refused: (point index, reason);
     points)."""
     from . import accuracy as A
-    from . import serve
     targets = parse_targets(targets)
     points, _ = A.read_measurements(csv_path)
     points = A.select_deployments(points, deployments, csv_path)
