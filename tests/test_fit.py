@@ -898,3 +898,13 @@ def test_cli_fits_through_the_simulation(sim, tmp_path, capsys):
     assert dep.coefficients["hbm_derate"] == pytest.approx(base.coefficients["hbm_derate"] *
                                                            fitted["hbm_derate"]["fit"]["multiplier"], rel=1e-9)
     assert dep.coefficients["hbm_derate"] != base.coefficients["hbm_derate"]
+
+
+def test_residual_loss_slope_is_the_derivative_of_the_residual_loss():
+    import jax
+    import jax.numpy as jnp
+    from jaxprice._src.fit import _residual_loss, _residual_loss_slope
+    r = np.array([-3.0, -0.2, -0.05, 0.0, 0.04, 0.3, 2.5])
+    for loss, delta in (("l2", 0.1), ("huber", 0.1), ("huber", 1.0)):
+        auto = jax.vmap(jax.grad(lambda x: _residual_loss(x, loss, delta)))(jnp.asarray(r))
+        np.testing.assert_allclose(_residual_loss_slope(r, loss, delta), np.asarray(auto), rtol=1e-15, atol=0)

@@ -467,6 +467,12 @@ def _residual_loss(r, loss, delta):
     return jnp.where(a <= delta, r * r, 2.0 * delta * a - delta * delta)
 
 
+def _residual_loss_slope(r, loss, delta):
+    """d _residual_loss / d r (NumPy): 2 r, or for Huber 2 r inside delta and 2 delta sign(r) beyond."""
+    r = np.asarray(r)
+    return 2.0 * r if loss == "l2" else np.where(np.abs(r) <= delta, 2.0 * r, 2.0 * delta * np.sign(r))
+
+
 def log_multipliers(theta, kmap) -> np.ndarray:
     """Per name of a deployment's coefficient vector, its log-multiplier: theta[k] for a name
     mapped to key k, 0 for a name that is not free (kmap -1)."""

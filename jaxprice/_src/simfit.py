@@ -164,8 +164,7 @@ class _Pack:
             n = offset - start
             pad = -(-n // CHUNK) * CHUNK - n
             if pad:
-                rows.append({k: np.zeros((pad,) + v.shape[1:]) for k, v in rows[-1].items()} if rows else
-                            {k: np.zeros((pad, L) if k in ("reads", "pairs") else pad) for k in self._keys()})
+                rows.append({k: np.zeros((pad,) + v.shape[1:]) for k, v in rows[-1].items()})
                 offset += pad
             chunk_run += [r] * ((offset - start) // CHUNK)
         keys = rows[0].keys()
@@ -185,9 +184,6 @@ class _Pack:
         self.point_run = pr
         self.mean_in = np.concatenate([mean_in, np.zeros(self.P - len(mean_in))])
         self.steps = G
-
-    def _keys(self):
-        return DISCRETE + ("reads", "pairs")
 
     def args(self):
         """The device arguments after U (the log-multipliers [R, N])."""
@@ -368,10 +364,9 @@ class PackTerm:
         lp, J = self.pred_jac(theta, len(theta))
         if self.kind == "jac":
             return lp, J
+        from .fit import _residual_loss_slope
         val, r = self._loss(lp)
-        a = np.abs(r)
-        dloss = 2.0 * r if self.loss == "l2" else np.where(a <= self.delta, 2.0 * r, 2.0 * self.delta * np.sign(r))
-        return val, J.T @ (self.weights * dloss)
+        return val, J.T @ (self.weights * _residual_loss_slope(r, self.loss, self.delta))
 
 
 def terms(observations, layout, weight_total, weighting, n_deployments, settings, kind, *, record,
