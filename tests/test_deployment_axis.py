@@ -176,6 +176,45 @@ def test_folded_and_traced_single_deployment_kernels_agree(deployments, groups, 
             assert float(traced.no_overlap) > 0
 
 
+def _uncond_kernel(dep, fold, temperature):
+    """price()'s kernel without the conditional tail of step._kernel_one (the reference), as a
+    jitted function of (coefficients, batch)."""
+    from jaxprice._src import step
+    smooth, tau = step.temperature_arg(temperature)
+    structure, values, index = step._traced_args(dep.plan, dep.coefficients)     # outside the trace
+
+    def kernel(coefs, batch):
+        if fold:
+            view, rv = st.folded_view(dep.plan), st.folded_roles(dep.plan, coefs)
+        else:
+            view, rv = st.traced_view(structure, values), st.role_values(coefs.values, index)
+        return step.exact_at_zero(lambda t: step._kernel(view, rv, batch, t, False), tau if smooth else None)
+    return jax.jit(kernel)
+
+
+@pytest.mark.parametrize("fold", [False, True])
+def test_single_call_tail_under_a_cond_prices_and_differentiates_bit_for_bit(deployments, groups, batches, fold):
+    """price() runs its scalar tail inside a lax.cond (step._kernel_one: XLA:CPU then runs it in
+    the calling thread): values equal the plain kernel's bit for bit and coefficient gradients
+    to ULPS, in exact and smooth mode, and a vmap of price() keeps the cond (an unbatched predicate) rather
+    than computing both branches."""
+    dep = deployments[groups[0][0]]
+    one = jax.tree_util.tree_map(lambda x: x[5], batches["float64"])
+    for temperature in (None, 0.3):
+        got = jp.price(dep.plan, dep.coefficients, one, temperature=temperature, fold=fold)
+        ref_fn = _uncond_kernel(dep, fold, temperature)
+        ref = ref_fn(dep.coefficients, one)
+        for f in FIELDS:
+            np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f)), err_msg=f)
+        g = jax.grad(lambda c: jp.price(dep.plan, c, one, temperature=temperature, fold=fold).no_overlap)
+        g_ref = jax.jit(jax.grad(lambda c: ref_fn(c, one).no_overlap))
+        # gradients: XLA may sum the gather's cotangents in another order (KNOWN DIVERGENCE axis-ulps)
+        np.testing.assert_array_max_ulp(np.asarray(g(dep.coefficients).values),
+                                        np.asarray(g_ref(dep.coefficients).values), maxulp=ULPS)
+    vmapped = jax.make_jaxpr(jax.vmap(lambda b: jp.price(dep.plan, dep.coefficients, b, fold=fold).no_overlap))
+    assert " cond[" in str(vmapped(batches["float64"]))
+
+
 def _loss_alone(dep, coefs, b):
     return jax.grad(lambda c: jnp.sum(jp.price_many(dep.plan, c, b).no_overlap))(coefs).values
 

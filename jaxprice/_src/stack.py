@@ -354,7 +354,7 @@ def _unpack(structure: Structure, values):
     concrete = isinstance(values, np.ndarray)
     for group, key, shape, dtype, off in structure.layout:
         size = int(np.prod(shape, dtype=int))
-        x = values[off:off + size].reshape(shape)
+        x = _take(values, off, size).reshape(shape)
         if concrete:
             x = x.astype(dtype)
             if group == "S" and x.ndim == 0:
@@ -363,6 +363,28 @@ def _unpack(structure: Structure, values):
             x = (x != 0) if dtype == "bool" else x.astype(jnp.int32) if dtype == "int32" else x
         (A if group == "A" else S)[key] = x
     return View(A, S, structure.roles, structure.kinds)
+
+
+VALUE_CHUNK = 64     # float64 values per chunk: 512 bytes, XLA:CPU's small-buffer bound (step._kernel_one)
+
+
+def value_chunks(values):
+    """A values vector as a tuple of VALUE_CHUNK-long pieces (the last shorter); ``_unpack``
+    reads a view from either form."""
+    return tuple(values[i:i + VALUE_CHUNK] for i in range(0, max(len(values), 1), VALUE_CHUNK))
+
+
+def _take(values, off, size):
+    """values[off:off + size] of a vector or of its ``value_chunks``."""
+    if not isinstance(values, tuple):
+        return values[off:off + size]
+    pieces = []
+    while size > 0:
+        c, i = divmod(off, VALUE_CHUNK)
+        n = min(size, VALUE_CHUNK - i)
+        pieces.append(values[c][i:i + n])
+        off, size = off + n, size - n
+    return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces) if pieces else values[0][:0]
 
 
 def folded_view(plan: Plan) -> View:
@@ -376,7 +398,7 @@ def folded_view(plan: Plan) -> View:
 
 
 def traced_view(structure: Structure, values) -> View:
-    """The view of a traced values vector [structure.size]."""
+    """The view of a traced values vector [structure.size] (or of its ``value_chunks``)."""
     return _unpack(structure, values)
 
 

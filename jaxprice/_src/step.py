@@ -523,9 +523,28 @@ def _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau):
     return host
 
 
+def _kernel_one(view_of, values, roles_vector, batch: Batch, tau, breakdown: bool) -> StepResult:
+    """``_kernel`` for ONE batch (price()'s path; ``view_of(values)`` the plan's view), its
+    scalar tail after the row walk inside a ``lax.cond`` whose two branches are the same
+    function, on a predicate XLA cannot fold (true).
+
+    Why: XLA:CPU's thunk executor hands thunks to its thread pool whenever more than 8 are ready
+    at once, and the tail is dozens of tiny independent fusions; waking pool threads for them
+    cost about 40 us a call (median 105 us against 66 us, DeepSeek-V3, 256 rows, constant-folded
+    plan). A branch of small buffers runs sequentially in the calling thread. Same values bit for
+    bit, coefficient gradients to 2 ulps (tests/test_deployment_axis.py); the predicate is
+    unbatched, so a vmap of price() still runs one branch."""
+    view = view_of(values)
+    sums = _walk_rows(view.A, view.S, batch, tau)
+    tail = lambda s, v, r: _kernel(view_of(v), r, None, tau, breakdown, sums=s)     # noqa: E731
+    return jax.lax.cond(jax.lax.optimization_barrier(jnp.bool_(True)), tail, tail, sums, values, roles_vector)
+
+
 @functools.partial(jax.jit, static_argnames=("plan", "smooth", "breakdown"))
 def _price_jit(plan, coefs, batch, tau, smooth, breakdown):
-    return exact_at_zero(lambda t: _step_time(plan, coefs, batch, t, breakdown), tau if smooth else None)
+    from .stack import folded_roles, folded_view
+    return exact_at_zero(lambda t: _kernel_one(lambda _: folded_view(plan), None, folded_roles(plan, coefs), batch, t,
+                                               breakdown), tau if smooth else None)
 
 
 def temperature_arg(temperature):
@@ -543,21 +562,23 @@ def temperature_arg(temperature):
     return True, jnp.asarray(temperature, dtype=float)
 
 
-def _traced_args(plan: Plan, coefs: Coefficients):
+def _traced_args(plan: Plan, coefs: Coefficients, chunked=False):
     """(Structure, values on the device, role index on the device) of a plan, for a
-    coefficient vector with ``coefs.names`` (cached on the plan)."""
-    from .stack import role_index, split_plan
+    coefficient vector with ``coefs.names`` (cached on the plan). ``chunked``: the values as
+    ``stack.value_chunks`` (price()'s single-batch path, see ``_kernel_one``)."""
+    from .stack import role_index, split_plan, value_chunks
     cache = plan.__dict__.get("_traced")
     if cache is None:
         cache = {}
         object.__setattr__(plan, "_traced", cache)
-    hit = cache.get(coefs.names)
+    hit = cache.get((coefs.names, chunked))
     if hit is None:
         split = split_plan(plan)
-        if None not in cache:
-            cache[None] = jnp.asarray(split.values)
-        hit = cache[coefs.names] = (split.structure, cache[None],
-                                    jnp.asarray(role_index(split.slot_names, coefs.names)))
+        if chunked not in cache:
+            cache[chunked] = tuple(map(jnp.asarray, value_chunks(split.values))) if chunked else \
+                jnp.asarray(split.values)
+        hit = cache[(coefs.names, chunked)] = (split.structure, cache[chunked],
+                                               jnp.asarray(role_index(split.slot_names, coefs.names)))
     return hit
 
 
@@ -574,8 +595,8 @@ def _batched_kernel(structure, values, index, coef_values, batches, tau, breakdo
 def _price_traced(structure, values, index, coef_values, batch, tau, smooth, breakdown):
     from .stack import _note_compile, role_values, traced_view
     _note_compile()
-    view = traced_view(structure, values)
-    return exact_at_zero(lambda t: _kernel(view, role_values(coef_values, index), batch, t, breakdown),
+    return exact_at_zero(lambda t: _kernel_one(functools.partial(traced_view, structure), values,
+                                               role_values(coef_values, index), batch, t, breakdown),
                          tau if smooth else None)
 
 
@@ -601,7 +622,7 @@ def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, br
     smooth, tau = temperature_arg(temperature)
     if fold:
         return _price_jit(plan, coefs, batch, tau, smooth, breakdown)
-    structure, values, index = _traced_args(plan, coefs)
+    structure, values, index = _traced_args(plan, coefs, chunked=True)
     return _price_traced(structure, values, index, coefs.values, batch, tau, smooth, breakdown)
 
 
