@@ -47,9 +47,7 @@ run one composition.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
-from typing import Any
 
 import jax
 import jax.numpy as jnp
