@@ -7,7 +7,9 @@
         (through the serving simulation: each point's schedule built once, the fits re-price its
         steps; TTFT columns in the tables; checkpoint experiments/out/calibration-study-simulate.pkl)
 
-Everything in ``<out>/calibration.md`` is computed by this run (no hand-written claims):
+Everything in ``<out>/calibration.md`` is computed by this run (no hand-written claims; another
+``--rule`` writes ``calibration-<rule>.md``, ``calibration-cv-<rule>.png`` and
+``fitted-inferencex-<rule>.yaml`` instead, so the shipped set stays the default rule's):
 
 1. Group the CSV's mean-TPOT points by deployment and build each point's batches under the
    batch rule (``jaxprice.accuracy.group_points``; default ``interleaved``).
@@ -37,7 +39,6 @@ import os
 import sys
 import time
 
-FREE_USED: list = []
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
@@ -232,10 +233,8 @@ def run_study(args):
         obs = jfit.observations_from_groups(groups, points=points)
         timings["resolve deployments, build batches"] = time.perf_counter() - t
     fit_kw = {**FIT, "steps": args.steps}
-    global FREE_USED
-    FREE_USED = free
     cache = jfit._FitCache(obs, free, fit_kw, None)
-    out = {"obs": obs, "refused": refused, "points": points, "timings": timings, "csv": csv_path}
+    out = {"obs": obs, "refused": refused, "points": points, "timings": timings, "csv": csv_path, "free": list(free)}
     studies = (("lomo", "model", args.priors, (0,)), ("deployment", "deployment", args.priors, tuple(args.seeds)))
     for key, by, priors, seeds in studies:
         bar = Bar(args.quiet, f"cv by {by}")
@@ -256,30 +255,42 @@ def run_study(args):
     out["final"], out["prior"], out["fits"] = final, prior, len(cache.fits)
     out["compiled"] = sum(r.compiled for r in cache.fits.values())
     os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "fitted-inferencex.yaml")
+    path = os.path.join(args.out, _named("fitted-inferencex.yaml", args.rule))
     data = (f"{os.path.basename(csv_path)} (mean {args.targets.upper() if args.rule == 'simulate' else 'TPOT'}, all {len(obs)} deployments, batch rule '{args.rule}'; "
             f"prior {prior:g} chosen by leave-one-model-out cross-validation)")
     jfit.write_coefficient_set(final, path, name="fitted-inferencex", data=data,
                                engines=sorted({p.engine for p in points}))
     out["path"] = path
     out["scope"] = scope_check(path, final, obs, points, csv_path)
-    out["figure"] = figure(out["lomo"], out["deployment"], os.path.join(args.out, "calibration-cv.png"))
+    out["figure"] = figure(out["lomo"], out["deployment"], os.path.join(args.out, _named("calibration-cv.png", args.rule)))
     timings["total"] = time.perf_counter() - t0
     return out
+
+
+def _named(filename, rule):
+    """The study's output file for a batch rule: the default rule's (interleaved) plain, any
+    other's with the rule in its name (so a simulate study never overwrites the shipped set)."""
+    if rule == "interleaved":
+        return filename
+    stem, ext = os.path.splitext(filename)
+    return f"{stem}-{rule}{ext}"
 
 
 def write_markdown(args, R):
     obs, final, lomo, dep_cv, chip = R["obs"], R["final"], R["lomo"], R["deployment"], R["chip"]
     models = sorted({o.dims["model"] for o in obs})
     goal_lines, worse, mean_gain, seed_bad = goals(lomo, dep_cv, final)
+    targets = args.targets.split(",") if args.rule == "simulate" else ["tpot"]
+    target_words = " and ".join(f"mean {t.upper()}" for t in targets)
+    log_words = " and ".join(f"log {t.upper()}" for t in targets)
     L = ["# Calibration that transfers: cross-validated by model, chip and deployment", "",
          f"Written by `experiments/calibrate.py` on `{os.path.basename(R['csv'])}`: "
-         f"{sum(o.points for o in obs)} mean-TPOT points of {', '.join(models)} in {len(obs)} deployments "
+         f"{sum(o.points for o in obs) // len(targets)} points ({target_words} each) of {', '.join(models)} in {len(obs)} deployments "
          f"({len(R['refused'])} points refused by the kernel), batch rule `{args.rule}` (see "
          "`jaxprice/_src/accuracy.py`). Every number below is computed by that run.", "",
          "**Fit.** `jaxprice.fit.fit_coefficients(method=\"gauss-newton\")`: damped Gauss-Newton on "
          "log-multipliers of the free set "
-         + ", ".join(f"`{f}`" for f in FREE_USED) + f"; Huber loss (delta {FIT['huber_delta']}) on log TPOT "
+         + ", ".join(f"`{f}`" for f in R.get("free", FREE)) + f"; Huber loss (delta {FIT['huber_delta']}) on {log_words} "
          f"(NoOverlap), exact mode, at most {args.steps} iterations; a prior `prior * sum(log(multiplier)^2)` pulling "
          "every free coefficient toward its registry value; physical bounds on top of the factor ranges (a "
          "derate or GEMM efficiency at most 1, a KV read rate at most the chip's HBM peak); coefficients the "
@@ -288,8 +299,8 @@ def write_markdown(args, R):
          "registry's value.", "",
          f"**Prior strength.** Grid {', '.join(f'{p:g}' for p in lomo.priors)}. Each cross-validation fold "
          "chooses its own by an inner cross-validation of the same kind on its training deployments (nested); "
-         "the criterion is the mean over inner folds of fit/registry error (TPOT MAPE and shape error, "
-         "averaged); ties go to the stronger prior. The final fit uses the strength with the lowest "
+         "the criterion is the mean over inner folds of fit/registry error (TPOT MAPE and shape error"
+         + (", TTFT MAPE and TTFT shape error" if "ttft" in targets else "") + ", averaged); ties go to the stronger prior. The final fit uses the strength with the lowest "
          f"leave-one-model-out criterion: **{R['prior']:g}**.", "",
          "TPOT MAPE is mean |pred/meas - 1|; shape error is the accuracy harness's mean over points of "
          "|(pred(C)/pred(C0)) / (meas(C)/meas(C0)) - 1| within each sweep (C0 its lowest concurrency). "
@@ -313,7 +324,7 @@ def write_markdown(args, R):
     L += ["## Run time", "", f"{R['fits']} fits ({R['compiled']} compilations: one per deployment plan, batch shape "
           "and kind, shared by every fit).", "", "| stage | seconds |", "|---|---|"]
     L += [f"| {k} | {v:.0f} |" for k, v in R["timings"].items()]
-    with open(os.path.join(args.out, "calibration.md"), "w") as fh:
+    with open(os.path.join(args.out, _named("calibration.md", args.rule)), "w") as fh:
         fh.write("\n".join(L) + "\n")
 
 
@@ -348,6 +359,18 @@ def final_section(R):
     return L + [""]
 
 
+def relocate(R, args):
+    """A checkpointed study written to another ``--out``: its figure drawn there again and its
+    fitted set copied there (the same fit), so the report's links hold."""
+    import shutil
+    os.makedirs(args.out, exist_ok=True)
+    R["figure"] = figure(R["lomo"], R["deployment"], os.path.join(args.out, _named("calibration-cv.png", args.rule)))
+    path = os.path.join(args.out, _named("fitted-inferencex.yaml", args.rule))
+    if os.path.abspath(path) != os.path.abspath(R["path"]):
+        shutil.copyfile(R["path"], path)
+        R["path"] = path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--csv", default=DEFAULT_CSV)
@@ -371,6 +394,12 @@ def main(argv=None) -> int:
     if args.from_checkpoint:
         with open(ckpt, "rb") as fh:
             R = pickle.load(fh)
+        relocate(R, args)
+        if "free" not in R and args.rule == "simulate":     # a checkpoint from before the free set was kept
+            names = [set(r.deployment.coefficients.names) for o in R["obs"] for r in o.runs]
+            pool = FREE_SIMULATE if "ttft" in args.targets else FREE
+            R["free"] = [f for f in pool if all(any(jfit.fnmatch.fnmatchcase(n, jfit.Free.parse(f).pattern)
+                                                    for n in ns) for ns in names)]
     else:
         R = run_study(args)
         try:
@@ -380,7 +409,7 @@ def main(argv=None) -> int:
         except Exception as err:   # a checkpoint is a convenience: never lose the run to it
             print(f"(no checkpoint: {err})", file=sys.stderr)
     write_markdown(args, R)
-    print(f"wrote {os.path.relpath(os.path.join(args.out, 'calibration.md'), ROOT)} "
+    print(f"wrote {os.path.relpath(os.path.join(args.out, _named('calibration.md', args.rule)), ROOT)} "
           f"({R['timings']['total'] / 60:.1f} min, {R['fits']} fits)")
     return 0
 
