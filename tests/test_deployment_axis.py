@@ -198,9 +198,9 @@ def test_single_call_tail_under_a_cond_prices_and_differentiates_bit_for_bit(dep
     the calling thread): values equal the plain kernel's bit for bit and coefficient gradients
     to ULPS, in exact and smooth mode, and a vmap of price() keeps the cond (an unbatched predicate) rather
     than computing both branches."""
-    dep = deployments[groups[0][0]]
+    dep = deployments["llama-3.1-70b-instruct-h200-fp8-vllm-tp4"]     # a dense graph: quick compiles
     one = jax.tree_util.tree_map(lambda x: x[5], batches["float64"])
-    for temperature in (None, 0.3):
+    for temperature in (None, 0.3) if not fold else (None,):
         got = jp.price(dep.plan, dep.coefficients, one, temperature=temperature, fold=fold)
         ref_fn = _uncond_kernel(dep, fold, temperature)
         ref = ref_fn(dep.coefficients, one)
