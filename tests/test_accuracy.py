@@ -507,7 +507,6 @@ def test_a_point_a_rule_cannot_price_is_refused_with_its_reason():
     points, _ = acc.read_measurements(EXCERPT)
     p = next(p for p in points if p.deployment == MINIMAX)
     dep, _ = acc.build_deployment(p)
-    import dataclasses
     short = dataclasses.replace(p, isl=100, osl=0)
     assert acc.point_requests(dep, short, "capped")[0] == 4
     with pytest.raises(jp.JaxpriceError, match="the interleaved rule needs osl >= 1"):

@@ -372,7 +372,7 @@ def test_import_model_writes_a_graph_that_loads_back(tmp_path, capsys):
 
 
 def test_a_scenario_names_a_config_relative_to_itself(tmp_path):
-    cfg = _write(tmp_path, "m", LLAMA)
+    _write(tmp_path, "m", LLAMA)
     docs = list(yaml.safe_load_all(scenario_path("llama-3.1-70b-instruct-h200-fp8-vllm-tp1").read_text()))
     docs[0]["model"] = "m/config.json"
     p = tmp_path / "s.yaml"

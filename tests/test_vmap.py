@@ -16,7 +16,6 @@ import pytest
 
 import jaxprice as jp
 from jaxprice._src import step as step_mod
-from jaxprice._src import sweep as sweep_mod
 from jaxprice._src.sweep import price_coefficient_sets, price_sharded, random_batches, stack_coefficients
 
 FIELDS = ("overlap", "no_overlap", "resources", "bottleneck_weights")

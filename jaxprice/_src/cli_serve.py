@@ -117,7 +117,7 @@ def write_csv(path, label, loads, results):
 
 
 def run(args) -> int:
-    from .client import ClosedLoop, OpenLoop, Workload, load_trace
+    from .client import OpenLoop, Workload, load_trace
     from .serve import simulate, simulate_sweep
     dep = load_scenario_deployment(args.scenario)
     isl = parse_int(args.isl, flag="--isl", minimum=1)

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from . import schema
-from .errors import JaxpriceError, refuse
+from .errors import refuse
 from .schema import (DTYPE_BYTES, ENGINE_KEYS, KNOWN_UNITS, NODE_KEYS, NODE_REQUIRED, PARALLEL_KEYS,
                      SCOPE_KEYS)
 from .schema import INT_NODE_FIELDS as _INT_FIELDS

@@ -48,8 +48,8 @@ from typing import NamedTuple
 import numpy as np
 
 from . import laws
-from .errors import JaxpriceError, refuse
-from .formats import (DTYPE_BYTES, Chip, CoefficientSet, ModelGraph, Network, Registry, Scenario,
+from .errors import refuse
+from .formats import (DTYPE_BYTES, Chip, ModelGraph, Network, Registry, Scenario,
                       load_scenario)
 from .plan import Coefficients, Plan
 

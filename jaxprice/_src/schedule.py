@@ -387,8 +387,7 @@ def _decode_run_length(st: Static, small, lane):
     j = jnp.arange(S)
     R = small["R"]
     running = j < R
-    k, la, bs, mml, KV, acc = (lane["k"], lane["lookahead"], lane["block_size"], lane["max_model_len"],
-                               lane["kv_blocks"], lane["acc"])
+    k, la, bs, KV, acc = lane["k"], lane["lookahead"], lane["block_size"], lane["kv_blocks"], lane["acc"]
     s = small["s"]
     ntok, plen, olen, held = small["ntok"], small["plen"], small["olen"], small["held"]
     g0 = G(s, acc)

@@ -168,7 +168,7 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
                value=cap, has_value=True)
     blocks = int(cap // out["block_size"]) - 1 if math.isfinite(cap) else 2 ** 40
     out["kv_blocks"] = max(blocks, 0)
-    src["kv_blocks"] = f"floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)"
+    src["kv_blocks"] = "floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)"
     out["dp"] = int(dep.plan.scalars.get("dp", 1))
     src["dp"] = "plan dp"
     assumptions = {key: (out[key], src[key]) for key in src}
@@ -1020,7 +1020,6 @@ def schedule_counts(sched: Schedule) -> dict:
     steps = max(sched.steps, 1)
     resident = s["resident"].sum(axis=0)
     tokens = s["tokens"].sum(axis=0)
-    kv = s["kv_blocks"].max(axis=0) if sched.steps else np.zeros(1)
     return {"resident_mean": float(resident.mean()) if sched.steps else 0.0,
             "resident_peak": float(resident.max()) if sched.steps else 0.0,
             "tokens_per_step_mean": float(tokens.sum() / steps),
