@@ -104,6 +104,21 @@ def test_shape_error_by_hand_anchor_is_the_lowest_concurrency_and_counts_zero():
     assert (s["points"], s["priced"], s["shape_points"]) == (4, 4, 4)
 
 
+def test_repeat_spread_by_hand():
+    """Three runs of one point (TPOT 10, 20, 30 us; TTFT 100, 100, nan), one point measured once:
+    each run against the mean of the others: |10/25 - 1| = 0.6, |20/20 - 1| = 0, |30/15 - 1| = 1
+    (mean 8/15, upper median 0.6); TTFT: the two finite runs, 0 each."""
+    from jaxprice._src.accuracy import repeat_spread
+    rec = lambda c, t, f: {"deployment": "d", "workload": "1k1k", "concurrency": c,   # noqa: E731
+                           "measured_us": t, "measured_ttft_us": f}
+    out = repeat_spread([rec(4, 10.0, 100.0), rec(4, 20.0, 100.0), rec(4, 30.0, math.nan), rec(8, 50.0, 7.0)])
+    assert out["tpot"]["points"] == 4 and out["tpot"]["repeated"] == 3
+    assert out["tpot"]["mape"] == pytest.approx((0.6 + 0.0 + 1.0) / 3, rel=1e-12)
+    assert out["tpot"]["median"] == pytest.approx(0.6, rel=1e-12)
+    assert out["ttft"]["repeated"] == 2 and out["ttft"]["mape"] == 0.0
+    assert math.isnan(repeat_spread([rec(4, 10.0, 1.0)])["tpot"]["mape"])
+
+
 def test_unpriced_points_are_excluded_from_the_means_and_counted():
     # the anchor of sweep a is not priced: no shape error for the whole sweep
     err, anchor = acc.shape_errors(["a", "a", "b"], [1, 2, 1], [np.nan, 2.0, 1.0], [1.0, 2.0, 1.0])

@@ -1348,6 +1348,32 @@ def _pct(x, signed=False):
     return f"{x:+.1%}" if signed else f"{x:.1%}"
 
 
+def repeat_spread(records) -> dict:
+    """How far the measurements disagree with themselves: the points measured more than once
+    (same deployment, workload and C: other runs of the recipe) each against the mean of the
+    others, |x / mean(others) - 1|, for mean TPOT (measured_us) and mean TTFT (measured_ttft_us).
+    That is the MAPE a model predicting every run by the mean of the other runs would score on
+    them: a floor under any prediction's error there. Returns {quantity: {points, repeated,
+    mape, median}} (upper median; nan when nothing is repeated)."""
+    out = {}
+    for q, key in (("tpot", "measured_us"), ("ttft", "measured_ttft_us")):
+        groups: dict = {}
+        for r in records:
+            v = float(r.get(key, math.nan))
+            if math.isfinite(v) and v > 0:
+                groups.setdefault((r["deployment"], r["workload"], int(r["concurrency"])), []).append(v)
+        errs = []
+        for vals in groups.values():
+            if len(vals) > 1:
+                total = sum(vals)
+                errs += [abs(x / ((total - x) / (len(vals) - 1)) - 1) for x in vals]
+        errs.sort()
+        out[q] = {"points": sum(len(v) for v in groups.values()), "repeated": len(errs),
+                  "mape": float(np.mean(errs)) if errs else math.nan,
+                  "median": errs[len(errs) // 2] if errs else math.nan}
+    return out
+
+
 def concurrency_bucket(c) -> str:
     """The report's concurrency bucket of C (``CONCURRENCY_BUCKETS``)."""
     return next(label for label, top in CONCURRENCY_BUCKETS if c <= top)

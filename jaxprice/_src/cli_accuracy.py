@@ -99,7 +99,8 @@ def enable_compilation_cache(path) -> None:
 def markdown(report, *, command="") -> str:
     """The accuracy tables in Markdown, with NoOverlap broken down by chip and by workload, and
     (rule ``simulate``) the engine settings of every simulated deployment with their sources."""
-    from .accuracy import BATCH_RULE_TEXT, CHIP_ORDER, IN_SAMPLE_CHOICES, _pct, format_assumptions, format_report
+    from .accuracy import (BATCH_RULE_TEXT, CHIP_ORDER, IN_SAMPLE_CHOICES, _pct, format_assumptions, format_report,
+                           repeat_spread)
     rule = report.info.get("batch_rule", "anchor")
     lines = ["# Accuracy: predicted against measured mean TPOT" + (" and mean TTFT" if rule == "simulate" else "")
              + ("" if rule == "anchor" else f" (batch rule `{rule}`)"), ""]
@@ -137,6 +138,15 @@ def markdown(report, *, command="") -> str:
         if report.info.get("seconds") is not None:
             lines += [f"Run time: {report.info['seconds']:.1f} s for {len(report.records)} points.", ""]
     lines.append(format_report(report, markdown=True))
+    spread = repeat_spread(report.records)
+    quantities = ("tpot", "ttft") if rule == "simulate" else ("tpot",)
+    if spread["tpot"]["repeated"]:
+        lines += ["", "The measurements' own spread (`accuracy.repeat_spread`): of the points measured in more than "
+                  "one run (same deployment, workload and C), each against the mean of the other runs: "
+                  + "; ".join(f"{q.upper()} MAPE {_pct(spread[q]['mape'])} (median {_pct(spread[q]['median'])}) over "
+                              f"{spread[q]['repeated']} of {spread[q]['points']} points" for q in quantities)
+                  + ". Predicting each run by the mean of the others scores that on those points: no model of the "
+                  "recipe alone can do much better there."]
     for field, label in (("hardware", "chip"), ("workload", "workload")):
         by = report.summarize_by(field, "no_overlap")
         lines += ["", f"NoOverlap by {label}:", "",
