@@ -383,3 +383,15 @@ def test_refusals(deployments, batches):
     lacking = st.stack_coefficients([dep.coefficients, missing])
     with pytest.raises(jp.JaxpriceError, match="lacks a coefficient"):
         jp.price_deployments(stack, lacking, batches["int32"])
+
+
+def test_value_chunks_read_back_every_slice():
+    """stack._take over stack.value_chunks equals slicing the whole vector, for every slice of a
+    vector that spans three chunks (including slices across chunk boundaries and empty ones)."""
+    v = np.arange(150.0)
+    chunks = st.value_chunks(jnp.asarray(v))
+    assert [len(c) for c in chunks] == [64, 64, 22]
+    for off in range(0, 150, 7):
+        for size in (0, 1, 5, 63, 64, 65, 130):
+            if off + size <= 150:
+                np.testing.assert_array_equal(np.asarray(st._take(chunks, off, size)), v[off:off + size])
