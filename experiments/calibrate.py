@@ -211,6 +211,15 @@ def figure(lomo, dep_cv, path):
     return path
 
 
+def simulate_free(obs, targets) -> list:
+    """The free set of a fit through the simulation: FREE_SIMULATE (with TTFT among the targets,
+    else FREE), keeping the patterns every run's deployment has a coefficient for."""
+    names = [set(r.deployment.coefficients.names) for o in obs for r in o.runs]
+    pool = FREE_SIMULATE if "ttft" in targets else FREE
+    return [f for f in pool if all(any(jfit.fnmatch.fnmatchcase(n, jfit.Free.parse(f).pattern) for n in ns)
+                                   for ns in names)]
+
+
 def run_study(args):
     t0 = time.perf_counter()
     timings = {}
@@ -222,10 +231,7 @@ def run_study(args):
         obs, refused, points = jfit.observations_from_simulation(csv_path, targets=args.targets,
                                                                  deployments=args.deployment)
         groups = None
-        names = [set(r.deployment.coefficients.names) for o in obs for r in o.runs]
-        pool = FREE_SIMULATE if "ttft" in args.targets else FREE
-        free = [f for f in pool if all(any(jfit.fnmatch.fnmatchcase(n, jfit.Free.parse(f).pattern) for n in ns)
-                                       for ns in names)]
+        free = simulate_free(obs, args.targets)
         timings["resolve deployments, build schedules"] = time.perf_counter() - t
     else:
         points = accuracy.select_deployments(points, args.deployment, csv_path)
@@ -396,10 +402,7 @@ def main(argv=None) -> int:
             R = pickle.load(fh)
         relocate(R, args)
         if "free" not in R and args.rule == "simulate":     # a checkpoint from before the free set was kept
-            names = [set(r.deployment.coefficients.names) for o in R["obs"] for r in o.runs]
-            pool = FREE_SIMULATE if "ttft" in args.targets else FREE
-            R["free"] = [f for f in pool if all(any(jfit.fnmatch.fnmatchcase(n, jfit.Free.parse(f).pattern)
-                                                    for n in ns) for ns in names)]
+            R["free"] = simulate_free(R["obs"], args.targets)
     else:
         R = run_study(args)
         try:
