@@ -1,13 +1,12 @@
 """The deployment axis (stack.py): one compiled kernel for every deployment of a model graph.
 
 Every bundled scenario is priced by ``price_deployments`` in one stack per structure and
-compared with ``price_many`` of the deployment alone (to ULPS units in the last place: see
-below; bit for bit when compiled without fused multiply-adds); gradients on a subset.
+compared with ``price_many`` of the deployment alone, bit for bit (on one device and with the
+deployment axis split over four); gradients on a subset, bit for bit too.
 One compile per structure: a retrace guard prices a new deployment of a known structure, and
 the sweep's coefficient-set pricing compiles once per structure too.
 """
 
-import platform
 from pathlib import Path
 
 import jax
@@ -21,21 +20,13 @@ from jaxprice._src.sweep import random_batches
 
 SCENARIOS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "testdata" / "aisimulate").glob("*.yaml"))
 FIELDS = ("resources", "overlap", "no_overlap", "bottleneck", "bottleneck_weights")
-# KNOWN DIVERGENCE [axis-ulps] (stack.py): the deployment axis is a vmap: most prices equal
-# pricing alone bit for bit, but XLA's CPU loops may round a product-sum as a fused multiply-add
-# in one vector shape and not in another, so a few entries differ by one unit in the last place
-# (test_values_are_bit_for_bit_without_fused_multiply_adds: that is the only cause for values);
-# gradients by up to 2 (a batch sum reduced in a shape-dependent order). Asserted: at most ULPS.
+# KNOWN DIVERGENCE [single-call-grad-ulps] (step._kernel_one): price()'s conditional tail
+# differentiates to 2 ulps of the plain kernel (values bit for bit)
 ULPS = 2
-NO_FMA = {"xla_cpu_max_isa": "AVX"}     # x86 without AVX2, so without FMA instructions
 
 
 def _same(actual, desired, msg=""):
-    actual, desired = np.asarray(actual), np.asarray(desired)
-    if actual.dtype.kind in "iub":
-        np.testing.assert_array_equal(actual, desired, err_msg=msg)
-    else:
-        np.testing.assert_array_max_ulp(actual, desired, maxulp=ULPS)
+    np.testing.assert_array_equal(np.asarray(actual), np.asarray(desired), err_msg=msg)
 
 
 @pytest.fixture(scope="module")
@@ -90,44 +81,46 @@ def test_exact_mode_equals_each_deployment_alone_bit_for_bit(deployments, groups
             _same(np.asarray(res.no_overlap)[-1], np.asarray(own.no_overlap))
 
 
-NO_FMA_WORKER = """
+SHARDED_WORKER = """
 import json, sys
-import numpy as np, jax.numpy as jnp
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import jaxprice as jp
+from jaxprice._src import stack as st
 from jaxprice._src.sweep import random_batches
-names = json.loads(sys.argv[1])
-deps = [jp.load_deployment(n) for n in names]
+deps = [jp.load_deployment(n) for n in json.loads(sys.argv[1])]
 b = random_batches(np.random.default_rng(0), 12, 32, decode_threshold=8).astype(jnp.int32)
+stack = jp.stack_plans(deps)
 coefs = jp.stack_deployment_coefficients([d.coefficients for d in deps])
-res = jp.price_deployments(jp.stack_plans(deps), coefs, b)
-out = {}
+on = NamedSharding(Mesh(np.asarray(jax.devices()), ("d",)), PartitionSpec("d"))
+sharded = st.PlanStack(stack.structure, jax.device_put(stack.values, on), stack.slot_names, stack.names)
+res = jp.price_deployments(sharded, jp.Coefficients(jax.device_put(coefs.values, on), coefs.names), b)
+out = {"devices": jax.device_count(), "shards": st._shards(sharded.values, len(deps)),
+       "result_devices": len(res.no_overlap.sharding.device_set)}
 for k, d in enumerate(deps):
     alone = jp.price_many(d.plan, jp.Coefficients(coefs.values[k], coefs.names), b)
     out[d.name] = [int(np.sum(np.asarray(getattr(res, f))[k] != np.asarray(getattr(alone, f))))
-                   for f in ("resources", "overlap", "no_overlap", "bottleneck_weights")]
+                   for f in ("resources", "overlap", "no_overlap", "bottleneck_weights", "bottleneck")]
 print(json.dumps(out))
 """
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu" or platform.machine().lower() not in ("x86_64", "amd64"),
-                    reason="xla_cpu_max_isa=AVX is an x86 CPU option")
-def test_values_are_bit_for_bit_without_fused_multiply_adds():
-    """The 1-ulp differences of the values come from FMA contraction alone: in a process whose
-    XLA targets an x86 CPU without FMA (``--xla_cpu_max_isa=AVX``), the deployment axis and
-    pricing alone agree bit for bit (Llama-3.1-70B deployments with int32 counts: entries that
-    differ by an ulp under the default flags on an AVX2 machine)."""
+def test_a_deployment_axis_split_over_four_devices_prices_each_deployment_bit_for_bit():
+    """Four virtual CPU devices, eight deployments: each device maps its own two (stack._price_body
+    with shards = 4), and every price equals pricing the deployment alone bit for bit. These
+    Llama-3.1-70B deployments are the ones a vmap over the deployment axis priced 1 ulp apart."""
     import json
     import os
     import subprocess
     import sys
-    names = ["llama-3.1-70b-instruct-b200-fp4-trt-tp8", "llama-3.1-70b-instruct-b200-fp4-vllm-tp8",
-             "llama-3.1-70b-instruct-h200-fp8-trt-tp4", "llama-3.1-70b-instruct-h200-fp8-vllm-tp8"]
-    env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=AVX").strip())
-    run = subprocess.run([sys.executable, "-c", NO_FMA_WORKER, json.dumps(names)], capture_output=True, text=True,
+    names = [n for n in SCENARIOS if n.startswith("llama-3.1-70b-instruct")][:8]
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", SHARDED_WORKER, json.dumps(names)], capture_output=True, text=True,
                          env=env, cwd=Path(__file__).resolve().parents[1], timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    differing = json.loads(run.stdout.strip().splitlines()[-1])
-    assert differing == {n: [0, 0, 0, 0] for n in names}
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert (got.pop("devices"), got.pop("shards"), got.pop("result_devices")) == (4, 4, 4)
+    assert got == {n: [0, 0, 0, 0, 0] for n in names}
 
 
 def test_the_sweep_prices_coefficient_sets_once_per_structure(deployments, groups, batches):
@@ -208,7 +201,7 @@ def test_single_call_tail_under_a_cond_prices_and_differentiates_bit_for_bit(dep
             np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f)), err_msg=f)
         g = jax.grad(lambda c: jp.price(dep.plan, c, one, temperature=temperature, fold=fold).no_overlap)
         g_ref = jax.jit(jax.grad(lambda c: ref_fn(c, one).no_overlap))
-        # gradients: XLA may sum the gather's cotangents in another order (KNOWN DIVERGENCE axis-ulps)
+        # gradients: XLA may sum the gather's cotangents in another order (KNOWN DIVERGENCE single-call-grad-ulps)
         np.testing.assert_array_max_ulp(np.asarray(g(dep.coefficients).values),
                                         np.asarray(g_ref(dep.coefficients).values), maxulp=ULPS)
     vmapped = jax.make_jaxpr(jax.vmap(lambda b: jp.price(dep.plan, dep.coefficients, b, fold=fold).no_overlap))

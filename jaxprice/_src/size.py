@@ -60,7 +60,7 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
    18 rounds, converged, to the same best layout as ``auto``. The simulation's TTFT is higher than
    the steady state's at high concurrency, where every client's first request arrives at once.
 
-   Layouts are priced in vmapped groups on the deployment axis (stack.py): all layouts of one
+   Layouts are priced on the deployment axis (stack.py): all layouts of one
    model structure and row padding in ONE call (every batch of every layout: all concurrencies,
    all chunk steps), the deployment axis sharded over the available devices (``jax.sharding``,
    as ``sweep.price_sharded`` shards batches), compiled once per structure and padding, not per
@@ -536,7 +536,7 @@ def evaluate_steady_many(deps, layouts, workload: SizeWorkload, concurrencies, *
                          callback=None) -> list:
     """The ``steady`` evaluator over many layouts at once: the deployment axis (stack.py). Layouts
     of one model structure and row padding are stacked, ``group_size`` at a time (padded to a power
-    of two with copies of the last), and priced in ONE vmapped call each, the deployment axis
+    of two with copies of the last), and priced in ONE call each, the deployment axis
     sharded over ``mesh`` (a 1-D jax.sharding.Mesh; None: one device): one compile per structure,
     padding and group shape, not per layout. Returns ``evaluate_steady``'s tuple per layout, equal
     to it bit for bit in exact mode. callback(done, total): layouts priced so far."""

@@ -23,12 +23,12 @@ structures with a JaxpriceError naming what differs.
 ``price_deployments(stack, coefs, batches)`` prices B batches on D deployments in one call,
 compiled once per structure, padding and mode (never per deployment): values, and gradients
 through ``jax.grad`` over the coefficients. Exact mode equals ``price_many`` of each
-deployment alone (tests/test_deployment_axis.py checks all 88 bundled scenarios): bit for bit
-but for a few entries one unit in the last place apart. KNOWN DIVERGENCE [axis-ulps]: XLA's
-CPU backend contracts some product-sums into fused multiply-adds in one vector shape ([B]) and
-not in another ([D, B]); compiled for a CPU without FMA (``xla_cpu_max_isa=AVX``) the values
-agree bit for bit (tested). Coefficient gradients differ by at most 2 ulps even then: the
-gradient's sum over the batches is reduced in a shape-dependent order.
+deployment alone bit for bit, values and per-deployment coefficient gradients
+(tests/test_deployment_axis.py checks all 88 bundled scenarios, and a deployment axis split
+over four devices): the deployments are priced one after another in a ``lax.map`` by
+price_many's own kernel over [B] batches. A vmap over deployments would not be: XLA's CPU
+backend contracts other product-sums into fused multiply-adds in a [D, B] loop than in a [B]
+one (a few prices one unit in the last place apart), and it was no faster at B >= 64.
 
 Coefficients, two ways (``price_deployments``' ``coefs``):
 
@@ -39,9 +39,9 @@ Coefficients, two ways (``price_deployments``' ``coefs``):
   names are the UNION of the sets' names in order of first appearance; a name a set lacks is
   NaN in that row, and pricing refuses a deployment whose roles read a NaN name.
 
-The kernel is ``step._kernel``; ``step_time``/``price``/``price_many`` (one plan, static under
-jit, its values constants) read the same structure and values (``folded_view``), so both paths
-run one composition.
+The kernel is ``step._kernel``: ``price``/``price_many`` of one plan read the same structure
+and values (``traced_view``; with ``fold=True`` its values as constants, ``folded_view``), so
+every path runs one composition.
 """
 
 from __future__ import annotations
@@ -557,28 +557,38 @@ def _batch_layout(batches):
     return nd == 3
 
 
-def _price_body(structure, values, index, coef_values, batches, tau, breakdown, per_dep_coefs, per_dep_batches):
+def _price_body(structure, values, index, coef_values, batches, tau, breakdown, per_dep_coefs, per_dep_batches,
+                shards):
+    """Each deployment priced by price_many's own kernel, one after another in a ``lax.map``
+    (bit for bit equal to pricing it alone: a vmap over deployments would hand XLA [D, B]
+    loops, which contract other product-sums into fused multiply-adds than the [B] loops of
+    one deployment do; the map is as fast at B >= 64). Shared coefficients and batches are
+    closed over, not copied per deployment. ``shards`` > 1 (the axis laid out over that many
+    devices): a vmap over the shards of the map, so each device maps its own deployments."""
     from .step import _batched_kernel
 
-    def one_deployment(v, idx, c, b):
-        return _batched_kernel(structure, v, idx, c, b, tau, breakdown)
+    def one_deployment(part):
+        v, idx, c, b = part
+        return _batched_kernel(structure, v, idx, c if per_dep_coefs else coef_values,
+                               b if per_dep_batches else batches, tau, breakdown)
 
-    # a vmap over the deployments: XLA rewrites a division by a broadcast scalar into a
-    # multiplication by its reciprocal, the same way for [B] and [D, B] (checked to 2 ulps
-    # against price_many by tests/test_deployment_axis.py; a lax.map over deployments is not)
-    return jax.vmap(one_deployment, in_axes=(0, 0, 0 if per_dep_coefs else None, 0 if per_dep_batches else None))(
-        values, index, coef_values, batches)
+    per_dep = (values, index, coef_values if per_dep_coefs else None, batches if per_dep_batches else None)
+    if shards == 1:
+        return jax.lax.map(one_deployment, per_dep)
+    split = jax.tree_util.tree_map(lambda x: x.reshape((shards, x.shape[0] // shards) + x.shape[1:]), per_dep)
+    out = jax.vmap(lambda part: jax.lax.map(one_deployment, part))(split)
+    return jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), out)
 
 
 def _price_stack(structure, values, index, coef_values, batches, tau, smooth, breakdown, per_dep_coefs,
-                 per_dep_batches):
+                 per_dep_batches, shards):
     from .step import exact_at_zero
     _note_compile()
     return exact_at_zero(lambda t: _price_body(structure, values, index, coef_values, batches, t, breakdown,
-                                               per_dep_coefs, per_dep_batches), tau if smooth else None)
+                                               per_dep_coefs, per_dep_batches, shards), tau if smooth else None)
 
 
-_STATIC = ("structure", "smooth", "breakdown", "per_dep_coefs", "per_dep_batches")
+_STATIC = ("structure", "smooth", "breakdown", "per_dep_coefs", "per_dep_batches", "shards")
 _price_stack_jit = jax.jit(_price_stack, static_argnames=_STATIC)
 # XLA's cheapest compile (as accuracy.FAST_COMPILE): for few batches, where compiling dominates
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
@@ -594,7 +604,7 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
     deployment (values [names]; gradients sum over deployments) or one per deployment
     (values [D, names]: ``stack_coefficients``). batches: [B, rows] (``Batch.stack``), priced
     on every deployment, or [D, B, rows], each deployment its own. temperature: None for exact
-    mode (equal to ``price_many`` of each deployment alone, to 1 ulp: see the module
+    mode (equal to ``price_many`` of each deployment alone, bit for bit: see the module
     docstring), a float >= 0 for smooth mode. Differentiable in the coefficients (``jax.grad`` of a function of the
     result) and in float64 token counts; the stack's values are a traced leaf too.
     fast_compile: compile with XLA's cheapest settings (FAST_COMPILE), for a few batches where
@@ -647,7 +657,16 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
     values = _pad_names(values)
     fn = _price_stack_fast if fast_compile else _price_stack_jit
     return fn(stack.structure, dev, didx[coefs.names], values, batches, tau, smooth, breakdown,
-              per_dep_coefs, per_dep_batches)
+              per_dep_coefs, per_dep_batches, _shards(dev, D))
+
+
+def _shards(values, n):
+    """How many devices the deployment axis of ``values`` is laid out over (1 on one device)."""
+    sharding = getattr(values, "sharding", None)
+    if sharding is None or sharding.is_fully_replicated:
+        return 1
+    k = len(sharding.device_set)
+    return k if n % k == 0 else 1
 
 
 def _pad_names(values):

@@ -532,7 +532,8 @@ def _kernel_one(view_of, values, roles_vector, batch: Batch, tau, breakdown: boo
     at once, and the tail is dozens of tiny independent fusions; waking pool threads for them
     cost about 40 us a call (median 105 us against 66 us, DeepSeek-V3, 256 rows, constant-folded
     plan). A branch of small buffers runs sequentially in the calling thread. Same values bit for
-    bit, coefficient gradients to 2 ulps (tests/test_deployment_axis.py); the predicate is
+    bit; KNOWN DIVERGENCE [single-call-grad-ulps]: coefficient gradients to 2 ulps (XLA sums the
+    role gather's cotangents in another order; tests/test_deployment_axis.py). The predicate is
     unbatched, so a vmap of price() still runs one branch."""
     view = view_of(values)
     sums = _walk_rows(view.A, view.S, batch, tau)
@@ -635,7 +636,7 @@ def _price_many_jit(plan, coefs, batches, tau, smooth):
 def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=None, fold=False) -> StepResult:
     """Price a stack of batches of one padding (leading axis) in one vmapped call, compiled
     once per plan structure (as ``price``; ``fold``: once per plan, its values constants).
-    ``stack.price_deployments`` prices many deployments in one call, each as here (to 1 ulp)."""
+    ``stack.price_deployments`` prices many deployments in one call, each as here (bit for bit)."""
     smooth, tau = temperature_arg(temperature)
     if fold:
         return _price_many_jit(plan, coefs, batches, tau, smooth)
