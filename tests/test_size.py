@@ -333,3 +333,29 @@ def test_refine_simulates_until_the_frontier_is_simulated(monkeypatch):
     got, rounds = S.refine([dataclasses.replace(res[3])], cands, S.SizeWorkload(256, 64), [1, 8], None, None,
                            first="frontier")
     assert got == [] and cands[3].status == "rejected" and "stalled" in cands[3].reason
+
+
+def test_refine_leaves_points_far_over_the_ttft_target_on_the_steady_state():
+    """A level whose steady TTFT is over SKIP_TTFT_FACTOR x the target is not re-run (the costliest
+    lanes: queueing at the highest C); its numbers stay the steady state's, marked as such, and the
+    simulation of that level (run here) misses the target too, so neither the frontier nor the
+    choice could have used it. The other levels equal simulate_sweep's."""
+    cfg = dict(SIM, max_num_seqs=(16,), concurrency=(1, 8, 64))
+    got = jp.size(MODEL, tpot_ms=40, ttft_ms=100, evaluator="auto", **cfg)
+    assert len(got.results) == 2
+    for r in got.results:
+        assert r.source == "serve" and r.kept.tolist() == [False, False, True]
+        assert r.replaced["ttft"][2] > S.SKIP_TTFT_FACTOR * 0.100 and r.ttft[2] == r.replaced["ttft"][2]
+        assert [r.point_source(j) for j in range(3)] == ["serve", "serve", "steady"]
+        assert [p["source"] for p in r.as_dict()["points"]] == ["serve", "serve", "steady"]
+        dep = got.candidates[r.index].deployment
+        ref = jp.simulate_sweep(dep, jp.Workload(isl=256, osl=64, range_ratio=0.8), [1, 8, 64])
+        np.testing.assert_array_equal(r.ttft[:2], [x.summary["ttft_mean"] for x in ref[:2]])
+        np.testing.assert_array_equal(r.tpot[:2], [x.summary["tpot_mean"] for x in ref[:2]])
+        assert ref[2].summary["ttft_mean"] > 0.100                  # the skipped level misses the target simulated too
+        assert all(res_j != 2 for res_i, res_j in got.frontier if got.results[res_i] is r)
+    assert got.best is not None and got.best[1] != 2
+    np.testing.assert_array_equal(S.simulation_points(got.results[0], None), [True, True, True])
+    from jaxprice._src.cli_size import describe_sources, format_table
+    assert "2 point(s) of simulated layouts left on the steady state" in describe_sources(got)
+    assert "not re-run" in format_table(got)

@@ -146,7 +146,7 @@ def describe_space(cands, ctx, show_rejected=False) -> str:
 
 
 def format_table(result, top=12) -> str:
-    from .size import _meets
+    from .size import SKIP_TTFT_FACTOR, _meets
     rows = []
     for i, r in enumerate(result.results):
         ok = _meets(r, result.ttft_target, result.tpot_target)
@@ -166,25 +166,28 @@ def format_table(result, top=12) -> str:
         mark = ("*" if (i, j) == result.best else "") + ("F" if (i, j) in front else "")
         lines.append(f"{r.layout.label:<42}{r.replicas:>4}{int(r.concurrency[j]):>7}{r.ttft[j] * 1e3:>10.1f}"
                      f"{r.tpot[j] * 1e3:>9.2f}{r.tps_per_gpu[j]:>11.1f}{r.tps_per_user[j]:>11.1f}"
-                     f"{_src(r):>5}" + (f"  {mark}" if mark else "") + ("" if ok else "  (misses targets at every C)"))
+                     f"{_src(r, j):>5}" + (f"  {mark}" if mark else "") + ("" if ok else "  (misses targets at every C)"))
     lines.append("  * best   F on the Pareto frontier   src: sim = the serving simulation, 10 x C prompts; "
-                 "sim~ = the simulation with fewer prompts (the search); std = the closed-form steady state")
+                 "sim~ = the simulation with fewer prompts (the search); std = the closed-form steady state "
+                 f"(also a simulated layout's points whose steady TTFT is over {SKIP_TTFT_FACTOR:g} x the target: not re-run)")
     lines.append(f"Pareto frontier ({len(result.frontier)} points, tokens/s per user ascending):")
     for i, j in result.frontier:
         r = result.results[i]
         lines.append(f"  {r.tps_per_user[j]:8.1f} tok/s/user  {r.tps_per_gpu[j]:8.1f} tok/s/GPU  {r.layout.label} "
-                     f"@ C={int(r.concurrency[j])}  ({_src(r)})")
+                     f"@ C={int(r.concurrency[j])}  ({_src(r, j)})")
     return "\n".join(lines)
 
 
-def _src(r) -> str:
-    if r.source == "steady":
+def _src(r, j) -> str:
+    source = r.point_source(j)
+    if source == "steady":
         return "std"
-    return "sim" if r.source == "serve" else "sim~"
+    return "sim" if source == "serve" else "sim~"
 
 
 def describe_sources(result) -> str:
     """Which layouts' numbers come from the serving simulation, which from the steady state."""
+    from .size import SKIP_TTFT_FACTOR
     info = result.info
     sim = [r for r in result.results if r.source.startswith("serve")]
     if not sim:
@@ -196,6 +199,10 @@ def describe_sources(result) -> str:
                      "best, runner-up and layouts near the targets)")
     if len(sim) > len(final):
         parts.append(f"{len(sim) - len(final)} at the search's {info.get('search_prompts')} prompts per point")
+    kept = sum(int(r.kept.sum()) for r in sim if r.kept is not None)
+    if kept:
+        parts.append(f"{kept} point(s) of simulated layouts left on the steady state (TTFT there over "
+                     f"{SKIP_TTFT_FACTOR:g} x the target: neither on the frontier nor chosen)")
     rest = len(result.results) - len(sim)
     if rest:
         parts.append(f"the other {rest} from the closed-form steady state")

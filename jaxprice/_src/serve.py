@@ -79,6 +79,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -738,13 +739,13 @@ def _compile_scheduler(lanes, st):
 
 
 def _compile_ahead(pool, calls):
-    """Start compiling in ``pool`` each distinct shape of ``calls`` ((lanes, Static) per group)
-    but the first one's (the first call compiles that meanwhile), in the order the groups run:
-    {(Static, lanes): Future}. Later shapes compile while earlier groups run."""
-    first = (calls[0][1], len(calls[0][0])) if calls else None
+    """Start compiling in ``pool`` each distinct shape of ``calls`` ((lanes, Static) per group),
+    in the order the groups run: {(Static, lanes): Future}. Later shapes compile while earlier
+    groups run; a group waits for its own shape's compile (so calls running side by side
+    never compile one shape twice)."""
     ahead = {}
     for lanes, st in calls:
-        if (st, len(lanes)) not in ahead and (st, len(lanes)) != first:
+        if (st, len(lanes)) not in ahead:
             ahead[(st, len(lanes))] = pool.submit(_compile_scheduler, lanes, st)
     return ahead
 
@@ -774,29 +775,55 @@ def _prepare_lanes(jobs, results):
     return prepared, laws_of, entries
 
 
+def scheduler_workers() -> int:
+    """Scheduler calls run at once (``_run_groups``): one per CPU this process may use, at most
+    SCHEDULER_WORKERS. A call's loop is a long chain of tiny thunks that XLA:CPU spreads over
+    its thread pool: alone it keeps two cores busy for one core's work (measured: the same call
+    pinned to one core is no slower), so independent calls side by side use the cores instead."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, SCHEDULER_WORKERS))
+
+
+SCHEDULER_WORKERS = 4
+
+
+def _run_group(lanes, st, compiled):
+    """One lane group's call, after its shape's compile (``compiled``: a Future or None; a
+    failed compile: the call compiles)."""
+    if compiled is not None:
+        compiled.exception()
+    return _run_closed(lanes, st)
+
+
 def _run_groups(entries, n_laws, results, callback=None):
-    """Run every lane group (``_lane_groups``), the shapes compiled ahead in a background thread
-    (``_compile_ahead``; a lane that runs out of records is run again alone at the end, its
-    shape compiled meanwhile): {(job, item, rank): NumPy states}; a lane the scheduler refuses
-    puts its JaxpriceError in ``results``."""
+    """Run every lane group (``_lane_groups``), ``scheduler_workers()`` calls at once in the
+    order the groups come (the largest first), the shapes compiled ahead in a background thread
+    (``_compile_ahead``; a lane that runs out of records is run again alone at the end):
+    {(job, item, rank): NumPy states}; a lane the scheduler refuses puts its JaxpriceError in
+    ``results``. The groups are independent, so running them side by side changes no result."""
     groups = _lane_groups(entries)
     calls = [_group_call(g, n_laws) for g in groups]
     lane_states, again = {}, []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=scheduler_workers()) as runners:
         ahead = _compile_ahead(pool, calls)
-        for g, ((key, members, size), (lanes, st)) in enumerate(zip(groups, calls)):
-            if (st, size) in ahead:
-                ahead[(st, size)].exception()   # wait for its compile (a failed one: the call compiles)
-            per_lane, over = _run_closed(lanes, st)
+        running = {runners.submit(_run_group, lanes, st, ahead.get((st, size))): g
+                   for g, ((_key, _members, size), (lanes, st)) in enumerate(zip(groups, calls))}
+        for done, fut in enumerate(concurrent.futures.as_completed(running)):
+            g = running[fut]
+            (key, members, size), (lanes, st) = groups[g], calls[g]
+            per_lane, over = fut.result()
             for li, e in enumerate(members):
                 lane_states[e[4]] = per_lane[li]
             for li in over:
-                pool.submit(_compile_scheduler, [lanes[li]], _alone_static(lanes[li], st, per_lane[li]))
                 again.append((members[li][4], lanes[li], st, per_lane[li]))
             if callback is not None:
-                callback(g + 1, len(groups), stage="scheduled", slots=key[0], lanes=size,
+                callback(done + 1, len(groups), stage="scheduled", slots=key[0], lanes=size,
                          iterations=max(int(x["it"]) for x in per_lane) // 2)
-    for ids, lane, st, partial in again:
+    for ids, lane, st, partial in sorted(again, key=lambda a: a[0]):
         lane_states.pop(ids)
         states = _rerun_alone(lane, st, partial)
         if isinstance(states, JaxpriceError):
