@@ -791,10 +791,9 @@ SCHEDULER_WORKERS = 4
 
 
 def _run_group(lanes, st, compiled):
-    """One lane group's call, after its shape's compile (``compiled``: a Future or None; a
-    failed compile: the call compiles)."""
-    if compiled is not None:
-        compiled.exception()
+    """One lane group's call, after its shape's compile (``compiled``: its Future; a failed
+    compile: the call compiles)."""
+    compiled.exception()
     return _run_closed(lanes, st)
 
 
@@ -810,7 +809,7 @@ def _run_groups(entries, n_laws, results, callback=None):
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool, \
             concurrent.futures.ThreadPoolExecutor(max_workers=scheduler_workers()) as runners:
         ahead = _compile_ahead(pool, calls)
-        running = {runners.submit(_run_group, lanes, st, ahead.get((st, size))): g
+        running = {runners.submit(_run_group, lanes, st, ahead[(st, size)]): g
                    for g, ((_key, _members, size), (lanes, st)) in enumerate(zip(groups, calls))}
         for done, fut in enumerate(concurrent.futures.as_completed(running)):
             g = running[fut]
