@@ -92,6 +92,27 @@ EXPERT = 3 * 2048 * 7168                                                    # on
 VOCAB, HIDDEN = 129280, 7168
 
 
+def test_4bit_weights_are_held_with_their_block_scales_and_read_without():
+    # minimax-m2.5 (every GEMM at the served format, checkpoint fp8) served fp8 and nvfp4: the
+    # layers hold 0.5 payload + 1/16 scale bytes per weight under nvfp4 (x 0.5625 of fp8's), the
+    # embedding stays at the checkpoint's width; the head and every priced read are payload only.
+    fp8 = resolved("minimax-m2.5-b200-fp4-vllm-tp4", engine={"quantization": "fp8"})
+    fp4 = resolved("minimax-m2.5-b200-fp4-vllm-tp4", engine={"quantization": "nvfp4"})
+    emb = 200064 * 3072 * 1.0 / 4
+    head8, head4 = (d.plan.scalars["head_weight_bytes"] for d in (fp8, fp4))
+    assert head4 == head8 / 2
+    layers8 = fp8.plan.memory["weights_bytes"] - head8 - emb
+    assert fp4.plan.memory["weights_bytes"] == pytest.approx(layers8 * (0.5 + 1 / 16) + head4 + emb, rel=1e-12)
+    np.testing.assert_allclose(fp4.plan.arrays["weight_bytes"], fp8.plan.arrays["weight_bytes"] / 2, rtol=1e-12)
+    np.testing.assert_allclose(fp4.plan.arrays["expert_bytes"], fp8.plan.arrays["expert_bytes"] / 2, rtol=1e-12)
+    # and the KV cache it leaves is the budget less the larger weights (nothing else moved)
+    m4, m8 = fp4.plan.memory, fp8.plan.memory
+    assert m8["kv_capacity_tokens"] > 0
+    gone = m4["weights_bytes"] - m8["weights_bytes"] + sum(m4[k] - m8[k] for k in
+                                                         ("activation_bytes", "cudagraph_bytes", "comm_buffer_bytes"))
+    assert m8["kv_capacity_tokens"] - m4["kv_capacity_tokens"] == pytest.approx(gone / m4["kv_bytes_per_token"], rel=1e-9)
+
+
 def test_deepseek_v3_h200_tp8_hand_derived():
     dep = load_deployment(DSV3)
     res, mem = dep.resolution, dep.plan.memory

@@ -52,6 +52,7 @@ from .errors import refuse
 from .formats import (DTYPE_BYTES, Chip, ModelGraph, Network, Registry, Scenario,
                       load_scenario)
 from .plan import Coefficients, Plan
+from .schema import SCALE_BYTES
 
 GRAPH_MODES = ("FULL", "PIECEWISE", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "NONE")
 # (mode for a uniform-decode batch, mode for any other batch)
@@ -425,9 +426,17 @@ class LayerKind(NamedTuple):
     shared_weight_mem: float
     moe: bool
     expert_flops: float    # routed FLOPs per token and expert
-    expert_bytes: float    # one expert's weight bytes
+    expert_bytes: float    # one expert's weight bytes (payload: what a step reads)
     expert_class: int
     top_k: int
+    expert_weight_mem: float = 0.0  # one expert's bytes held: payload and block scales
+
+
+def held_fraction(fmt: str) -> float:
+    """Bytes a rank holds per payload byte of a weight in format ``fmt``: 1 + the block scales
+    per element / the payload bytes per element (nvfp4 1 + (1/16) / 0.5 = 1.125; 1 for formats
+    without counted scales)."""
+    return 1.0 + SCALE_BYTES.get(fmt, 0.0) / DTYPE_BYTES[fmt]
 
 
 class Walk(NamedTuple):
@@ -887,7 +896,7 @@ def _walk_kind(kind_index: int, kid: str, count: int, is_drafter: bool, ctx: _Wa
     hyper-connection; the collectives it launches; its piecewise capture breaks."""
     tp, hidden = ctx.tp, ctx.graph.hidden_size
     weight, elementwise, kernels = [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]
-    dense_mem = shared_mem = expert_flops = expert_bytes = 0.0
+    dense_mem = shared_mem = expert_flops = expert_bytes = expert_mem = 0.0
     moe, top_k, expert_class, splits = False, 0, 0, 0
     launches, gemms, attentions, recurrents, hypers, kv, notes = {}, [], [], [], [], [], []
     fusing = False              # the last GEMM row is open: a GEMM node next may fuse into it
@@ -902,7 +911,7 @@ def _walk_kind(kind_index: int, kid: str, count: int, is_drafter: bool, ctx: _Wa
             row = _gemm(node, kind_index, phase, replicated, fmt, hidden, ctx.classes)
             wbytes = node["n"] * node["k"] * DTYPE_BYTES[fmt]
             weight[phase] += wbytes / div
-            dense_mem += wbytes / div
+            dense_mem += wbytes * held_fraction(fmt) / div
             if fusing and _fuses(gemms[-1], row):
                 gemms[-1] = gemms[-1]._replace(n=gemms[-1].n + row.n, flops=gemms[-1].flops + row.flops)
             else:
@@ -912,9 +921,10 @@ def _walk_kind(kind_index: int, kid: str, count: int, is_drafter: bool, ctx: _Wa
             moe, top_k, expert_class = True, e.top_k, e.cls
             expert_flops += e.flops
             expert_bytes += e.bytes
+            expert_mem += e.bytes * held_fraction(fmt)
             if e.shared is not None:
                 weight[phase] += e.shared_bytes
-                shared_mem += e.shared_bytes
+                shared_mem += e.shared_bytes * held_fraction(fmt)
                 gemms.append(e.shared)
         elif op in ("Attention", "RecurrentUpdate"):
             # KNOWN DIVERGENCE [pieces-per-mixer]: one piece per attention node (an indexer
@@ -942,7 +952,7 @@ def _walk_kind(kind_index: int, kid: str, count: int, is_drafter: bool, ctx: _Wa
         splits = ctx.graph.capture_breaks[kid]
     kind = LayerKind(kid, float(count), is_drafter, tuple(weight), tuple(elementwise), tuple(kernels),
                      launches, splits, dense_mem, shared_mem, moe, expert_flops, expert_bytes,
-                     expert_class, top_k)
+                     expert_class, top_k, expert_mem)
     return _KindWalk(kind, tuple(gemms), tuple(attentions), tuple(recurrents), tuple(hypers),
                      tuple(kv), tuple(notes))
 
@@ -1065,21 +1075,25 @@ def _host_graph(walk: Walk, head: Head, scope: _Scope) -> HostGraph:
 
 def _weights(walk: Walk, head: Head, graph: ModelGraph, formats: Formats, widths: Widths,
              experts: Experts) -> Weights:
-    """Weight bytes one rank holds: each layer's dense and shared weights and its experts, the
-    head and the embedding (at the checkpoint's width, split over tp), less the redundant
-    experts EPLB adds; the drafter's layers alike."""
+    """Weight bytes one rank holds: each layer's dense and shared weights and its experts (with
+    their block scales: ``held_fraction``), the head and the embedding (at the checkpoint's width,
+    split over tp), less the redundant experts EPLB adds; the drafter's layers alike.
+
+    KNOWN DIVERGENCE [weight-scales-held]: 4-bit and MX weights are held with their block scales
+    (nvfp4 x 1.125, mxfp4 x 1.0625: data-formats.md, dtypes); the reference's memory counts the
+    payload only, which overstates the KV cache a 4-bit deployment has room for."""
     per_rank, shards = experts.experts_per_rank, experts.expert_shards
 
     def layers(k):
         return k.count * (k.dense_weight_mem + k.shared_weight_mem +
-                          (k.expert_bytes * per_rank / shards if k.moe else 0.0))
+                          (k.expert_weight_mem * per_rank / shards if k.moe else 0.0))
 
     target = [k for k in walk.kinds if not k.drafter]
     weights = 0.0
     for k in target:
         weights += layers(k)
     weights += head.weight_bytes + graph.hidden_size * graph.vocab_size * formats.checkpoint_bytes / widths.tp
-    eplb_bytes = sum(k.count * k.expert_bytes * experts.redundant / max(widths.expert_width, 1) / shards
+    eplb_bytes = sum(k.count * k.expert_weight_mem * experts.redundant / max(widths.expert_width, 1) / shards
                      for k in target if k.moe)
     weights -= eplb_bytes
     return Weights(weights, sum(layers(k) for k in walk.kinds if k.drafter))

@@ -565,6 +565,12 @@ def check_scenario(scenario: dict, deployment: dict, *, file):
 
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp8": 1.0,
                "nvfp4": 0.5, "mxfp4": 0.5, "int4": 0.5}
+# Block-scale bytes per weight element a checkpoint stores beside the payload (data-formats.md,
+# dtypes: one fp8 byte per 16 elements for nvfp4, one E8M0 byte per 32 for mxfp4; the OCP MX
+# spec's E8M0 per 32 for mxfp8). Memory only: the kernel prices the payload, as the reference.
+# COVERAGE LIMIT [int4-group-scales]: int4's group size is per checkpoint and not in the graph,
+# so its scales are not counted; fp8's per-tensor or 128 x 128 block scales are negligible.
+SCALE_BYTES = {"nvfp4": 1.0 / 16, "mxfp4": 1.0 / 32, "mxfp8": 1.0 / 32}
 
 _COMMON = {"op", "role", "emit", "phase", "replicated"}
 NODE_KEYS = {
