@@ -15,7 +15,7 @@ import yaml
 
 from jaxprice import JaxpriceError, Registry, load_deployment, load_scenario, resolve
 from jaxprice._src.formats import default_registry_root
-from jaxprice._src.resolve import KERNELS_PER_OP, scenario_path
+from jaxprice._src.resolve import KERNELS_PER_OP, held_fraction, scenario_path
 
 BUNDLED = default_registry_root()
 SCENARIO_DIR = scenario_path("deepseek-v3-h200-fp8-sglang-tp8").parent
@@ -111,6 +111,9 @@ def test_4bit_weights_are_held_with_their_block_scales_and_read_without():
     gone = m4["weights_bytes"] - m8["weights_bytes"] + sum(m4[k] - m8[k] for k in
                                                          ("activation_bytes", "cudagraph_bytes", "comm_buffer_bytes"))
     assert m8["kv_capacity_tokens"] - m4["kv_capacity_tokens"] == pytest.approx(gone / m4["kv_bytes_per_token"], rel=1e-9)
+    # per format: nvfp4 1 + (1/16) / 0.5, mxfp4 and mxfp8 1 + (1/32) / payload; int4 and fp8 as read
+    assert [held_fraction(f) for f in ("nvfp4", "mxfp4", "mxfp8", "int4", "fp8", "bf16")] == \
+        [1.125, 1.0625, 1.03125, 1.0, 1.0, 1.0]
 
 
 def test_deepseek_v3_h200_tp8_hand_derived():
