@@ -429,7 +429,7 @@ class LayerKind(NamedTuple):
     expert_bytes: float    # one expert's weight bytes (payload: what a step reads)
     expert_class: int
     top_k: int
-    expert_weight_mem: float = 0.0  # one expert's bytes held: payload and block scales
+    expert_weight_mem: float   # one expert's bytes held: payload and block scales
 
 
 def held_fraction(fmt: str) -> float:
