@@ -381,6 +381,8 @@ def test_cli_fits_a_tiny_tpot_csv(truth, tmp_path, capsys):
     (["--free", "hbm_derate", "--batch-rule", "simulate", "--target", "flops"], "unknown target under the simulate"),
     (["--free", "hbm_derate", "--target", "ttft"], "ttft and tpot,ttft with --batch-rule simulate"),
     (["--free", "hbm_derate", "--holdout", "model"], "leaving one model out needs at least two"),
+    (["--free", "hbm_derate", "--prior", "-1"], "--prior"),
+    (["--free", "hbm_derate", "--holdout", "deployment", "--priors", "0,nan"], "--priors"),
 ])
 def test_cli_refuses_bad_input_with_one_line(truth, tmp_path, capsys, argv, words):
     src = _tpot_csv(tmp_path / "tiny.csv", truth)
@@ -568,6 +570,33 @@ def test_a_strong_prior_returns_the_registry(truth, recovered):
     assert "converged" in gn[0].stopped and gn[0].settings["method"] == "gauss-newton"
 
 
+def test_an_infinite_prior_is_the_registry_itself_without_a_compile(truth, recovered):
+    obs, free_fit = recovered
+    res = F.fit_coefficients(obs, list(PERTURB), prior=math.inf, method="gauss-newton")
+    assert res.stopped == F.REGISTRY_KEPT and res.compiled == 0 and res.history == []
+    assert res.keys == free_fit.keys                        # the same free values a finite prior fits
+    assert set(res.multipliers().values()) == {1.0}
+    assert math.isnan(res.initial["train"]) and math.isnan(res.final["held_out"])
+    fitted, start = res.predict_all(obs), res.predict_all(obs, fitted=False)
+    for o in obs:
+        assert np.array_equal(fitted[o.name], start[o.name]), o.name
+    for bad in (-1.0, math.nan):
+        with pytest.raises(jp.JaxpriceError, match="prior strength"):
+            F.fit_coefficients(obs, list(PERTURB), prior=bad)
+
+
+def test_cross_validation_keeps_the_registry_when_no_fit_transfers(truth):
+    # the two deployments want opposite corrections: a fit on either makes the other worse, so
+    # the 'no fit' candidate (an infinite prior) wins, at a criterion of exactly 1
+    names = sorted(truth)
+    obs = _observations(truth, {}, scale={names[0]: 1.3, names[1]: 1 / 1.3})
+    cv = F.cross_validate(obs, ["attention_decode_rate:3", "hbm_derate"], by="deployment", priors=(0.0, math.inf),
+                          test_fraction=0.5, seeds=(0,), steps=150)
+    assert cv.criterion[math.inf] == 1.0 and cv.criterion[0.0] > 1.0
+    assert cv.best_prior == math.inf
+    assert math.inf in F.DEFAULT_PRIORS
+
+
 def test_physical_bound_stops_a_rate_at_the_chips_hbm_peak(truth):
     obs = []
     for name, (dep, batches, _) in truth.items():
@@ -706,6 +735,18 @@ def test_cli_cross_validates_by_deployment_and_scopes_the_written_set(truth, tmp
     assert doc["fit"]["engines"] == ["vllm"] and doc["fit"]["train_models"] == ["llama-3.1-70b-instruct"]
     assert all(e["scope"]["model"] == ["llama-3.1-70b-instruct"] for e in doc["entries"])
     assert "any other deployment loading it keeps the registry's values" in text
+
+
+def test_cli_prior_inf_keeps_the_registry_and_says_so(truth, tmp_path, capsys):
+    src = _tpot_csv(tmp_path / "tiny.csv", truth)
+    out = tmp_path / "kept.yaml"
+    rc = cli_main(["fit", str(src), "--free", "hbm_derate", "--prior", "inf", "--quiet", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "the registry is kept" in cap.out and F.REGISTRY_KEPT in cap.out
+    doc = yaml.safe_load(out.read_text())
+    assert doc["fit"]["prior"] == math.inf and doc["fit"]["train_loss"] == {"start": None, "fitted": None}
+    assert doc["entries"] and all(e["fit"]["multiplier"] == 1.0 for e in doc["entries"])
 
 
 # ----------------------------------------------------------------------------- through the serving simulation

@@ -32,6 +32,7 @@ values. A progress bar goes to stderr.
 from __future__ import annotations
 
 import csv
+import math
 import sys
 from pathlib import Path
 
@@ -63,9 +64,11 @@ def add_parser(subparsers):
     p.add_argument("--cv-seeds", default="0,1,2", help="--holdout deployment: the seeds of its splits")
     p.add_argument("--prior", default=None,
                    help="prior strength (>= 0) pulling each free coefficient toward its registry value in log "
-                        "space, or 'cv' to choose it by the cross-validation (default: cv with a "
-                        "cross-validating --holdout, else 0)")
-    p.add_argument("--priors", default=None, help="comma-separated strengths --prior cv tries")
+                        "space ('inf': keep the registry), or 'cv' to choose it by the cross-validation "
+                        "(default: cv with a cross-validating --holdout, else 0)")
+    p.add_argument("--priors", default=None,
+                   help="comma-separated strengths --prior cv tries (default 0,0.001,0.01,0.03,0.1,1,inf: inf is "
+                        "the registry itself, chosen when no fit beats it on the held-out groups)")
     p.add_argument("--identify-tol", default="0.1",
                    help="freeze a coefficient when less than this share of its effect is independent of the "
                         "others' (0: never)")
@@ -107,9 +110,14 @@ def _mape(pred, meas):
     return float(np.mean(np.abs(pred / meas - 1.0)))
 
 
-def _floats(text, flag):
+def parse_prior(text, flag):
+    """A prior strength: a finite number >= 0, or 'inf' (keep the registry: the 'no fit' candidate)."""
     from .cli_price import parse_float
-    vals = [parse_float(x.strip(), flag=flag, minimum=0.0) for x in str(text).split(",") if x.strip()]
+    return math.inf if str(text).strip().lower() in ("inf", "infinity") else parse_float(text, flag=flag, minimum=0.0)
+
+
+def _floats(text, flag):
+    vals = [parse_prior(x.strip(), flag) for x in str(text).split(",") if x.strip()]
     if not vals:
         refuse("give at least one number", field=flag, value=text)
     return vals
@@ -139,7 +147,7 @@ def _options(args) -> dict:
     prior = args.prior if args.prior is not None else ("cv" if o["cv"] else "0")
     if prior == "cv" and not o["cv"]:
         refuse("--prior cv needs a cross-validating --holdout (model, chip or deployment)", field="--prior")
-    o["prior"] = prior if prior == "cv" else parse_float(prior, flag="--prior", minimum=0.0)
+    o["prior"] = prior if prior == "cv" else parse_prior(prior, "--prior")
     o["priors"] = _floats(args.priors, "--priors") if args.priors else list(F.DEFAULT_PRIORS)
     o["identify_tol"] = parse_float(args.identify_tol, flag="--identify-tol", minimum=0.0)
     if o["identify_tol"] >= 1:
@@ -295,6 +303,10 @@ def print_fit(res, obs, target, args, seed):
           f"{'exact mode' if temperature is None else f'temperature {temperature:g}'}), "
           f"{len(res.keys)} free value(s), prior {res.prior:g}; {res.stopped}; kept step {res.best_step}"
           + (f"; batch rule {args.batch_rule}" if target == "tpot" or sim else "") + f"; {res.compiled} compilation(s)")
+    from .fit import REGISTRY_KEPT
+    if res.stopped == REGISTRY_KEPT:
+        print("the registry is kept: the cross-validation found no prior strength whose fit beats it on held-out "
+              "deployments, so no coefficient moves (a written set holds the registry's values)")
     print(f"{'split':<10}{'deployments':>12}{'points':>8}{'loss before':>13}{'loss after':>12}"
           f"{'MAPE before':>13}{'MAPE after':>12}")
     for split, names, key in (("train", res.train, "train"), ("held out", res.held_out, "held_out")):

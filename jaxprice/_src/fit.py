@@ -1146,13 +1146,18 @@ class FitResult:
 
     @property
     def initial(self) -> dict:
-        """Losses at the starting values: {'train', 'held_out'}."""
+        """Losses at the starting values: {'train', 'held_out'} (NaN when nothing was descended:
+        an infinite prior)."""
+        if not self.history:
+            return {"train": math.nan, "held_out": math.nan}
         h = self.history[0]
         return {"train": h["train"], "held_out": h["held_out"]}
 
     @property
     def final(self) -> dict:
-        """Losses at the kept (best) values: {'train', 'held_out'}."""
+        """Losses at the kept (best) values: {'train', 'held_out'} (NaN as ``initial``)."""
+        if not self.history:
+            return {"train": math.nan, "held_out": math.nan}
         h = next(h for h in self.history if h["step"] == self.best_step)
         return {"train": h["train"], "held_out": h["held_out"]}
 
@@ -1278,8 +1283,9 @@ def _check_fit_options(loss, weighting, huber_delta, temperature, prior, identif
     if temperature is not None and not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
                                         and temperature >= 0):
         refuse("must be None (exact mode) or a number >= 0", field="temperature", value=temperature)
-    if isinstance(prior, bool) or not (isinstance(prior, (int, float)) and math.isfinite(prior) and prior >= 0):
-        refuse("the prior strength must be a number >= 0", field="prior", value=prior, has_value=True)
+    if isinstance(prior, bool) or not (isinstance(prior, (int, float)) and not math.isnan(prior) and prior >= 0):
+        refuse("the prior strength must be a number >= 0 (inf: keep the registry)", field="prior", value=prior,
+               has_value=True)
     if not (isinstance(identify_tol, (int, float)) and 0 <= identify_tol < 1):
         refuse("the identifiability tolerance must be in [0, 1)", field="identify_tol", value=identify_tol)
 
@@ -1342,8 +1348,9 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
 
     prior: strength of a Gaussian prior on every log-multiplier, centred on the starting
     (registry) value: the objective is the weighted mean loss over points plus
-    ``prior * sum(log(multiplier) ** 2)`` (0: none; ``choose_prior`` picks it by
-    cross-validation). Every key's range is the ``Free`` factor bound, tightened to what is
+    ``prior * sum(log(multiplier) ** 2)`` (0: none; inf: every coefficient stays at its
+    registry value, nothing is compiled or descended: the 'no fit' candidate a cross-validation
+    weighs the fits against; ``choose_prior`` picks it by cross-validation). Every key's range is the ``Free`` factor bound, tightened to what is
     physical (``physical_range``). identify: check which keys the training data can separate
     (``identifiability``, tolerance ``identify_tol``) and hold the others at their starting
     values (``FitResult.frozen`` says which and why).
@@ -1373,6 +1380,11 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
     settings = {"tau": float(temperature or 0.0), "delta": float(huber_delta), "loss": loss,
                 "smooth": temperature is not None}
     workers = _workers(compile_workers)
+    meta_kw = dict(loss=loss, huber_delta=huber_delta, temperature=temperature, weighting=weighting,
+                   learning_rate=learning_rate, steps=steps, eval_every=eval_every, patience=patience, prior=prior,
+                   method=method, identify_tol=identify_tol if identify else None, seed=seed, holdout=holdout)
+    if math.isinf(prior):
+        return _registry_result(train, held_out, free, settings, weighting, meta_kw)
     kinds = ("jac", "jac") if gn else ("grad", "value")
     layout, train_terms, held_terms, compiled = _build_layout(train, held_out, free, settings, weighting, workers,
                                                               callback, kinds=kinds, per_deployment=per_deployment)
@@ -1391,13 +1403,23 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
             lambda th: _total(train_terms, th), lambda th: _total(held_terms, th)[0] if held_terms else None,
             theta0, lo, hi, steps=steps, learning_rate=learning_rate, eval_every=eval_every, patience=patience,
             min_delta=min_delta, callback=callback, prior=float(prior))
-    meta = _fit_meta(train, held_out, layout, loss=loss, huber_delta=huber_delta, temperature=temperature,
-                     weighting=weighting, learning_rate=learning_rate, steps=steps, eval_every=eval_every,
-                     patience=patience, prior=prior, method=method, identify_tol=identify_tol if identify else None,
-                     seed=seed, holdout=holdout)
+    meta = _fit_meta(train, held_out, layout, **meta_kw)
     return FitResult(layout=layout, theta=theta, history=history, best_step=best_step, stopped=stopped,
                      train=sorted(o.name for o in train), held_out=sorted(o.name for o in held_out),
                      settings=meta, identifiability=ident, compiled=compiled)
+REGISTRY_KEPT = "prior strength inf: every free coefficient kept at its registry value (no descent)"
+
+
+def _registry_result(train, held_out, free, settings, weighting, meta_kw) -> FitResult:
+    """The fit at an infinite prior: the layout of the free keys the training deployments read
+    (their registry values, log-multipliers 0), nothing compiled, no descent, no identifiability check."""
+    layout = Layout(free)
+    _terms(train, layout, settings, weighting, record=True, kind="value")   # records the keys; compiles nothing
+    return FitResult(layout=layout, theta=np.zeros(len(layout.keys)), history=[], best_step=0, stopped=REGISTRY_KEPT,
+                     train=sorted(o.name for o in train), held_out=sorted(o.name for o in held_out),
+                     settings=_fit_meta(train, held_out, layout, **meta_kw), identifiability=None, compiled=0)
+
+
 def _fit_meta(train, held_out, layout, *, loss, huber_delta, temperature, prior, **settings) -> dict:
     """``FitResult.settings``: the fit's options, its free patterns, and what it was fitted on."""
     return {"loss": loss, "huber_delta": huber_delta if loss == "huber" else None,
@@ -1415,7 +1437,7 @@ def _fit_meta(train, held_out, layout, *, loss, huber_delta, temperature, prior,
 
 
 HOLDOUTS = ("model", "chip", "deployment")
-DEFAULT_PRIORS = (0.0, 1e-3, 1e-2, 3e-2, 0.1, 1.0)
+DEFAULT_PRIORS = (0.0, 1e-3, 1e-2, 3e-2, 0.1, 1.0, math.inf)   # inf: the registry itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1722,6 +1744,10 @@ def default_source(result: FitResult, data="") -> str:
             f"points), {held}; {result.stopped}; kept step {result.best_step}")
 
 
+def _finite_or_none(x):
+    return None if x is None or not math.isfinite(x) else x
+
+
 def _set_meta(result: FitResult, data, scope_to, engines) -> dict:
     s = result.settings
     fin, ini = result.final, result.initial
@@ -1729,8 +1755,8 @@ def _set_meta(result: FitResult, data, scope_to, engines) -> dict:
             "temperature": s["temperature"], "weighting": s["weighting"], "free": s["free"],
             "prior": s.get("prior", 0.0), "steps": s["steps"], "best_step": result.best_step,
             "stopped": result.stopped,
-            "train_loss": {"start": ini["train"], "fitted": fin["train"]},
-            "held_out_loss": {"start": ini["held_out"], "fitted": fin["held_out"]},
+            "train_loss": {"start": _finite_or_none(ini["train"]), "fitted": _finite_or_none(fin["train"])},
+            "held_out_loss": {"start": _finite_or_none(ini["held_out"]), "fitted": _finite_or_none(fin["held_out"])},
             "train_deployments": result.train, "held_out_deployments": result.held_out,
             "scope_to": list(scope_to), "train_chips": s.get("train_chips", []),
             "train_models": s.get("train_models", []), "engines": sorted(engines or []),
