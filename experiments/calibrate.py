@@ -21,7 +21,8 @@ Everything in ``<out>/calibration.md`` is computed by this run (no hand-written 
    and in sample.
 3. By deployment: seeded splits (stratified by model, a quarter of each model's deployments
    held out; seeds 0, 1, 2), prior chosen by an inner split of the training deployments.
-4. Leave one chip out, at the prior the leave-one-model-out chose for the final fit.
+4. Leave one chip out, at the prior the leave-one-model-out chose for the final fit (the
+   strongest finite one of the grid where that prior is inf, the registry kept).
 5. The final fit on every deployment at that prior: identifiability (which coefficients the
    data cannot separate, frozen), bound hits (with the bound and what it means), multipliers;
    written to ``<out>/fitted-inferencex.yaml``, scoped to the chips and models it was fitted
@@ -254,7 +255,8 @@ def run_study(args):
         print(f"cv by {by}: done ({time.perf_counter() - t:.0f} s)", flush=True)
     prior = out["lomo"].best_prior
     t = time.perf_counter()
-    out["chip"] = jfit.cross_validate(obs, free, by="chip", priors=(prior,), cache=cache, **fit_kw)
+    out["chip"] = jfit.cross_validate(obs, free, by="chip", priors=(chip_prior(prior, args.priors),), cache=cache,
+                                      **fit_kw)
     timings["leave one chip out"] = time.perf_counter() - t
     t = time.perf_counter()
     final = cache.fit([o.name for o in obs], prior)
@@ -276,6 +278,22 @@ def run_study(args):
     out["figure"] = figure(out["lomo"], out["deployment"], os.path.join(args.out, _named("calibration-cv.png", args.rule)))
     timings["total"] = time.perf_counter() - t0
     return out
+
+
+def chip_prior(prior, priors):
+    """The prior of the leave-one-chip-out study: the final one, or, where that keeps the
+    registry (inf, which would make the study a table of identities), the strongest finite one."""
+    finite = [p for p in priors if math.isfinite(p)]
+    return prior if math.isfinite(prior) or not finite else max(finite)
+
+
+def refresh_chip_study(R, args):
+    """A checkpoint whose leave-one-chip-out ran at an infinite prior: rerun it at ``chip_prior``."""
+    want = chip_prior(R["prior"], args.priors)
+    if R["chip"].priors == (want,):
+        return
+    fit_kw = {**FIT, "steps": args.steps}
+    R["chip"] = jfit.cross_validate(R["obs"], R.get("free", FREE), by="chip", priors=(want,), **fit_kw)
 
 
 def _named(filename, rule):
@@ -326,7 +344,9 @@ def write_markdown(args, R):
           "A quarter of each model's deployments held out (stratified by model; never splitting a deployment).", ""]
     L += cv_table(dep_cv, "split") + [""] + prior_path(dep_cv) + [""]
     L += ["## Leave one chip out", "",
-          f"At the final prior ({R['prior']:g}; not nested). Chip-scoped coefficients have no value for an unseen "
+          (f"At the final prior ({R['prior']:g}; not nested)." if R["chip"].priors == (R["prior"],) else
+           f"At the strongest finite prior of the grid ({R['chip'].priors[0]:g}; not nested): the final prior "
+           f"({R['prior']:g}) keeps the registry, which would leave nothing to compare.") + " Chip-scoped coefficients have no value for an unseen "
           "chip, so only global ones (`host_output_token@global`) reach it: this measures what a fit on other "
           "chips does to a new one.", ""]
     L += cv_table(chip, "chip") + [""]
@@ -421,6 +441,7 @@ def main(argv=None) -> int:
         relocate(R, args)
         if "free" not in R and args.rule == "simulate":     # a checkpoint from before the free set was kept
             R["free"] = simulate_free(R["obs"], args.targets)
+        refresh_chip_study(R, args)
     else:
         R = run_study(args)
         try:
