@@ -261,10 +261,9 @@ def run_study(args):
     t = time.perf_counter()
     final = cache.fit([o.name for o in obs], prior)
     timings["final fit on every deployment"] = time.perf_counter() - t
-    if math.isinf(prior):    # the registry kept: what a fit would do, at the strongest finite prior, for the report
-        finite = [p for p in args.priors if math.isfinite(p)]
-        if finite:
-            out["reference"] = cache.fit([o.name for o in obs], max(finite))
+    if math.isinf(prior) and math.isfinite(chip_prior(prior, args.priors)):
+        # the registry kept: what a fit would do, at the strongest finite prior, for the report
+        out["reference"] = cache.fit([o.name for o in obs], chip_prior(prior, args.priors))
     out["final"], out["prior"], out["fits"] = final, prior, len(cache.fits)
     out["compiled"] = sum(r.compiled for r in cache.fits.values())
     os.makedirs(args.out, exist_ok=True)
@@ -281,8 +280,9 @@ def run_study(args):
 
 
 def chip_prior(prior, priors):
-    """The prior of the leave-one-chip-out study: the final one, or, where that keeps the
-    registry (inf, which would make the study a table of identities), the strongest finite one."""
+    """The prior of the leave-one-chip-out study and of the reference fit: the final one, or,
+    where that keeps the registry (inf, which would make the study a table of identities), the
+    strongest finite one of the grid."""
     finite = [p for p in priors if math.isfinite(p)]
     return prior if math.isfinite(prior) or not finite else max(finite)
 
@@ -346,9 +346,9 @@ def write_markdown(args, R):
     L += ["## Leave one chip out", "",
           (f"At the final prior ({R['prior']:g}; not nested)." if R["chip"].priors == (R["prior"],) else
            f"At the strongest finite prior of the grid ({R['chip'].priors[0]:g}; not nested): the final prior "
-           f"({R['prior']:g}) keeps the registry, which would leave nothing to compare.") + " Chip-scoped coefficients have no value for an unseen "
-          "chip, so only global ones (`host_output_token@global`) reach it: this measures what a fit on other "
-          "chips does to a new one.", ""]
+           f"({R['prior']:g}) keeps the registry, which would leave nothing to compare.")
+          + " Chip-scoped coefficients have no value for an unseen chip, so only global ones "
+          "(`host_output_token@global`) reach it: this measures what a fit on other chips does to a new one.", ""]
     L += cv_table(chip, "chip") + [""]
     L += [f"![held-out errors]({os.path.basename(R['figure'])})", ""]
     L += final_section(R)

@@ -305,8 +305,9 @@ def print_fit(res, obs, target, args, seed):
           + (f"; batch rule {args.batch_rule}" if target == "tpot" or sim else "") + f"; {res.compiled} compilation(s)")
     from .fit import REGISTRY_KEPT
     if res.stopped == REGISTRY_KEPT:
-        print("the registry is kept: the cross-validation found no prior strength whose fit beats it on held-out "
-              "deployments, so no coefficient moves (a written set holds the registry's values)")
+        print("the registry is kept (prior strength inf" + (": no finite prior's fit beat it on the held-out groups"
+              if args.prior in (None, "cv") and args.holdout in ("model", "chip", "deployment") else "")
+              + "): no coefficient moves, and a written set holds the registry's values")
     print(f"{'split':<10}{'deployments':>12}{'points':>8}{'loss before':>13}{'loss after':>12}"
           f"{'MAPE before':>13}{'MAPE after':>12}")
     for split, names, key in (("train", res.train, "train"), ("held out", res.held_out, "held_out")):

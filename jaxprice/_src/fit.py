@@ -1332,6 +1332,9 @@ def _build_layout(train, held_out, free, settings, weighting, workers, callback,
     return layout, train_terms, held_terms, compiled
 
 
+REGISTRY_KEPT = "prior strength inf: every free coefficient kept at its registry value (no descent)"
+
+
 def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=400, learning_rate=0.05,
                      eval_every=5, patience=10, min_delta=1e-5, temperature=None, loss="l2", huber_delta=0.1,
                      weighting="point", prior=0.0, identify=True, identify_tol=0.1, method="adam", callback=None,
@@ -1350,8 +1353,8 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
     (registry) value: the objective is the weighted mean loss over points plus
     ``prior * sum(log(multiplier) ** 2)`` (0: none; inf: every coefficient stays at its
     registry value, nothing is compiled or descended: the 'no fit' candidate a cross-validation
-    weighs the fits against; ``choose_prior`` picks it by cross-validation). Every key's range is the ``Free`` factor bound, tightened to what is
-    physical (``physical_range``). identify: check which keys the training data can separate
+    weighs the fits against; ``choose_prior`` picks it by cross-validation). Every key's range
+    is the ``Free`` factor bound, tightened to what is physical (``physical_range``). identify: check which keys the training data can separate
     (``identifiability``, tolerance ``identify_tol``) and hold the others at their starting
     values (``FitResult.frozen`` says which and why).
 
@@ -1407,7 +1410,6 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
     return FitResult(layout=layout, theta=theta, history=history, best_step=best_step, stopped=stopped,
                      train=sorted(o.name for o in train), held_out=sorted(o.name for o in held_out),
                      settings=meta, identifiability=ident, compiled=compiled)
-REGISTRY_KEPT = "prior strength inf: every free coefficient kept at its registry value (no descent)"
 
 
 def _registry_result(train, held_out, free, settings, weighting, meta_kw) -> FitResult:
