@@ -120,17 +120,18 @@ def cv_table(cv, what):
 
 
 def prior_path(cv):
-    L = ["| prior | " + " | ".join(f.label for f in cv.folds) + " | mean fit/registry |",
-         "|---|" + "---|" * (len(cv.folds) + 1)]
+    worst = getattr(cv, "worst", {}) or {}
+    L = ["| prior | " + " | ".join(f.label for f in cv.folds) + " | mean fit/registry | worst group, fit/registry |",
+         "|---|" + "---|" * (len(cv.folds) + 2)]
     for p in cv.priors:
         cells = []
         for f in cv.folds:
             s = cv.scores[(f.label, p)]["test"]
             cells.append(f"{pct(s['fitted']['tpot_mape'])} / {pct(s['fitted']['shape_mean'])}")
         L.append(f"| {p:g}{' (the registry kept)' if math.isinf(p) else ''} | " + " | ".join(cells)
-                 + f" | {cv.criterion[p]:.3f} |")
+                 + f" | {cv.criterion[p]:.3f} | {worst.get(p, math.nan):.3f} |")
     reg = [cv.scores[(f.label, cv.priors[0])]["test"]["registry"] for f in cv.folds]
-    L.append("| registry | " + " | ".join(f"{pct(s['tpot_mape'])} / {pct(s['shape_mean'])}" for s in reg) + " | 1 |")
+    L.append("| registry | " + " | ".join(f"{pct(s['tpot_mape'])} / {pct(s['shape_mean'])}" for s in reg) + " | 1 | 1 |")
     return L
 
 
@@ -329,8 +330,8 @@ def write_markdown(args, R):
          f"**Prior strength.** Grid {', '.join(f'{p:g}' for p in lomo.priors)}. Each cross-validation fold "
          "chooses its own by an inner cross-validation of the same kind on its training deployments (nested); "
          "the criterion is the mean over inner folds of fit/registry error (TPOT MAPE and shape error"
-         + (", TTFT MAPE and TTFT shape error" if "ttft" in targets else "") + ", averaged); ties (within 0.001) go to the stronger prior. An infinite strength is the registry itself (no coefficient moves), so a fold whose inner cross-validation finds no fit that beats the registry keeps it. The final fit uses the strength with the lowest "
-         f"leave-one-model-out criterion: **{R['prior']:g}**.", "",
+         + (", TTFT MAPE and TTFT shape error" if "ttft" in targets else "") + ", averaged), taken among the priors whose fits make no inner held-out group worse on any of those metrics (the largest fit/registry ratio at most 1.001), ties (within 0.001) going to the stronger prior. An infinite strength is the registry itself (no coefficient moves), so a fold whose inner cross-validation finds no fit that beats the registry keeps it. The final fit uses the strength chosen the same way from the "
+         f"leave-one-model-out folds: **{R['prior']:g}**.", "",
          "TPOT MAPE is mean |pred/meas - 1|; shape error is the accuracy harness's mean over points of "
          "|(pred(C)/pred(C0)) / (meas(C)/meas(C0)) - 1| within each sweep (C0 its lowest concurrency). "
          "Cells read registry -> **fit**.", "",
@@ -338,8 +339,8 @@ def write_markdown(args, R):
     L += ["## Leave one model out", "",
           "Each model's deployments held out in turn; the fit sees only the other models' deployments.", ""]
     L += cv_table(lomo, "model") + [""]
-    L += ["Every prior strength on every held-out model (fitted TPOT MAPE / shape error; last column the "
-          "criterion):", ""] + prior_path(lomo) + [""]
+    L += ["Every prior strength on every held-out model (fitted TPOT MAPE / shape error; the last two "
+          "columns: the criterion, and the largest fit/registry ratio over held-out models and metrics):", ""] + prior_path(lomo) + [""]
     L += ["## By deployment (seeded splits)", "",
           "A quarter of each model's deployments held out (stratified by model; never splitting a deployment).", ""]
     L += cv_table(dep_cv, "split") + [""] + prior_path(dep_cv) + [""]

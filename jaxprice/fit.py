@@ -19,6 +19,7 @@ from jaxprice._src.fit import (DEFAULT_PRIORS, ESTIMATES, HOLDOUTS, LOSSES, REGI
                                cross_validate, cv_folds, deployment_dims, fit_coefficients, fit_law, identifiability,
                                is_fraction, key_label, observations_from_groups, observations_from_measurements,
                                physical_range, predict_observations, read_step_measurements, relative_error,
+                               worst_ratio,
                                score_points, set_applies, split_by_deployment, write_coefficient_set)
 from jaxprice._src.fit import (SIM_TARGETS, SimObservations, SimRun, metric_weights,  # noqa: E402 (simulate rule)
                                observations_from_simulation, parse_targets, predict_simulated, score_simulated)
@@ -27,7 +28,7 @@ __all__ = [
     "DEFAULT_PRIORS", "REGISTRY_KEPT", "ESTIMATES", "HOLDOUTS", "LOSSES", "SCOPE_DIMS", "TARGETS", "WEIGHTINGS",
     "Free", "Observations", "FitResult", "LawFit", "Fold", "CVResult", "Identifiability",
     "fit_coefficients", "fit_law", "write_coefficient_set", "split_by_deployment", "set_applies",
-    "cross_validate", "choose_prior", "cv_folds", "score_points", "relative_error", "identifiability",
+    "cross_validate", "choose_prior", "cv_folds", "score_points", "relative_error", "worst_ratio", "identifiability",
     "physical_range", "predict_observations",
     "observations_from_measurements", "observations_from_groups", "read_step_measurements",
     "apply_theta", "deployment_dims", "is_fraction", "key_label",

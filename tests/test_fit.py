@@ -593,7 +593,22 @@ def test_cross_validation_keeps_the_registry_when_no_fit_transfers(truth):
     cv = F.cross_validate(obs, ["attention_decode_rate:3", "hbm_derate"], by="deployment", priors=(0.0, math.inf),
                           test_fraction=0.5, seeds=(0,), steps=150)
     assert cv.criterion[math.inf] == 1.0 and cv.criterion[0.0] > 1.0
+    assert cv.worst[math.inf] == 1.0 and cv.worst[0.0] > 1.0
     assert cv.best_prior == math.inf
+
+
+def test_the_chosen_prior_makes_no_held_out_group_worse():
+    from jaxprice._src.fit import _choose
+    mean = {0.0: 0.90, 1.0: 0.95, math.inf: 1.0}
+    assert _choose(mean) == 0.0                                                # the lowest mean alone
+    assert _choose(mean, {0.0: 1.20, 1.0: 0.99, math.inf: 1.0}) == 1.0        # 0 helps on average, hurts a group
+    assert _choose(mean, {0.0: 1.20, 1.0: 1.10, math.inf: 1.0}) == math.inf   # every fit hurts one: the registry
+    assert _choose({0.0: 0.9, 1.0: 0.95}, {0.0: 1.2, 1.0: 1.1}) == 0.0         # none qualifies: among all
+    # the largest ratio over the metrics: TPOT MAPE 10% -> 9%, shape 5% -> 6% (x1.2), TTFT absent
+    assert F.worst_ratio({"tpot_mape": 0.09, "shape_mean": 0.06}, {"tpot_mape": 0.10, "shape_mean": 0.05}) == \
+        pytest.approx(1.2)
+    assert F.relative_error({"tpot_mape": 0.09, "shape_mean": 0.06}, {"tpot_mape": 0.10, "shape_mean": 0.05}) == \
+        pytest.approx(1.05)
     assert math.inf in F.DEFAULT_PRIORS
 
 
@@ -727,7 +742,7 @@ def test_cli_cross_validates_by_deployment_and_scopes_the_written_set(truth, tmp
     assert rc == 0, cap.err
     text = cap.out
     assert "cross-validation by deployment: 1 fold(s)" in text and "seed 0" in text
-    assert "TPOT MAPE reg -> fit" in text and "chosen for the final fit: " in text
+    assert "TPOT MAPE reg -> fit" in text and "make no held-out group worse) for the final fit: " in text
     import re
     strong = float(re.search(r"\b100: ([0-9.]+)", text).group(1))
     assert strong == pytest.approx(1.0, abs=0.01)       # the strong prior is the registry on held-out data

@@ -286,7 +286,8 @@ def print_cv(cv, what="TPOT"):
                   f"{_pct(tr['registry']['ttft_shape_mean']) + ' -> ' + _pct(tr['fitted']['ttft_shape_mean']):<22}")
     print("(keys: fitted coefficients that reach the held-out deployments; the rest keep the registry's values)")
     print("prior strength -> mean over folds of fit/registry error (TPOT MAPE and shape): " +
-          ", ".join(f"{p:g}: {c:.3f}" for p, c in cv.criterion.items()) + f"; chosen for the final fit: "
+          ", ".join(f"{p:g}: {c:.3f} (worst group x{cv.worst[p]:.3f})" for p, c in cv.criterion.items())
+          + "; chosen (lowest mean among the priors that make no held-out group worse) for the final fit: "
           f"{cv.best_prior:g}")
 
 

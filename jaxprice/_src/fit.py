@@ -1516,6 +1516,14 @@ def relative_error(fitted: dict, registry: dict) -> float:
     return float(np.mean(r)) if r else float("nan")
 
 
+def worst_ratio(fitted: dict, registry: dict) -> float:
+    """The largest fitted / registry ratio over the metrics ``relative_error`` averages: above 1
+    the fit makes at least one of them worse."""
+    r = [fitted[k] / registry[k] for k in ("tpot_mape", "shape_mean", "ttft_mape", "ttft_shape_mean")
+         if k in fitted and k in registry and math.isfinite(fitted[k]) and math.isfinite(registry[k]) and registry[k] >= 1e-3]
+    return float(max(r)) if r else float("nan")
+
+
 @dataclasses.dataclass
 class CVResult:
     """Cross-validation of one free set over priors. ``scores[(fold label, prior)]``: dicts
@@ -1523,8 +1531,9 @@ class CVResult:
     the test deployments). ``chosen[fold label]``: the prior an inner cross-validation on the
     fold's own training deployments picked (nested: the fold's test deployments play no part);
     ``inner[fold label]``: {prior: inner criterion}. ``criterion[prior]``: the mean over
-    folds of ``relative_error`` on the test deployments; ``best_prior`` its argmin (the prior
-    for a final fit on everything)."""
+    folds of ``relative_error`` on the test deployments; ``worst[prior]``: the largest
+    ``worst_ratio`` over them; ``best_prior`` the prior ``_choose`` picks from the two (the
+    prior for a final fit on everything)."""
     by: str
     folds: list
     priors: tuple
@@ -1534,6 +1543,7 @@ class CVResult:
     criterion: dict
     best_prior: float
     fits: dict
+    worst: dict = dataclasses.field(default_factory=dict)
 
     def rows(self, prior=None) -> list:
         """Per fold at its chosen prior (or the given one): label, prior, test/train scores."""
@@ -1544,9 +1554,16 @@ class CVResult:
         return out
 
 
-def _choose(criteria: dict) -> float:
-    """The prior with the lowest criterion; the strongest among those within 1e-3 of it."""
+def _choose(criteria: dict, worst: dict | None = None) -> float:
+    """The prior with the lowest criterion; the strongest among those within 1e-3 of it. With
+    ``worst`` ({prior: largest fitted/registry ratio over folds and metrics}), only among the
+    priors whose fits make no held-out fold worse on any metric (ratio <= 1 + 1e-3): a fit
+    that helps on average while hurting one group is not chosen (the registry, an infinite
+    prior, always qualifies). Where none qualifies, among all."""
     finite = {p: c for p, c in criteria.items() if math.isfinite(c)}
+    if worst is not None:
+        safe = {p: c for p, c in finite.items() if math.isfinite(worst.get(p, math.nan)) and worst[p] <= 1 + 1e-3}
+        finite = safe or finite
     if not finite:
         return max(criteria)
     best = min(finite.values())
@@ -1624,24 +1641,27 @@ def cross_validate(observations, free, *, by="model", priors=(0.0,), seeds=(0,),
     criterion = {p: float(np.mean([relative_error(scores[(f.label, p)]["test"]["fitted"],
                                                   scores[(f.label, p)]["test"]["registry"]) for f in folds]))
                  for p in priors}
+    worst = {p: float(np.max([worst_ratio(scores[(f.label, p)]["test"]["fitted"],
+                                          scores[(f.label, p)]["test"]["registry"]) for f in folds]))
+             for p in priors}
     chosen, inner = {}, {}
     for f in folds:
         if not nested or len(priors) == 1:
-            chosen[f.label] = _choose(criterion) if not nested else priors[0]
+            chosen[f.label] = _choose(criterion, worst) if not nested else priors[0]
             continue
         try:
             ifolds = _inner_folds(f, fc.obs, by)
         except JaxpriceError:            # too few training deployments to hold any out: the strongest prior
             chosen[f.label] = max(priors)
             continue
-        inner[f.label] = {}
+        inner[f.label], inner_worst = {}, {}
         for p in priors:
-            rel = [relative_error(s["fitted"], s["registry"]) for s in (fc.score(fc.fit(i.train, p), i.test)
-                                                                        for i in ifolds)]
-            inner[f.label][p] = float(np.mean(rel))
-        chosen[f.label] = _choose(inner[f.label])
+            sc = [fc.score(fc.fit(i.train, p), i.test) for i in ifolds]
+            inner[f.label][p] = float(np.mean([relative_error(s["fitted"], s["registry"]) for s in sc]))
+            inner_worst[p] = float(np.max([worst_ratio(s["fitted"], s["registry"]) for s in sc]))
+        chosen[f.label] = _choose(inner[f.label], inner_worst)
     return CVResult(by=by, folds=folds, priors=priors, scores=scores, chosen=chosen, inner=inner,
-                    criterion=criterion, best_prior=_choose(criterion), fits=fits)
+                    criterion=criterion, best_prior=_choose(criterion, worst), fits=fits, worst=worst)
 
 
 def choose_prior(observations, free, *, by="model", priors=DEFAULT_PRIORS, **kw):
