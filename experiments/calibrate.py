@@ -121,7 +121,8 @@ def cv_table(cv, what):
 
 def prior_path(cv):
     worst = getattr(cv, "worst", {}) or {}
-    L = ["| prior | " + " | ".join(f.label for f in cv.folds) + " | mean fit/registry | worst group, fit/registry |",
+    L = ["| prior | " + " | ".join(f.label for f in cv.folds)
+         + " | mean fit/registry | worst group, fit/registry |",
          "|---|" + "---|" * (len(cv.folds) + 2)]
     for p in cv.priors:
         cells = []
@@ -131,7 +132,8 @@ def prior_path(cv):
         L.append(f"| {p:g}{' (the registry kept)' if math.isinf(p) else ''} | " + " | ".join(cells)
                  + f" | {cv.criterion[p]:.3f} | {worst.get(p, math.nan):.3f} |")
     reg = [cv.scores[(f.label, cv.priors[0])]["test"]["registry"] for f in cv.folds]
-    L.append("| registry | " + " | ".join(f"{pct(s['tpot_mape'])} / {pct(s['shape_mean'])}" for s in reg) + " | 1 | 1 |")
+    L.append("| registry | " + " | ".join(f"{pct(s['tpot_mape'])} / {pct(s['shape_mean'])}" for s in reg)
+             + " | 1 | 1 |")
     return L
 
 
@@ -340,7 +342,8 @@ def write_markdown(args, R):
           "Each model's deployments held out in turn; the fit sees only the other models' deployments.", ""]
     L += cv_table(lomo, "model") + [""]
     L += ["Every prior strength on every held-out model (fitted TPOT MAPE / shape error; the last two "
-          "columns: the criterion, and the largest fit/registry ratio over held-out models and metrics):", ""] + prior_path(lomo) + [""]
+          "columns: the criterion, and the largest fit/registry ratio over held-out models and metrics):", ""]
+    L += prior_path(lomo) + [""]
     L += ["## By deployment (seeded splits)", "",
           "A quarter of each model's deployments held out (stratified by model; never splitting a deployment).", ""]
     L += cv_table(dep_cv, "split") + [""] + prior_path(dep_cv) + [""]

@@ -1507,20 +1507,24 @@ def score_points(observations, predictions) -> dict:
             "shape_mean": s["shape_mean"]}
 
 
+def _metric_ratios(fitted: dict, registry: dict) -> list:
+    """fitted / registry for TPOT MAPE and shape error, and TTFT MAPE and TTFT shape error under
+    the simulate rule, where known and where the registry's is at least 0.1% (a ratio to ~0
+    says nothing)."""
+    return [fitted[k] / registry[k] for k in ("tpot_mape", "shape_mean", "ttft_mape", "ttft_shape_mean")
+            if k in fitted and k in registry and math.isfinite(fitted[k]) and math.isfinite(registry[k])
+            and registry[k] >= 1e-3]
+
+
 def relative_error(fitted: dict, registry: dict) -> float:
-    """The mean over TPOT MAPE and shape error (where known, and where the registry's is at
-    least 0.1%: a ratio to ~0 says nothing) of fitted / registry: below 1 the fit is better,
-    1 the same. Under the simulate rule TTFT MAPE and TTFT shape error count too."""
-    r = [fitted[k] / registry[k] for k in ("tpot_mape", "shape_mean", "ttft_mape", "ttft_shape_mean")
-         if k in fitted and k in registry and math.isfinite(fitted[k]) and math.isfinite(registry[k]) and registry[k] >= 1e-3]
+    """The mean of ``_metric_ratios``: below 1 the fit is better on average, 1 the same."""
+    r = _metric_ratios(fitted, registry)
     return float(np.mean(r)) if r else float("nan")
 
 
 def worst_ratio(fitted: dict, registry: dict) -> float:
-    """The largest fitted / registry ratio over the metrics ``relative_error`` averages: above 1
-    the fit makes at least one of them worse."""
-    r = [fitted[k] / registry[k] for k in ("tpot_mape", "shape_mean", "ttft_mape", "ttft_shape_mean")
-         if k in fitted and k in registry and math.isfinite(fitted[k]) and math.isfinite(registry[k]) and registry[k] >= 1e-3]
+    """The largest of ``_metric_ratios``: above 1 the fit makes at least one metric worse."""
+    r = _metric_ratios(fitted, registry)
     return float(max(r)) if r else float("nan")
 
 
