@@ -44,6 +44,22 @@ GRAPH_KEYS = {"kind", "name", "derived_from", "global", "layer_kinds", "stack", 
 GLOBAL_KEYS = ["hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype"]
 STACK_KEYS = {"prologue", "pattern", "repeat", "epilogue"}
 
+# Work the engine runs that a reference graph leaves out, added to the generated graph (each
+# written into the file as a comment with its source; registry/EXTENSIONS.md lists them):
+# model -> [(layer kind id, the role of the node it follows, the node, source)].
+VLLM = "vllm-project/vllm"
+GRAPH_CORRECTIONS = {
+    "minimax-m2.5": [(
+        "attn_moe", "qkv_proj",
+        {"op": "AllReduce", "role": "qk_norm", "emit": "tensor_parallel", "bytes_per_token": 8},
+        f"{VLLM} vllm/model_executor/models/minimax_m2.py@01d995867291dd13119ea66cd18e3c9c9b51c50e "
+        "(MiniMaxM2Attention: q_norm and k_norm are MiniMaxText01RMSNormTP) and "
+        f"{VLLM} vllm/model_executor/layers/mamba/linear_attn.py@d29a69a5f9eac41579524a0c22bcd68dd15b9ba7 "
+        "(MiniMaxText01RMSNormTP.forward_qk all-reduces each token's q and k variances, 2 x fp32, "
+        "over the tensor-parallel group)"),
+    ],
+}
+
 EXPECTED_ENTRIES = {"cost-model-primitives": 140, "cost-model-collectives": 864,
                     "cost-model-attention": 60, "cost-model-recurrent": 36,
                     "cost-model-host-overheads": 7, "cost-model-memory": 14}
@@ -288,6 +304,21 @@ def _stack(rel, where, s, kinds):
     return out
 
 
+def _apply_corrections(rel, model, kinds) -> list:
+    """Insert the model's GRAPH_CORRECTIONS into its layer kinds (in place); return the comment
+    lines that record them."""
+    lines = []
+    for kid, after, node, source in GRAPH_CORRECTIONS.get(model, ()):
+        nodes = kinds.get(kid)
+        at = [i for i, n in enumerate(nodes or []) if n.get("role") == after]
+        if len(at) != 1:
+            fail(f"{rel}: correction {node['role']!r}: layer kind {kid!r} has {len(at)} nodes of role {after!r}")
+        nodes.insert(at[0] + 1, dict(node))
+        lines.append(f"# jaxprice correction: {kid}: {node['op']} {node['role']} after {after} "
+                     f"({node['bytes_per_token']} bytes per token), the engine runs it: {source}")
+    return lines
+
+
 def build_models(ref, cites, log):
     files = {}
     mdir = ref / "catalog" / "models"
@@ -338,6 +369,7 @@ def build_models(ref, cites, log):
                 fail(f"{rel}: layer kind {kid}: every node must be a mapping with an op")
             _check_chain(rel, kid, nodes, lk.get("edges"))
             kinds[kid] = nodes
+        corrections = _apply_corrections(rel, d.name, kinds)
         if not kinds:
             fail(f"{rel}: no layer kinds")
         data["layer_kinds"] = kinds
@@ -355,6 +387,7 @@ def build_models(ref, cites, log):
         out = [GENERATED, f"# graph: {data['source']}"]
         if ident_cite:
             out.append(f"# hf_repo, hf_revision: {ident_cite}")
+        out += corrections
         for k, v in data.items():
             if k in ("layer_kinds", "head"):
                 continue

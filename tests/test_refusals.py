@@ -461,6 +461,15 @@ def test_collective_without_an_emit_condition(tmp_path):
             reason="a collective must carry an emit condition", untouched=tmp_path)
 
 
+def test_collective_carrying_no_bytes(tmp_path):
+    root, reg = tmp_registry(tmp_path)
+    doc = bundled_model_doc("deepseek-v3")
+    doc["layer_kinds"]["attn_dense"][8]["bytes_per_token"] = 0
+    graph = write_yaml(root / "models" / "deepseek-v3.yaml", doc)
+    refused(lambda: reg.model("deepseek-v3"), file=graph, field="layer_kinds.attn_dense.nodes[8].bytes_per_token",
+            value=0, reason="a collective.s bytes_per_token must be > 0", untouched=tmp_path)
+
+
 # ----------------------------------------------------------------------------- cache dtypes
 
 

@@ -780,6 +780,22 @@ def test_every_collective_launch_pays_its_own_floor_on_nvlink_within_a_node(root
     assert layer(r2, dep, "tp", "nvlink") == approx(2 * syn.collective(STEP_BYTES, floor=20e-6))
 
 
+def test_a_collective_stating_its_bytes_per_token_carries_them_in_a_class_of_its_own(root):
+    # jaxprice extension: a node's bytes_per_token replaces 2 x hidden (vLLM's MiniMax-M2 QK-norm
+    # all-reduce carries two fp32 variances per token); the stock all-reduce keeps 2 x hidden
+    small = {"op": "AllReduce", "role": "qk_norm", "emit": "tensor_parallel", "bytes_per_token": 8}
+    dep = root(kinds={"tp": [TP_KIND[0], small] + TP_KIND[1:]}, tp=2)
+    floor, rate = 20e-6, 1e9                 # a slow transition rate, so the bytes show
+    coefs = {"collective_floor_all_reduce_fp16_2rank_hopper": floor,
+             "collective_transition_rate_all_reduce_fp16_2rank_hopper": rate}
+    for tokens in (3, 60):
+        r = price(dep, syn.decode(tokens, 100), **coefs)
+        stock = 2 * syn.collective(tokens * 2 * H, floor=floor, trans=rate)
+        assert layer(r, dep, "tp", "nvlink") == approx(stock + syn.collective(tokens * 8, floor=floor, trans=rate))
+    classes = [(c["op"], c["bytes_per_token"]) for c in dep.resolution["collectives"]]
+    assert ("AllReduce", 8.0) in classes and ("AllReduce", 2.0 * H) in classes
+
+
 def test_groups_across_nodes_go_to_the_nic_with_their_span_factors(root):
     dep = _collectives(root)                 # tp 16 over two nodes of 8; NVLink 400 / NIC 50 GB/s
     r = price(dep, syn.decode(3, 100))

@@ -154,6 +154,9 @@ def _parse_node(node, *, file, where):
             out[key] = _number(val, file=file, field=f"{where}.{key}", integer=True, minimum=0)
         elif key == "bytes_per_token":
             out[key] = _number(val, file=file, field=f"{where}.{key}", minimum=0)
+            if op in COLLECTIVE_OPS and out[key] == 0:
+                refuse("a collective's bytes_per_token must be > 0 (leave it out for 2 x hidden)",
+                       file=file, field=f"{where}.{key}", value=val)
     emit = node.get("emit", "") or ""
     if op in COLLECTIVE_OPS and "emit" not in node:
         refuse("a collective must carry an emit condition", file=file, field=f"{where}.emit")

@@ -492,6 +492,11 @@ def _gemm(role, n, k):
 AR_ATTN = _n("AllReduce", "attn_out", emit="tensor_parallel")
 AR_MLP = _n("AllReduce", "mlp_out", emit="tensor_parallel_unless_sp_moe")
 A2A = _n("All2All", "moe_dispatch_combine", emit="expert_parallel")
+# KNOWN DIVERGENCE [qk-norm-all-reduce]: vLLM's MiniMax-M2 normalises q and k over all heads
+# (MiniMaxText01RMSNormTP), all-reducing each token's two fp32 variances over the tensor-parallel
+# group in every layer; the reference graph of minimax-m2.5 leaves the collective out, the
+# bundled graph has it (registry/build.py GRAPH_CORRECTIONS, with the vLLM sources)
+AR_QK_NORM = _n("AllReduce", "qk_norm", emit="tensor_parallel", bytes_per_token=8)
 
 
 def _gqa_block(r, kind="gqa", window=None, extra_before_attn=()):
@@ -641,7 +646,9 @@ def _fam_minimax_m2(r, arch, act):
             refuse("attn_type_list must give one attention type for every layer (a mixed list is not "
                    "supported)", file=r.file, field=r.where + "attn_type_list", value=sorted(set(map(str, types))))
     r.inferred.append("use_mtp / num_mtp_modules: no drafter emitted (as the bundled minimax-m2.5 graph)")
-    return {"attn_moe": _gqa_block(r) + _moe(r)}, ["attn_moe"] * r("num_layers")
+    r.inferred.append("q and k normalised over all heads (vLLM's MiniMaxText01RMSNormTP, whatever "
+                      "qk_norm_type says): one all-reduce of 8 bytes per token per layer under tensor parallelism")
+    return {"attn_moe": _gqa_block(r, extra_before_attn=(dict(AR_QK_NORM),)) + _moe(r)}, ["attn_moe"] * r("num_layers")
 
 
 def _dense_or_moe_layers(r):

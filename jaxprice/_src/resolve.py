@@ -81,8 +81,10 @@ KERNELS_PER_OP = {"GEMM": 1, "GroupedGEMM": 4, "Attention": 2, "Elementwise": 1,
                   "All2All": 2, "HyperConnection": 1}
 COLLECTIVE_NAMES = {"AllReduce": "all_reduce", "AllGather": "all_gather",
                     "ReduceScatter": "reduce_scatter", "All2All": "alltoall"}
-ALWAYS_RESOLVED = (("AllReduce", "tp"), ("AllGather", "tp"), ("ReduceScatter", "tp"),
-                   ("All2All", "expert"))
+# a collective class is (op, group, bytes per token the graph states; None: the reference's
+# 2 x hidden, bf16 activations)
+ALWAYS_RESOLVED = (("AllReduce", "tp", None), ("AllGather", "tp", None), ("ReduceScatter", "tp", None),
+                   ("All2All", "expert", None))
 SCAN_CHUNK = 64  # tokens per chunk of vLLM's chunked recurrent scan (FLA / mamba_chunk_scan)
 SNAP_WIDTHS = (1, 2, 4, 8, 16)
 
@@ -420,7 +422,7 @@ class LayerKind(NamedTuple):
     weight_bytes: tuple    # weight bytes a rank reads
     elementwise: tuple     # elementwise bytes per token
     kernels: tuple         # kernel launches
-    launches: dict         # ((op, group), phase) -> collective launches
+    launches: dict         # ((op, group, stated bytes per token or None), phase) -> launches
     splits: int            # piecewise capture breaks
     dense_weight_mem: float
     shared_weight_mem: float
@@ -945,7 +947,7 @@ def _walk_kind(kind_index: int, kid: str, count: int, is_drafter: bool, ctx: _Wa
         elif op == "HyperConnection":
             hypers.append(_hyper_connection(node, kind_index, phase, fmt, ctx.scope, ctx.classes))
         else:  # collectives
-            key = ((op, "expert" if op == "All2All" else "tp"), phase)
+            key = ((op, "expert" if op == "All2All" else "tp", node.get("bytes_per_token")), phase)
             launches[key] = launches.get(key, 0) + 1
         fusing = op == "GEMM"
     if ctx.graph.capture_breaks.get(kid):
@@ -993,11 +995,13 @@ def _head(graph: ModelGraph, ctx: _WalkContext) -> Head:
 # ----------------------------------------------------------------------------- stages: collectives, host, memory
 
 
-def _collective_row(op: str, group: str, widths: Widths, docs: Documents, ratio: float, top_k: int,
-                    hidden: int, scope: _Scope, file) -> CollectiveRow:
-    """One (op, group) class: its width snapped to a measured one; whether it crosses nodes
-    (not within a rack-scale domain; refused without a fabric) and the span that costs; its
-    bytes per token (an All2All over a routed backend moves top_k copies of each token)."""
+def _collective_row(op: str, group: str, stated: float | None, widths: Widths, docs: Documents, ratio: float,
+                    top_k: int, hidden: int, scope: _Scope, file) -> CollectiveRow:
+    """One (op, group, stated bytes) class: its width snapped to a measured one; whether it
+    crosses nodes (not within a rack-scale domain; refused without a fabric) and the span that
+    costs; its bytes per token: the graph's ``bytes_per_token`` where the node states one (a
+    jaxprice extension), else 2 x hidden (bf16 activations, the reference's), times top_k for an
+    All2All over a routed backend (it moves top_k copies of each token)."""
     chip_sfx = docs.chip.name.replace("-", "_")
     opname = COLLECTIVE_NAMES[op]
     measured = [n for n in SNAP_WIDTHS
@@ -1019,15 +1023,24 @@ def _collective_row(op: str, group: str, widths: Widths, docs: Documents, ratio:
             else laws.ring_span(width, per_node, ratio)
     else:
         sp = 1.0
+    per_copy = 2.0 * hidden if stated is None else float(stated)
     return CollectiveRow(op, group, width, snapped, bool(crosses), sp,
-                         2.0 * hidden * (top_k if route_bytes else 1), None)
+                         per_copy * (top_k if route_bytes else 1), None)
 
 
 def _collectives(walk: Walk, widths: Widths, docs: Documents, scope: _Scope, file) -> Collectives:
     """The collective classes (reference-kernel.md section 5): the four always resolved, then
-    each (op, group) the walk launches, in order of first launch; every class a layer launches
+    each (op, group, stated bytes) the walk launches, in order of first launch; every class a layer launches
     reads its floor and rates at its snapped width."""
     keys = list(ALWAYS_RESOLVED)
+    # a class the graph states its own bytes for is resolved whether or not this width emits it
+    # (as the four above), so deployments of one model at different widths share a structure
+    for nodes in docs.graph.layer_kinds.values():
+        for n in nodes:
+            if n["op"] in COLLECTIVE_NAMES and n.get("bytes_per_token") is not None:
+                key = (n["op"], "expert" if n["op"] == "All2All" else "tp", n["bytes_per_token"])
+                if key not in keys:
+                    keys.append(key)
     for k in walk.kinds:
         for key, _phase in k.launches:
             if key not in keys:
@@ -1036,8 +1049,8 @@ def _collectives(walk: Walk, widths: Widths, docs: Documents, scope: _Scope, fil
     inter = docs.network.internode_gbps if docs.network else 0
     ratio = intra / inter if intra > 0 and inter > 0 else 1.0
     top_k = max((k.top_k for k in walk.kinds), default=1)
-    rows = [_collective_row(op, group, widths, docs, ratio, top_k, docs.graph.hidden_size, scope, file)
-            for op, group in keys]
+    rows = [_collective_row(op, group, stated, widths, docs, ratio, top_k, docs.graph.hidden_size, scope, file)
+            for op, group, stated in keys]
     index = {key: i for i, key in enumerate(keys)}
     chip_sfx = docs.chip.name.replace("-", "_")
     for c in sorted({index[key] for k in walk.kinds for key, _phase in k.launches}):

@@ -584,10 +584,11 @@ NODE_KEYS = {
     "Elementwise": _COMMON | {"bytes_per_token"},
     # jaxprice extension: a DeepSeek-V4.1 mHC hyper-connection kernel (one half, pre or post).
     "HyperConnection": _COMMON | {"half", "streams", "bytes_per_token", "mix_n", "mix_k"},
-    "AllReduce": _COMMON,
-    "AllGather": _COMMON,
-    "ReduceScatter": _COMMON,
-    "All2All": _COMMON,
+    # jaxprice extension: a collective's bytes per token (absent: 2 x hidden, bf16 activations)
+    "AllReduce": _COMMON | {"bytes_per_token"},
+    "AllGather": _COMMON | {"bytes_per_token"},
+    "ReduceScatter": _COMMON | {"bytes_per_token"},
+    "All2All": _COMMON | {"bytes_per_token"},
 }
 NODE_REQUIRED = {
     "GEMM": ("n", "k"),
