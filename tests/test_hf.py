@@ -293,6 +293,21 @@ def _nodes(doc, role):
         [n for n in doc["head"] if n.get("role") == role]
 
 
+@pytest.mark.parametrize("folder", ["MiniMaxAI--MiniMax-M2.5", "MiniMaxAI--MiniMax-M2.7", "MiniMaxAI--MiniMax-M3"])
+def test_minimax_m2_normalises_q_and_k_over_the_tensor_parallel_group(folder):
+    # vLLM's MiniMax-M2 (MiniMaxText01RMSNormTP.forward_qk) all-reduces each token's q and k
+    # variances, 2 x fp32, in every layer; MiniMax-M3 normalises per head, locally
+    d = import_result(HF / folder)
+    qk = _nodes(d.doc, "qk_norm")
+    if "M3" in folder:
+        assert qk == []
+        return
+    assert qk == [{"op": "AllReduce", "role": "qk_norm", "emit": "tensor_parallel", "bytes_per_token": 8}]
+    roles = [n.get("role") for n in d.doc["layer_kinds"]["attn_moe"]]
+    assert roles.index("qk_norm") == roles.index("qkv_proj") + 1
+    assert any("one all-reduce of 8 bytes per token" in x for x in d.inferred)
+
+
 def test_quantization_formats_and_modules_left_at_their_own_format():
     # FP8 block-wise (DeepSeek-V3): everything fp8
     d = import_result(HF / "deepseek-ai--DeepSeek-V3")
