@@ -44,20 +44,30 @@ GRAPH_KEYS = {"kind", "name", "derived_from", "global", "layer_kinds", "stack", 
 GLOBAL_KEYS = ["hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype"]
 STACK_KEYS = {"prologue", "pattern", "repeat", "epilogue"}
 
-# Work the engine runs that a reference graph leaves out, added to the generated graph (each
-# written into the file as a comment with its source; registry/EXTENSIONS.md lists them):
-# model -> [(layer kind id, the role of the node it follows, the node, source)].
+# Where a reference graph leaves out what the engine runs, the generated graph adds it (each
+# written into the file as a comment with its source; registry/README.md lists them): model ->
+# [(layer kind ids, what: ("insert after", role, node) or ("set on", {field: value} a node must
+# match, {field: value} to add), source)].
 VLLM = "vllm-project/vllm"
+_QK_NORM = {"op": "AllReduce", "role": "qk_norm", "emit": "tensor_parallel", "bytes_per_token": 8}
+_MLA_PREFILL = (
+    f"{VLLM} vllm/v1/attention/backends/mla/common.py@00a817ada81626793c9e2432903ee4c5b33ab33a "
+    "(MLACommonImpl: prefill runs multi-head attention uncompressed, QK head dimension "
+    "qk_nope + qk_rope, V head dimension v_head_dim; decode in the latent) and the model's "
+    "config.json (qk_nope_head_dim 128, v_head_dim 128)")
 GRAPH_CORRECTIONS = {
     "minimax-m2.5": [(
-        "attn_moe", "qkv_proj",
-        {"op": "AllReduce", "role": "qk_norm", "emit": "tensor_parallel", "bytes_per_token": 8},
+        ("attn_moe",), ("insert after", "qkv_proj", _QK_NORM),
         f"{VLLM} vllm/model_executor/models/minimax_m2.py@01d995867291dd13119ea66cd18e3c9c9b51c50e "
         "(MiniMaxM2Attention: q_norm and k_norm are MiniMaxText01RMSNormTP) and "
         f"{VLLM} vllm/model_executor/layers/mamba/linear_attn.py@d29a69a5f9eac41579524a0c22bcd68dd15b9ba7 "
         "(MiniMaxText01RMSNormTP.forward_qk all-reduces each token's q and k variances, 2 x fp32, "
         "over the tensor-parallel group)"),
     ],
+    **{model: [(("attn_dense", "attn_moe"),
+                ("set on", {"op": "Attention", "kind": "mla"}, {"qk_nope_head_dim": 128, "v_head_dim": 128}),
+                _MLA_PREFILL)]
+       for model in ("deepseek-v3", "kimi-k2.5")},
 }
 
 EXPECTED_ENTRIES = {"cost-model-primitives": 140, "cost-model-collectives": 864,
@@ -305,17 +315,28 @@ def _stack(rel, where, s, kinds):
 
 
 def _apply_corrections(rel, model, kinds) -> list:
-    """Insert the model's GRAPH_CORRECTIONS into its layer kinds (in place); return the comment
-    lines that record them."""
+    """Apply the model's GRAPH_CORRECTIONS to its layer kinds (in place); return the comment lines
+    that record them."""
     lines = []
-    for kid, after, node, source in GRAPH_CORRECTIONS.get(model, ()):
-        nodes = kinds.get(kid)
-        at = [i for i, n in enumerate(nodes or []) if n.get("role") == after]
-        if len(at) != 1:
-            fail(f"{rel}: correction {node['role']!r}: layer kind {kid!r} has {len(at)} nodes of role {after!r}")
-        nodes.insert(at[0] + 1, dict(node))
-        lines.append(f"# jaxprice correction: {kid}: {node['op']} {node['role']} after {after} "
-                     f"({node['bytes_per_token']} bytes per token), the engine runs it: {source}")
+    for kids, what, source in GRAPH_CORRECTIONS.get(model, ()):
+        for kid in kids:
+            nodes = kinds.get(kid) or []
+            if what[0] == "insert after":
+                _, after, node = what
+                at = [i for i, n in enumerate(nodes) if n.get("role") == after]
+                if len(at) != 1:
+                    fail(f"{rel}: correction: layer kind {kid!r} has {len(at)} nodes of role {after!r}")
+                nodes.insert(at[0] + 1, dict(node))
+                done = f"{node['op']} {node['role']} inserted after {after} ({flow(node)})"
+            else:
+                _, match, fields = what
+                at = [n for n in nodes if all(n.get(k) == v for k, v in match.items())]
+                if len(at) != 1 or any(k in at[0] for k in fields):
+                    fail(f"{rel}: correction: layer kind {kid!r} has {len(at)} nodes matching {match}, "
+                         "or one that already states the fields")
+                at[0].update(fields)
+                done = f"{flow(fields)} added to its {flow(match)} node"
+            lines.append(f"# jaxprice correction: {kid}: {done}, as the engine runs it: {source}")
     return lines
 
 

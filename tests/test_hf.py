@@ -308,6 +308,17 @@ def test_minimax_m2_normalises_q_and_k_over_the_tensor_parallel_group(folder):
     assert any("one all-reduce of 8 bytes per token" in x for x in d.inferred)
 
 
+@pytest.mark.parametrize("folder,dims", [("moonshotai--Kimi-K2.5", (128, 128)), ("deepseek-ai--DeepSeek-V3", (128, 128)),
+                                         ("zai-org--GLM-5-FP8", None)])
+def test_mla_attention_carries_its_prefill_head_dimensions(folder, dims):
+    # MLA prefill runs uncompressed (qk_nope + qk_rope, v); a sparse MLA layer (GLM-5's DSA)
+    # stays latent and states none
+    d = import_result(HF / folder)
+    attn = [n for nodes in d.doc["layer_kinds"].values() for n in nodes
+            if n.get("op") == "Attention" and not n.get("role")]
+    assert attn and all((n.get("qk_nope_head_dim"), n.get("v_head_dim")) == (dims or (None, None)) for n in attn)
+
+
 def test_quantization_formats_and_modules_left_at_their_own_format():
     # FP8 block-wise (DeepSeek-V3): everything fp8
     d = import_result(HF / "deepseek-ai--DeepSeek-V3")

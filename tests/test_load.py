@@ -364,13 +364,17 @@ def test_shared_graphs_chips_and_sets_equal_the_bundled_ones():
     fields = ("name", "hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality",
               "layer_kinds", "stack", "head", "speculator", "capture_breaks")
     corrections = _graph_corrections()
-    assert set(corrections) == {"minimax-m2.5"}
+    assert set(corrections) == {"minimax-m2.5", "deepseek-v3", "kimi-k2.5"}
     for f in sorted((BUNDLED / "models").glob("*.yaml")):
         a, b = pub.model(f.stem), own.model(f.stem)
-        kinds = {k: list(v) for k, v in a.layer_kinds.items()}
-        for kid, after, node, _source in corrections.get(f.stem, ()):
-            at = [n.get("role") for n in kinds[kid]].index(after)
-            kinds[kid].insert(at + 1, node)          # the bundled graph = the reference's + its corrections
+        kinds = {k: [dict(n) for n in v] for k, v in a.layer_kinds.items()}
+        for kids, what, _source in corrections.get(f.stem, ()):
+            for kid in kids:          # the bundled graph = the reference's + its corrections
+                if what[0] == "insert after":
+                    at = [n.get("role") for n in kinds[kid]].index(what[1])
+                    kinds[kid].insert(at + 1, what[2])
+                else:
+                    [n.update(what[2]) for n in kinds[kid] if all(n.get(k) == v for k, v in what[1].items())]
         assert {k: tuple(v) for k, v in kinds.items()} == b.layer_kinds, f.stem
         assert [getattr(a, k) for k in fields if k != "layer_kinds"] == \
             [getattr(b, k) for k in fields if k != "layer_kinds"], f.stem
@@ -397,12 +401,19 @@ def test_shared_scenarios_resolve_as_the_bundled_ones_do():
         b = load_deployment(f.stem, registry=own)
         if a.scenario.model not in corrected:
             assert a.plan == b.plan, f.stem
-            continue
-        # a corrected graph (minimax-m2.5's QK-norm all-reduce, 8 bytes per token) adds one
-        # collective class (resolved at every width, launched only under tensor parallelism)
-        extra = [c for c in b.resolution["collectives"] if c["bytes_per_token"] == 8.0]
-        assert len(extra) == 1 and (extra[0]["names"] is not None) == (b.resolution["tp"] > 1), f.stem
-        assert [c for c in b.resolution["collectives"] if c not in extra] == a.resolution["collectives"], f.stem
+        elif a.scenario.model == "minimax-m2.5":
+            # the QK-norm all-reduce (8 bytes per token) adds one collective class (resolved at
+            # every width, launched only under tensor parallelism)
+            extra = [c for c in b.resolution["collectives"] if c["bytes_per_token"] == 8.0]
+            assert len(extra) == 1 and (extra[0]["names"] is not None) == (b.resolution["tp"] > 1), f.stem
+            assert [c for c in b.resolution["collectives"] if c not in extra] == a.resolution["collectives"], f.stem
+        else:
+            # MLA prefill priced uncompressed: (128 + 64 + 128) / 2 = 160 per head, not d_h = 576;
+            # nothing else moves
+            A, B = a.plan.arrays, b.plan.arrays
+            np.testing.assert_array_equal(B["attn_flops_per_pair"] * 576, A["attn_flops_per_pair"] * 160)
+            assert all(np.array_equal(A[k], B[k]) for k in A if k != "attn_flops_per_pair"), f.stem
+            assert a.resolution == b.resolution, f.stem
         assert a.coefficients.names == b.coefficients.names, f.stem
         np.testing.assert_array_equal(np.asarray(a.coefficients.values), np.asarray(b.coefficients.values))
 

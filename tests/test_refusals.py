@@ -461,6 +461,24 @@ def test_collective_without_an_emit_condition(tmp_path):
             reason="a collective must carry an emit condition", untouched=tmp_path)
 
 
+@pytest.mark.parametrize("change,field,value,reason", [
+    ({"qk_nope_head_dim": 128}, "v_head_dim", None, "needs qk_nope_head_dim, v_head_dim and qk_rope_head_dim"),
+    ({"kind": "gqa", "n_kv": 8, "qk_nope_head_dim": 128, "v_head_dim": 128}, "qk_nope_head_dim", 128,
+     "an mla attention's prefill head dimensions"),
+])
+def test_mla_prefill_head_dimensions_stated_badly(tmp_path, change, field, value, reason):
+    root, reg = tmp_registry(tmp_path)
+    doc = bundled_model_doc("deepseek-v3")
+    node = next(n for n in doc["layer_kinds"]["attn_dense"] if n["op"] == "Attention")
+    [node.pop(k, None) for k in ("qk_nope_head_dim", "v_head_dim")]
+    node.update(change)
+    where = doc["layer_kinds"]["attn_dense"].index(node)
+    graph = write_yaml(root / "models" / "deepseek-v3.yaml", doc)
+    shown = {} if value is None else {"value": value}          # a missing field shows no value
+    refused(lambda: reg.model("deepseek-v3"), file=graph, field=f"layer_kinds.attn_dense.nodes[{where}].{field}",
+            reason=reason, untouched=tmp_path, **shown)
+
+
 def test_collective_carrying_no_bytes(tmp_path):
     root, reg = tmp_registry(tmp_path)
     doc = bundled_model_doc("deepseek-v3")

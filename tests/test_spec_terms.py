@@ -873,6 +873,22 @@ def test_flashattention_serves_a_mixed_non_latent_batch_in_one_launch(root):
     assert layer(price(dep, [(100, 0)]), dep, "full", "sm") == approx(4e-6 + gqa_flops / (BF16 * 0.25 * 0.5))
 
 
+def test_an_mla_layer_stating_its_prefill_head_dimensions_prefills_uncompressed(root):
+    # jaxprice extension (vLLM's MLACommonImpl): MLA prefill is multi-head attention with QK head
+    # dimension qk_nope + qk_rope and V head dimension v, 2 (qk + v) FLOPs per pair and head; its
+    # decode still reads the latent cache (d_h = 512 here)
+    dims = {"qk_nope_head_dim": 96, "qk_rope_head_dim": 32, "v_head_dim": 64}
+    dep = root(kinds={"mla": [latent("mla")], "mla_dims": [latent("mla", **dims)]}, coefficients=ONE_LAUNCH)
+    rate = BF16 * 0.5 * 101 / 201 * 0.5
+    pairs4 = 4 * 100 ** 2 / 2                                     # the test above's pair count, x 4
+    r = price(dep, MIXED_ROWS)
+    assert layer(r, dep, "mla", "sm") == approx(4e-6 + pairs4 * 16 * 512 / rate)
+    assert layer(r, dep, "mla_dims", "sm") == approx(4e-6 + pairs4 * 16 * (96 + 32 + 64) / 2 / rate)
+    assert 2 * (96 + 32) + 2 * 64 == 4 * (96 + 32 + 64) / 2        # QK^T and PV, 2 FLOPs each
+    assert layer(r, dep, "mla_dims", "hbm") == layer(r, dep, "mla", "hbm")
+    assert dep.plan.memory["kv_bytes_per_token"] == 2 * 512 * 2   # both layers' latent caches, bf16
+
+
 def test_no_one_launch_correction_on_a_part_with_a_four_bit_peak(root):
     dep = root(kinds={"full": [attn("gqa")]}, coefficients=ONE_LAUNCH, chip="blackwell")
     r = price(dep, MIXED_ROWS)

@@ -172,6 +172,14 @@ def _parse_node(node, *, file, where):
                    field=f"{where}.kind", value=node["kind"])
         if node["kind"] == "swa" and not node.get("window"):
             refuse("a swa attention must state its window", file=file, field=f"{where}.window")
+        prefill_dims = [k for k in ("qk_nope_head_dim", "v_head_dim") if k in node]
+        if prefill_dims and node["kind"] != "mla":
+            refuse("qk_nope_head_dim and v_head_dim are an mla attention's prefill head dimensions",
+                   file=file, field=f"{where}.{prefill_dims[0]}", value=node[prefill_dims[0]])
+        if prefill_dims and (len(prefill_dims) == 1 or "qk_rope_head_dim" not in node):
+            missing = next(k for k in ("qk_nope_head_dim", "v_head_dim", "qk_rope_head_dim") if k not in node)
+            refuse("an mla attention stating its prefill head dimensions needs qk_nope_head_dim, "
+                   "v_head_dim and qk_rope_head_dim", file=file, field=f"{where}.{missing}")
     if op == "RecurrentUpdate" and node["recurrent_kind"] not in RECURRENT_KINDS:
         refuse(f"unknown recurrent kind (known: {', '.join(RECURRENT_KINDS)})", file=file,
                field=f"{where}.recurrent_kind", value=node["recurrent_kind"])

@@ -555,6 +555,9 @@ def _mla_attention(r, sparse):
            kv_lora_rank=kl, qk_rope_head_dim=rope)
     if sparse:
         a["index_topk"] = r("index_topk")
+    else:
+        # prefill runs uncompressed (resolve._prefill_pair_dim); the sparse kernels stay latent
+        a.update(qk_nope_head_dim=r("qk_nope_head_dim"), v_head_dim=r("v_head_dim"))
     return a
 
 

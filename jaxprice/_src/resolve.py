@@ -830,6 +830,20 @@ def _grouped_gemm(node, kind_index: int, phase: int, replicated: bool, div: int,
     return _ExpertNode(6.0 * n_ * k_, 3.0 * n_ * k_ * w, node["top_k"], cls, sbytes / div, row)
 
 
+def _prefill_pair_dim(node) -> float:
+    """The head dimension d of prefill attention's FLOPs per (query, key) pair and head, 4 d (the
+    pair law's 4 = QK^T and PV, 2 FLOPs each): d_h; for an mla layer that states its prefill head
+    dimensions, (qk_nope + qk_rope + v) / 2, because the engines run MLA prefill uncompressed
+    (vLLM's MLACommonImpl._forward_prefill: multi-head attention with QK head dimension
+    qk_nope + qk_rope and V head dimension v, 192 and 128 for DeepSeek-V3) and decode in the
+    latent (d_h = kv_lora_rank + qk_rope)."""
+    if node["kind"] == "mla" and "qk_nope_head_dim" in node:
+        # KNOWN DIVERGENCE [mla-prefill-uncompressed]: the reference prices MLA prefill pairs at the
+        # latent d_h (576 for DeepSeek-V3), 3.6 times the FLOPs of the uncompressed form the engines run
+        return (node["qk_nope_head_dim"] + node["qk_rope_head_dim"] + node["v_head_dim"]) / 2.0
+    return float(node["d_h"])
+
+
 def _attention(node, kind_index: int, phase: int, div: int, ctx: _WalkContext) -> tuple:
     """(row, notes) of an attention node: the KV bytes one rank reads per context token, the
     FLOPs per (query, key) pair, and the decode and prefill coefficients it is priced by."""
@@ -850,10 +864,11 @@ def _attention(node, kind_index: int, phase: int, div: int, ctx: _WalkContext) -
         if latent and ctx.layout in DS_MLA_CELL:
             per_token = DS_MLA_CELL[ctx.layout]
     floor, rate, notes = _attention_decode_coefs(akind, ctx.scope)
+    pair_dim = _prefill_pair_dim(node)
     row = AttentionRow(kind_index, phase, secondary, akind, float(node.get("window", 0) or 0),
                        float(node.get("index_topk", 0) or 0), float(node.get("compress_ratio", 0) or 0),
                        akind == "sparse_mla", latent, per_token,
-                       node["n_q"] * node["d_h"] / div * (0.5 if secondary else 1.0), floor, rate,
+                       node["n_q"] * pair_dim / div * (0.5 if secondary else 1.0), floor, rate,
                        _measured_form(ctx.scope, "indexer_prefill") if secondary
                        else _measured_form(ctx.scope, "attention_prefill", f"_{akind}"))
     return row, notes

@@ -577,8 +577,9 @@ NODE_KEYS = {
     "GEMM": _COMMON | {"n", "k", "weight_dtype"},
     "GroupedGEMM": _COMMON | {"n", "k", "experts", "top_k", "shared_experts",
                               "shared_intermediate_size", "latent_size", "weight_dtype"},
+    # qk_nope_head_dim, v_head_dim: jaxprice extension, an MLA layer's prefill head dimensions
     "Attention": _COMMON | {"kind", "n_q", "n_kv", "d_h", "kv_lora_rank", "qk_rope_head_dim",
-                            "window", "index_topk", "compress_ratio"},
+                            "window", "index_topk", "compress_ratio", "qk_nope_head_dim", "v_head_dim"},
     "RecurrentUpdate": _COMMON | {"recurrent_kind", "n_heads", "d_h", "state_size", "n_groups",
                                   "conv_kernel", "intermediate_size", "state_dtype"},
     "Elementwise": _COMMON | {"bytes_per_token"},
@@ -599,6 +600,7 @@ NODE_REQUIRED = {
 }
 INT_NODE_FIELDS = {"n", "k", "experts", "top_k", "shared_experts", "shared_intermediate_size",
                    "latent_size", "n_q", "n_kv", "d_h", "kv_lora_rank", "qk_rope_head_dim", "window",
+                   "qk_nope_head_dim", "v_head_dim",
                    "index_topk", "n_heads", "state_size", "n_groups", "conv_kernel",
                    "intermediate_size", "streams", "mix_n", "mix_k"}
 NODE_FIELDS = {**{k: Int(0, below=DIM_LIMIT) for k in INT_NODE_FIELDS},
