@@ -962,7 +962,7 @@ def _walk_kind(kind_index: int, kid: str, count: int, is_drafter: bool, ctx: _Wa
         elif op == "HyperConnection":
             hypers.append(_hyper_connection(node, kind_index, phase, fmt, ctx.scope, ctx.classes))
         else:  # collectives
-            key = ((op, "expert" if op == "All2All" else "tp", node.get("bytes_per_token")), phase)
+            key = (_collective_key(node), phase)
             launches[key] = launches.get(key, 0) + 1
         fusing = op == "GEMM"
     if ctx.graph.capture_breaks.get(kid):
@@ -1010,6 +1010,12 @@ def _head(graph: ModelGraph, ctx: _WalkContext) -> Head:
 # ----------------------------------------------------------------------------- stages: collectives, host, memory
 
 
+def _collective_key(node) -> tuple:
+    """A collective node's class: (op, group: expert for an All2All, else tp, its stated bytes
+    per token or None)."""
+    return node["op"], "expert" if node["op"] == "All2All" else "tp", node.get("bytes_per_token")
+
+
 def _collective_row(op: str, group: str, stated: float | None, widths: Widths, docs: Documents, ratio: float,
                     top_k: int, hidden: int, scope: _Scope, file) -> CollectiveRow:
     """One (op, group, stated bytes) class: its width snapped to a measured one; whether it
@@ -1052,10 +1058,9 @@ def _collectives(walk: Walk, widths: Widths, docs: Documents, scope: _Scope, fil
     # (as the four above), so deployments of one model at different widths share a structure
     for nodes in docs.graph.layer_kinds.values():
         for n in nodes:
-            if n["op"] in COLLECTIVE_NAMES and n.get("bytes_per_token") is not None:
-                key = (n["op"], "expert" if n["op"] == "All2All" else "tp", n["bytes_per_token"])
-                if key not in keys:
-                    keys.append(key)
+            if n["op"] in COLLECTIVE_NAMES and n.get("bytes_per_token") is not None \
+                    and _collective_key(n) not in keys:
+                keys.append(_collective_key(n))
     for k in walk.kinds:
         for key, _phase in k.launches:
             if key not in keys:
