@@ -374,7 +374,9 @@ def test_shared_graphs_chips_and_sets_equal_the_bundled_ones():
                     at = [n.get("role") for n in kinds[kid]].index(what[1])
                     kinds[kid].insert(at + 1, what[2])
                 else:
-                    [n.update(what[2]) for n in kinds[kid] if all(n.get(k) == v for k, v in what[1].items())]
+                    for n in kinds[kid]:
+                        if all(n.get(k) == v for k, v in what[1].items()):
+                            n.update(what[2])
         assert {k: tuple(v) for k, v in kinds.items()} == b.layer_kinds, f.stem
         assert [getattr(a, k) for k in fields if k != "layer_kinds"] == \
             [getattr(b, k) for k in fields if k != "layer_kinds"], f.stem

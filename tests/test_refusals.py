@@ -470,7 +470,8 @@ def test_mla_prefill_head_dimensions_stated_badly(tmp_path, change, field, value
     root, reg = tmp_registry(tmp_path)
     doc = bundled_model_doc("deepseek-v3")
     node = next(n for n in doc["layer_kinds"]["attn_dense"] if n["op"] == "Attention")
-    [node.pop(k, None) for k in ("qk_nope_head_dim", "v_head_dim")]
+    for k in ("qk_nope_head_dim", "v_head_dim"):
+        node.pop(k, None)
     node.update(change)
     where = doc["layer_kinds"]["attn_dense"].index(node)
     graph = write_yaml(root / "models" / "deepseek-v3.yaml", doc)
