@@ -25,13 +25,14 @@ BUNDLED = default_registry_root()
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
 
 
-def _graph_corrections() -> dict:
-    """registry/build.py's GRAPH_CORRECTIONS: the nodes the bundled graphs add to the reference's."""
+def _registry_build():
+    """registry/build.py as a module: its GRAPH_CORRECTIONS (what the bundled graphs add to the
+    reference's) and _apply_corrections."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("registry_build", BUNDLED / "build.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.GRAPH_CORRECTIONS
+    return mod
 DSV3 = "deepseek-v3-h200-fp8-sglang-tp8"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(),
                                   reason=f"the public reference copies are not at {SHARED}")
@@ -363,20 +364,14 @@ def test_shared_graphs_chips_and_sets_equal_the_bundled_ones():
     pub, own = Registry([SHARED]), Registry()
     fields = ("name", "hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality",
               "layer_kinds", "stack", "head", "speculator", "capture_breaks")
-    corrections = _graph_corrections()
-    assert set(corrections) == {"minimax-m2.5", "deepseek-v3", "kimi-k2.5"}
+    build = _registry_build()
+    assert set(build.GRAPH_CORRECTIONS) == {"minimax-m2.5", "deepseek-v3", "kimi-k2.5"}
     for f in sorted((BUNDLED / "models").glob("*.yaml")):
         a, b = pub.model(f.stem), own.model(f.stem)
         kinds = {k: [dict(n) for n in v] for k, v in a.layer_kinds.items()}
-        for kids, what, _source in corrections.get(f.stem, ()):
-            for kid in kids:          # the bundled graph = the reference's + its corrections
-                if what[0] == "insert after":
-                    at = [n.get("role") for n in kinds[kid]].index(what[1])
-                    kinds[kid].insert(at + 1, what[2])
-                else:
-                    for n in kinds[kid]:
-                        if all(n.get(k) == v for k, v in what[1].items()):
-                            n.update(what[2])
+        # the bundled graph = the reference's + its corrections, one comment line per layer kind
+        lines = build._apply_corrections(f.stem, f.stem, kinds)
+        assert len(lines) == sum(len(kids) for kids, _, _ in build.GRAPH_CORRECTIONS.get(f.stem, ()))
         assert {k: tuple(v) for k, v in kinds.items()} == b.layer_kinds, f.stem
         assert [getattr(a, k) for k in fields if k != "layer_kinds"] == \
             [getattr(b, k) for k in fields if k != "layer_kinds"], f.stem
@@ -397,7 +392,7 @@ def test_shared_scenarios_resolve_as_the_bundled_ones_do():
     pub, own = Registry([SHARED]), Registry()
     files = sorted((SHARED / "scenarios" / "aisimulate").glob("*.yaml"))
     assert len(files) == 88
-    corrected = set(_graph_corrections())
+    corrected = set(_registry_build().GRAPH_CORRECTIONS)
     for f in files:
         a = load_deployment(f, registry=pub)
         b = load_deployment(f.stem, registry=own)
