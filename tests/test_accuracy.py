@@ -119,6 +119,28 @@ def test_repeat_spread_by_hand():
     assert math.isnan(repeat_spread([rec(4, 10.0, 1.0)])["tpot"]["mape"])
 
 
+def test_repeat_spread_shape_by_hand():
+    """Two runs of one sweep: run a TPOT 10 -> 20 us (C 4 -> 8), run b 10 -> 30 us, and b also
+    at C 16 (no partner there). Each run's shape by the other's ratio: a's C=8 point |3/2 - 1| =
+    0.5, b's |2/3 - 1| = 1/3, the anchors 0: mean (0.5 + 1/3) / 4 over 4 points; the model's own
+    shape errors on those points (0.1 each, anchors 0) are averaged over the same 4."""
+    from jaxprice._src.accuracy import repeat_spread
+
+    def rec(run, c, t, shape):
+        return {"deployment": "d", "workload": "1k1k", "scenario": run, "concurrency": c, "measured_us": t,
+                "measured_ttft_us": math.nan, "no_overlap_error": 0.2, "no_overlap_shape_error": shape}
+    recs = [rec("a", 4, 10.0, 0.0), rec("a", 8, 20.0, 0.1), rec("b", 4, 10.0, 0.0), rec("b", 8, 30.0, 0.1),
+            rec("b", 16, 50.0, 0.7)]
+    out = repeat_spread(recs)["tpot"]
+    assert out["shape_repeated"] == 4
+    assert out["shape_mean"] == pytest.approx((0.5 + 1 / 3) / 4, rel=1e-12)
+    assert out["shape_median"] == pytest.approx(1 / 3, rel=1e-12)
+    assert out["model_shape_mean"] == pytest.approx(0.2 / 4, rel=1e-12)
+    # the MAPE part: the two points measured twice in each run, |10/10 - 1| = 0, |20/30 - 1|, |30/20 - 1|
+    assert out["repeated"] == 4 and out["mape"] == pytest.approx((1 / 3 + 0.5) / 4, rel=1e-12)
+    assert out["model_mape"] == pytest.approx(0.2, rel=1e-12)
+
+
 def test_unpriced_points_are_excluded_from_the_means_and_counted():
     # the anchor of sweep a is not priced: no shape error for the whole sweep
     err, anchor = acc.shape_errors(["a", "a", "b"], [1, 2, 1], [np.nan, 2.0, 1.0], [1.0, 2.0, 1.0])

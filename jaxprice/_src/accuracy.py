@@ -1348,29 +1348,70 @@ def _pct(x, signed=False):
     return f"{x:+.1%}" if signed else f"{x:.1%}"
 
 
-def repeat_spread(records) -> dict:
-    """How far the measurements disagree with themselves: the points measured more than once
-    (same deployment, workload and C: other runs of the recipe) each against the mean of the
-    others, |x / mean(others) - 1|, for mean TPOT (measured_us) and mean TTFT (measured_ttft_us).
-    That is the MAPE a model predicting every run by the mean of the other runs would score on
-    them: a floor under any prediction's error there. Returns {quantity: {points, repeated,
-    mape, median}} (upper median; nan when nothing is repeated)."""
+def repeat_spread(records, estimate="no_overlap") -> dict:
+    """How far the measurements disagree with themselves, on the points measured in more than one
+    run (same deployment, workload and C: other runs of the recipe), for mean TPOT (measured_us)
+    and mean TTFT (measured_ttft_us):
+
+    * ``mape``, ``median``: each run's value against the mean of the other runs',
+      |x / mean(others) - 1|: the MAPE a model predicting every run by the mean of the other runs
+      would score on them;
+    * ``shape_mean``, ``shape_median`` over ``shape_repeated`` points: the harness's shape error
+      of each run's sweep (a run: one ``scenario`` of a deployment and workload; C0 its lowest
+      concurrency, its own point 0) when predicted by the other runs: the mean over the other runs
+      measured at both C and C0 of their x(C) / x(C0), against the run's own ratio;
+    * ``model_mape``, ``model_shape_mean``: the ``estimate``'s own errors on those same points
+      (present where the records carry them), for a like-for-like comparison.
+
+    Returns {quantity: {...}} (upper medians; nan when nothing is repeated)."""
     out = {}
-    for q, key in (("tpot", "measured_us"), ("ttft", "measured_ttft_us")):
+    for q, key, err_key, shape_key in (("tpot", "measured_us", f"{estimate}_error", f"{estimate}_shape_error"),
+                                       ("ttft", "measured_ttft_us", f"{estimate}_ttft_error",
+                                        f"{estimate}_ttft_shape_error")):
+        recs = [r for r in records if math.isfinite(float(r.get(key, math.nan))) and float(r.get(key, math.nan)) > 0]
         groups: dict = {}
-        for r in records:
-            v = float(r.get(key, math.nan))
-            if math.isfinite(v) and v > 0:
-                groups.setdefault((r["deployment"], r["workload"], int(r["concurrency"])), []).append(v)
-        errs = []
-        for vals in groups.values():
+        for r in recs:
+            groups.setdefault((r["deployment"], r["workload"], int(r["concurrency"])), []).append(float(r[key]))
+        errs, model = [], []
+        for r in recs:
+            vals = groups[(r["deployment"], r["workload"], int(r["concurrency"]))]
             if len(vals) > 1:
-                total = sum(vals)
-                errs += [abs(x / ((total - x) / (len(vals) - 1)) - 1) for x in vals]
-        errs.sort()
-        out[q] = {"points": sum(len(v) for v in groups.values()), "repeated": len(errs),
+                x = float(r[key])
+                errs.append(abs(x / ((sum(vals) - x) / (len(vals) - 1)) - 1))
+                model.append(abs(float(r.get(err_key, math.nan))))
+        shape = _repeat_shape(recs, key)
+        by_id = {id(r): r for r in recs}
+        model_shape = [float(by_id[i].get(shape_key, math.nan)) for i, _ in shape]
+        sh = sorted(e for _, e in shape)
+        out[q] = {"points": len(recs), "repeated": len(errs),
                   "mape": float(np.mean(errs)) if errs else math.nan,
-                  "median": errs[len(errs) // 2] if errs else math.nan}
+                  "median": sorted(errs)[len(errs) // 2] if errs else math.nan,
+                  "shape_repeated": len(sh), "shape_mean": float(np.mean(sh)) if sh else math.nan,
+                  "shape_median": sh[len(sh) // 2] if sh else math.nan}
+        if model and all(math.isfinite(m) for m in model):
+            out[q]["model_mape"] = float(np.mean(model))
+        if model_shape and all(math.isfinite(m) for m in model_shape):
+            out[q]["model_shape_mean"] = float(np.mean(model_shape))
+    return out
+
+
+def _repeat_shape(recs, key) -> list:
+    """[(id(record), shape error)] of every point whose sweep (deployment, workload, scenario) has
+    another run of the same deployment and workload measured at both its C and its C0."""
+    runs: dict = {}
+    for r in recs:
+        runs.setdefault((r["deployment"], r["workload"]), {}).setdefault(r.get("scenario", ""), {})[
+            int(r["concurrency"])] = r
+    out = []
+    for by_run in runs.values():
+        for name, sweep in by_run.items():
+            c0 = min(sweep)
+            others = [o for other, o in by_run.items() if other != name and c0 in o]
+            for c, r in sweep.items():
+                ratios = [float(o[c][key]) / float(o[c0][key]) for o in others if c in o]
+                if ratios:
+                    own = float(r[key]) / float(sweep[c0][key])
+                    out.append((id(r), 0.0 if c == c0 else abs(float(np.mean(ratios)) / own - 1)))
     return out
 
 

@@ -28,14 +28,15 @@ and value named).
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
-
-DEFAULT_RULE = "simulate"      # the most accurate rule on the development set (README, Accuracy)
 import time
 from pathlib import Path
 
 from .errors import refuse
+
+DEFAULT_RULE = "simulate"      # the most accurate rule on the development set (README, Accuracy)
 
 POINTS_CSV = "accuracy_points.csv"
 REPORT_MD = "accuracy.md"
@@ -146,7 +147,13 @@ def markdown(report, *, command="") -> str:
                   + "; ".join(f"{q.upper()} MAPE {_pct(spread[q]['mape'])} (median {_pct(spread[q]['median'])}) over "
                               f"{spread[q]['repeated']} of {spread[q]['points']} points" for q in quantities)
                   + ". Predicting each run by the mean of the others scores that on those points: no model of the "
-                  "recipe alone can do much better there."]
+                  "recipe alone can do much better there. Their shape error (each run's sweep predicted by the "
+                  "other runs' x(C)/x(C0), the harness's definition): "
+                  + "; ".join(f"{q.upper()} {_pct(spread[q]['shape_mean'])} (median {_pct(spread[q]['shape_median'])})"
+                              f" over {spread[q]['shape_repeated']} points" for q in quantities)
+                  + ". NoOverlap on the same points: "
+                  + "; ".join(f"{q.upper()} MAPE {_pct(spread[q].get('model_mape', math.nan))}, shape "
+                              f"{_pct(spread[q].get('model_shape_mean', math.nan))}" for q in quantities) + "."]
     for field, label in (("hardware", "chip"), ("workload", "workload")):
         by = report.summarize_by(field, "no_overlap")
         lines += ["", f"NoOverlap by {label}:", "",
