@@ -283,7 +283,7 @@ def run_to_run(groups, first, n_targets):
     n a deployment's run count), for k below the largest n; the splits' cases are pooled (the
     per-group best match over all of a group's cases)."""
     rep = repeated_groups(groups)
-    cases, rows = [], []
+    cases = []
     for k in range(max((len(r) for deps in rep.values() for r in deps.values()), default=0)):
         meas_k, pred_k = {}, {}
         for g, deps in rep.items():

@@ -720,7 +720,7 @@ def test_simulate_scores_tpot_and_ttft_from_the_serving_runs(simulated):
     (call,) = calls                                   # one job: the sweep's 3 levels in shared scheduler calls
     serve = serve_mod()
     assert [it[1] for it in call["items"]] == [serve.ClosedLoop(c, None) for c in (4, 8, 16)]     # 10 x C
-    assert call["items"][0][0] == serve.Workload(8192, 1024, 0.8, 0)
+    assert call["items"][0][0] == jp.Workload(8192, 1024, 0.8, 0)
     # as serve.simulate prices a schedule: its steps one by one (Schedule.step_times), then its metrics
     sched = serve.build_schedules(call["deployment"], call["items"], engine=call["engine"])[0]
     ref = serve.schedule_metrics(sched, np.asarray(sched.step_times(call["deployment"].coefficients)))["summary"]

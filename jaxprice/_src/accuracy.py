@@ -108,6 +108,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from .client import Workload
 from .errors import JaxpriceError, refuse
 from .formats import Registry, Scenario, load_coefficient_set
 from .plan import RESOURCES, Batch, Coefficients
@@ -889,7 +890,7 @@ def simulated_runs(points, *, registry=None, scenario_dirs=None, extra_coefficie
         if run.dep is None:
             continue
         p0 = points[run.index[0]]
-        workload = serve.Workload(isl=int(p0.isl), osl=int(p0.osl), range_ratio=RANGE_RATIO, seed=0)
+        workload = Workload(isl=int(p0.isl), osl=int(p0.osl), range_ratio=RANGE_RATIO, seed=0)
         concs = sorted({points[i].concurrency for i in run.index})
         items = [(workload, serve.ClosedLoop(int(c), None if run.rule == "10*C" else int(c))) for c in concs]
         jobs.append((run.dep, items, run.engine))

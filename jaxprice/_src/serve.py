@@ -86,7 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import schedule as S
-from .client import ClosedLoop, OpenLoop, Trace, Workload
+from .client import ClosedLoop, OpenLoop, Trace
 from .errors import JaxpriceError, refuse
 from .step import exact_at_zero, _step_time, temperature_arg
 

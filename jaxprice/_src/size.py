@@ -90,6 +90,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from .client import Workload
 from .errors import JaxpriceError, refuse
 from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario, load_model_graph
 from .plan import Batch
@@ -645,7 +646,7 @@ def evaluate_serve(dep: Deployment, layout: Layout, workload: SizeWorkload, conc
     """The ``serve`` evaluator: the serving simulation's closed-loop sweep (serve.simulate_sweep),
     the same returns as ``evaluate_steady``. engine: per-run overrides of the engine settings."""
     serve = _serve_module()
-    wl = serve.Workload(isl=workload.isl, osl=workload.osl, range_ratio=workload.range_ratio, seed=workload.seed)
+    wl = Workload(isl=workload.isl, osl=workload.osl, range_ratio=workload.range_ratio, seed=workload.seed)
     kw = {} if num_prompts is None else {"num_prompts": num_prompts}
     if engine:
         kw["engine"] = dict(engine)
@@ -705,7 +706,7 @@ def evaluate_serve_many(deps, layouts, workload: SizeWorkload, concurrencies, *,
                value="serve")
     if estimate not in ("no_overlap", "overlap"):
         refuse("unknown estimate (known: no_overlap, overlap)", field="estimate", value=estimate)
-    wl = serve.Workload(isl=workload.isl, osl=workload.osl, range_ratio=workload.range_ratio, seed=workload.seed)
+    wl = Workload(isl=workload.isl, osl=workload.osl, range_ratio=workload.range_ratio, seed=workload.seed)
     concs = [int(c) for c in concurrencies]
 
     def prompts(c):
