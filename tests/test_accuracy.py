@@ -407,6 +407,8 @@ def test_cli_json_and_deployment_filter(capsys):
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["no_overlap"]["all"]["points"] == 3 and doc["refused"] == []
+    spread = doc["measurement_spread"]["no_overlap"]["tpot"]        # the measurements' own reproducibility
+    assert spread["points"] == 3 and {"mape", "shape_mean", "shape_repeated"} <= set(spread)
 
 
 def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys):

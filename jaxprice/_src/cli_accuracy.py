@@ -9,7 +9,9 @@
 Prints the summary table (TPOT shape error and TPOT error, and TTFT error and shape error where
 the rule predicts TTFT, per model and overall, NoOverlap and Overlap, with point counts), the
 errors by concurrency bucket (C <= 16, <= 64, <= 256, > 256) and over the deployments
-``jaxprice fit`` would hold out, the refused points with their reasons, and notes. ``--out
+``jaxprice fit`` would hold out, the refused points with their reasons, and notes (``--json``:
+the same as one JSON document, with the measurements' own run-to-run spread beside each metric,
+``measurement_spread``: ``accuracy.repeat_spread``). ``--out
 DIR`` writes ``DIR/accuracy_points.csv`` (one row per point: measured and predicted TPOT and
 TTFT, errors, and the engine settings assumed) and ``DIR/accuracy.md`` (the tables in Markdown,
 with the engine settings of every simulated deployment and their sources); ``--plot FILE`` the
@@ -200,10 +202,11 @@ def run(args) -> int:
     report.info["seconds"] = time.perf_counter() - t0
     command = command_line(args)
     if args.json:
-        from .accuracy import ESTIMATES, concurrency_bucket
+        from .accuracy import ESTIMATES, concurrency_bucket, repeat_spread
         by_bucket = {e: report.summarize_by(lambda r: concurrency_bucket(r["concurrency"]), e) for e in ESTIMATES}
         print(json.dumps({"csv": report.csv, "summary": report.summary, "by_concurrency": by_bucket,
                           "split": {e: report.split_summary(e) for e in ESTIMATES}, "refused": report.refused,
+                          "measurement_spread": {e: repeat_spread(report.records, e) for e in ESTIMATES},
                           "info": {k: v for k, v in report.info.items()}}, indent=1, default=str))
     else:
         print(format_report(report))
