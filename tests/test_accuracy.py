@@ -636,10 +636,31 @@ def test_summaries_by_concurrency_bucket_and_held_out_deployments(report):
 # ----------------------------------------------------------------------------- engine assumptions
 
 
-def _point(name, model, hardware, dtype, tp=1, ep=1, dp=1, isl=1024, osl=1024, c=16):
+def _point(name, model, hardware, dtype, tp=1, ep=1, dp=1, isl=1024, osl=1024, c=16, engine="vllm"):
     return acc.Point(row=2, scenario=f"{name}-cfg1.yaml", deployment=name, model=model, hardware=hardware, dtype=dtype,
-                     engine="vllm", tp=tp, ep=ep, dp=dp, workload="x", isl=isl, osl=osl, concurrency=c,
+                     engine=engine, tp=tp, ep=ep, dp=dp, workload="x", isl=isl, osl=osl, concurrency=c,
                      measured=1e-2, anchor_concurrency=4)
+
+
+def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
+    """The engine column picks the scheduler (serve.SCHEDULERS); InferenceX's recipes are vLLM's, so
+    an SGLang or TensorRT-LLM point gets its engine's defaults: SGLang's chunk by GPU memory
+    (8192 on an H200, 16384 on a B200), TensorRT-LLM vLLM's 8192 (its own default not read)."""
+    def values(p):
+        return {k: v for k, (v, _) in acc.engine_assumptions(p).items()}
+    sg = values(_point("g", "gpt-oss-120b", "h200", "fp4", c=4, engine="sglang"))
+    assert (sg["scheduler"], sg["max_num_batched_tokens"], sg["max_num_seqs"]) == ("sglang", 8192, 1024)
+    assert sg["recipe"] == "sglang defaults"                  # not gpt-oss's vLLM recipe (max_num_seqs C)
+    assert values(_point("g", "gpt-oss-120b", "b200", "fp4", engine="sglang"))["max_num_batched_tokens"] == 16384
+    trt = acc.engine_assumptions(_point("g", "gpt-oss-120b", "b200", "fp4", engine="trt"))
+    assert (trt["scheduler"][0], trt["max_num_batched_tokens"][0]) == ("trtllm", 8192)
+    assert "COVERAGE LIMIT" in trt["async_scheduling"][1]
+    assert values(_point(GPT, "gpt-oss-120b", "h200", "fp4"))["scheduler"] == "vllm"
+    # built from the columns like a vLLM deployment (the step is priced alike); an unknown engine refused
+    sc = acc.scenario_from_columns(_point("g", "gpt-oss-120b", "h200", "fp4", engine="sglang"))
+    assert sc.parallel["tp"] == 1 and sc.engine["quantization"] == "nvfp4"
+    with pytest.raises(jp.JaxpriceError, match="unknown engine"):
+        acc.scenario_from_columns(_point("g", "gpt-oss-120b", "h200", "fp4", engine="tgi"))
 
 
 def test_engine_assumptions_follow_the_published_recipes():
@@ -763,7 +784,7 @@ def test_simulate_runs_with_the_recipe_settings_and_records_them(simulated):
     base, _ = acc.build_deployment(p)
     full = acc.recipe_deployment(base, acc.engine_assumptions(p), full=True)
     assert call["engine"] == {"max_num_seqs": 1024, "max_num_batched_tokens": 16384, "block_size": 32,
-                              "max_model_len": 9472, "async_scheduling": True,
+                              "max_model_len": 9472, "async_scheduling": True, "scheduler": "vllm",
                               "kv_capacity_tokens": float(full.plan.memory["kv_capacity_tokens"])}
     assert call["deployment"].scenario.engine["block_size"] == 32 and call["deployment"].plan.memory["block_size"] == 32
     r = record(rep, MINIMAX, 8)
@@ -774,7 +795,7 @@ def test_simulate_runs_with_the_recipe_settings_and_records_them(simulated):
     assert "dp_placement" in row                                 # what the simulation adds is kept
     assert "minimaxm2.5_fp8_b300.sh" in row["num_prompts"][1]
     lines = acc.format_assumptions(rep, markdown=True)
-    assert any(ln.startswith(f"| {MINIMAX} | 8k1k | 1024 [") for ln in lines)
+    assert any(ln.startswith(f"| {MINIMAX} | 8k1k | vllm [") and "| 1024 [" in ln for ln in lines)
 
 
 def test_simulate_gives_each_deployment_its_recipe_engine():

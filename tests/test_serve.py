@@ -36,7 +36,9 @@ def _reference(sched, ins, outs, c):
                                 budget=st["max_num_batched_tokens"], block_size=st["block_size"],
                                 kv_blocks=st["kv_blocks"], max_model_len=st["max_model_len"],
                                 k=st["num_spec_tokens"], lookahead=st["lookahead"], acceptance=st["acceptance"],
-                                reserve_full_isl=st["reserve_full_isl"], async_scheduling=st["async_scheduling"])
+                                reserve_full_isl=st["reserve_full_isl"], async_scheduling=st["async_scheduling"],
+                                reserve_to_completion=st["scheduler"] in serve.RESERVE_TO_COMPLETION,
+                                prefill_first=st["scheduler"] in serve.PREFILL_FIRST)
 
 
 # ----------------------------------------------------------------------------- hand-worked
@@ -152,6 +154,45 @@ def test_async_frees_one_step_later(dep):
                                jp.schedule_metrics(sync, np.asarray(t_sync))["ttft"])
 
 
+def test_reserve_to_completion_admits_only_what_can_finish(dep):
+    """TensorRT-LLM's GUARANTEED_NO_EVICT: 5 usable blocks of 4 tokens, prompts of 4, 6 outputs
+    (10 tokens, 3 blocks each at the end), C = 2, sync. A is admitted (3 blocks reserved); B
+    would need 3 beside A's 2 blocks still to come: 5 - 1 held - 2 reserved = 2 < 3, and that
+    margin stays 2 while A grows, so B waits for A's finish (step 5) and runs alone from step 6.
+    vLLM's scheduler admits both and preempts B instead."""
+    trt = _sched(dep, 4, 6, 2, 2, block_size=4, kv_capacity_tokens=24, scheduler="trtllm", **SYNC)
+    assert trt.settings["kv_blocks"] == 5
+    np.testing.assert_array_equal(trt.sums["tokens"][0], [4, 1, 1, 1, 1, 1, 4, 1, 1, 1, 1, 1])
+    np.testing.assert_array_equal(trt.requests["first_step"], [0, 6])
+    np.testing.assert_array_equal(trt.requests["finish_step"], [5, 11])
+    assert trt.requests["preemptions"].sum() == 0 and trt.sums["preempted"][0].sum() == 0
+    vllm = _sched(dep, 4, 6, 2, 2, block_size=4, kv_capacity_tokens=24, **SYNC)
+    assert vllm.sums["tokens"][0][0] == 8 and vllm.requests["preemptions"].sum() == 1
+    # with room for both (7 blocks: 3 + 3 <= 7 - 0) TRT admits both at step 0
+    roomy = _sched(dep, 4, 6, 2, 2, block_size=4, kv_capacity_tokens=32, scheduler="trtllm", **SYNC)
+    np.testing.assert_array_equal(roomy.requests["first_step"], [0, 0])
+
+
+def test_sglang_runs_prefill_first_without_mixing(dep):
+    """SGLang (mixed chunks off): a step runs prefill work only, or else every decode row.
+    Budget 8, two prompts of 10, 3 outputs each, sync: step 0 A's first 8 | 1: A's last 2 (its
+    first token) and B's first 6 | 2: B's last 4 (B's first token) while A waits | 3, 4: both
+    decode (both finish at step 4). vLLM runs A's decode beside B's chunk in step 2 instead."""
+    sc = _sched(dep, 10, 3, 2, 2, max_num_batched_tokens=8, max_num_seqs=2, scheduler="sglang", **SYNC)
+    s = sc.sums
+    np.testing.assert_array_equal(s["tokens"][0], [8, 8, 4, 2, 2])
+    np.testing.assert_array_equal(s["n_decode"][0], [0, 0, 0, 2, 2])
+    np.testing.assert_array_equal(sc.requests["first_step"], [1, 2])
+    np.testing.assert_array_equal(sc.requests["finish_step"], [4, 4])
+    # decode steps take no token budget: 6 decodes beside a budget of 4
+    many = _sched(dep, 4, 5, 6, 6, max_num_batched_tokens=4, max_num_seqs=6, scheduler="sglang", **SYNC)
+    assert many.sums["tokens"][0].max() == 6 and many.sums["n_decode"][0].max() == 6
+    # SGLang's chunk default by GPU memory (a scenario's own max_num_batched_tokens wins over it)
+    assert [serve._sglang_chunk(g)[0] for g in (30.0, 80.0, 141.0, 180.0)] == [2048, 8192, 8192, 16384]
+    with pytest.raises(jp.JaxpriceError, match="unknown scheduler"):
+        _sched(dep, 10, 3, 2, 2, scheduler="tgi")
+
+
 # ----------------------------------------------------------------------------- random workloads
 
 CASES = [
@@ -161,6 +202,10 @@ CASES = [
                                            reserve_full_isl=False, **SYNC)),
     dict(c=7, isl=90, osl=50, engine=dict(max_num_batched_tokens=40, kv_capacity_tokens=16 * 30,
                                           reserve_full_isl=True, async_scheduling=True)),
+    dict(c=6, isl=100, osl=60, engine=dict(max_num_batched_tokens=48, kv_capacity_tokens=16 * 30,
+                                           scheduler="trtllm", **SYNC)),
+    dict(c=6, isl=100, osl=60, engine=dict(max_num_batched_tokens=48, kv_capacity_tokens=16 * 30,
+                                           scheduler="sglang", async_scheduling=True)),
 ]
 
 
@@ -187,7 +232,10 @@ def test_random_workloads_match_reference_and_invariants(dep, case):
     assert (s["kv_blocks"] <= st["kv_blocks"]).all()
     assert (s["resident"] + s["waiting"] <= c).all()                       # closed loop: <= C in flight
     assert (sc.requests["first_step"] <= sc.requests["finish_step"]).all()
-    if case >= 2:
+    if st["scheduler"] != "vllm":                                           # reserved: never preempts
+        assert sc.requests["preemptions"].sum() == 0
+        assert (s["resident"][0] < c).any()                                 # the KV limit binds
+    elif case >= 2:
         assert sc.requests["preemptions"].sum() > 0                         # the KV cases do preempt
 
 

@@ -333,9 +333,8 @@ def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
     file = f"{source} (deployment {p.deployment}, built from the columns)"
     if p.dtype not in DTYPE_QUANTIZATION:
         refuse(f"unknown dtype (known: {', '.join(DTYPE_QUANTIZATION)})", file=file, field="dtype", value=p.dtype)
-    if p.engine != "vllm":
-        refuse("only vllm deployments can be built from the columns (add a scenario file)", file=file,
-               field="engine", value=p.engine)
+    if p.engine not in ENGINE_SCHEDULER:
+        refuse(f"unknown engine (known: {', '.join(ENGINE_SCHEDULER)})", file=file, field="engine", value=p.engine)
     engine = {"cache_dtype": "auto" if p.dtype == "bf16" else "fp8",
               "block_size": 64 if p.model.startswith("glm-5") else 16,
               "max_num_batched_tokens": 8192, "max_num_seqs": 256, "max_model_len": 32768,
@@ -443,6 +442,10 @@ IX_RECIPES = {
                "@01d209c) passes --num-prompts $((CONC * 10)); only the stored @5632483 passes $CONC (re-read "
                "after the b300 TTFT errors were seen)"),
 }
+# the engine column -> the scheduler the simulation follows (serve.SCHEDULERS); the step is priced
+# alike for every engine, as the reference scenarios price their sglang and trt deployments
+ENGINE_SCHEDULER = {"vllm": "vllm", "sglang": "sglang", "trt": "trtllm", "trtllm": "trtllm",
+                    "tensorrt-llm": "trtllm", "tensorrt_llm": "trtllm"}
 VLLM_DEFAULT_MAX_NUM_SEQS = 1024          # serving-reference §1.1: OpenAI server, GPU >= 70 GiB, not A100
 VLLM_DEFAULT_BATCHED_TOKENS = 8192
 VLLM_DEFAULT_BLOCK_SIZE = 16
@@ -454,9 +457,15 @@ IN_SAMPLE_CHOICES: dict = {}
 def recipe_for(p: Point):
     """(recipe dict, key) of the point's (model, chip, dtype), or (None, None)."""
     for (model, chips, dtype), rec in IX_RECIPES.items():
-        if p.model == model and p.hardware in chips and p.dtype == dtype:
+        if p.engine == "vllm" and p.model == model and p.hardware in chips and p.dtype == dtype:
             return rec, (model, chips, dtype)
     return None, None
+
+
+def _sglang_budget(chip):
+    """(SGLang's default chunked_prefill_size for the chip's memory, source)."""
+    from .serve import _sglang_chunk
+    return _sglang_chunk(Registry().chip(chip, field="hardware").memory_gib)
 
 
 def engine_assumptions(p: Point) -> dict:
@@ -479,12 +488,14 @@ def engine_assumptions(p: Point) -> dict:
     (``IN_SAMPLE_CHOICES``)."""
     rec, key = recipe_for(p)
     C, isl, osl = int(p.concurrency), int(p.isl), int(p.osl)
+    scheduler = ENGINE_SCHEDULER.get(p.engine, "vllm")
     if rec is None:
         rec = dict(max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="fp8",
                    block_size=None, num_prompts="10*C",
-                   source=f"no InferenceX recipe read for {p.model} on {p.hardware} ({p.dtype}): vLLM defaults, "
-                          "gmu 0.9 and an fp8 KV cache as the bundled scenarios")
-        name = "vLLM defaults"
+                   source=f"no InferenceX recipe read for {p.model} on {p.hardware} ({p.dtype}, {p.engine}): "
+                          f"{'vLLM' if scheduler == 'vllm' else p.engine} defaults, gmu 0.9 and an fp8 KV cache as "
+                          "the bundled scenarios")
+        name = f"{'vLLM' if scheduler == 'vllm' else p.engine} defaults"
     else:
         name = f"{key[0]} {p.dtype} on {'/'.join(key[1])}"
     src = rec["source"]
@@ -493,10 +504,14 @@ def engine_assumptions(p: Point) -> dict:
     out["max_num_seqs"] = ((C, f"the client concurrency C (--max-num-seqs $CONC): {src}") if mns == "C" else
                            (int(mns), src) if mns is not None else
                            (VLLM_DEFAULT_MAX_NUM_SEQS, f"vLLM's default (not set by the recipe; serving-reference "
-                                                       f"§1.1): {src}"))
+                                                       f"§1.1): {src}") if scheduler == "vllm" else
+                           (VLLM_DEFAULT_MAX_NUM_SEQS, f"vLLM's default 1024, above every C here (COVERAGE LIMIT: "
+                                                       f"{p.engine}'s own running-request limit not read): {src}"))
+    out["scheduler"] = (scheduler, f"the CSV's engine column ({p.engine}): serve.SCHEDULERS")
     mbt = rec["max_num_batched_tokens"]
     out["max_num_batched_tokens"] = ((2 * isl, f"2 x isl (--max-num-batched-tokens $((ISL * 2))): {src}")
                                      if mbt == "2*isl" else (int(mbt), src) if mbt is not None else
+                                     _sglang_budget(p.hardware) if scheduler == "sglang" else
                                      (VLLM_DEFAULT_BATCHED_TOKENS, f"vLLM's default (not set by the recipe; "
                                                                    f"serving-reference §1.1): {src}"))
     out["gpu_memory_utilization"] = (float(rec["gpu_memory_utilization"]), src)
@@ -516,8 +531,12 @@ def engine_assumptions(p: Point) -> dict:
     out["warmups"] = (2 * C, "--num-warmups 2 x C, finished before the timed run (serving-reference §4.2): "
                              "not simulated; the timed run starts from an empty engine")
     out["prefix_caching"] = (False, f"--no-enable-prefix-caching in the recipes ({REF5})")
-    out["async_scheduling"] = (True, "vLLM's default since v0.14 (serving-reference §3); the measured images "
-                                     "are v0.15.1 and later (§0)")
+    out["async_scheduling"] = ((True, "vLLM's default since v0.14 (serving-reference §3); the measured images "
+                                      "are v0.15.1 and later (§0)") if scheduler == "vllm" else
+                               (True, "SGLang's overlap scheduler, on by default (serving-reference §6)")
+                               if scheduler == "sglang" else
+                               (True, "COVERAGE LIMIT: TensorRT-LLM's overlap scheduler assumed on, as vLLM's "
+                                      "async scheduling (its internals not read: serving-reference §7.7)"))
     out["dp_spread"] = (int(p.dp), "each data-parallel rank its own scheduler, queue, max_num_seqs and budget "
                                    "(serving-reference §2.1); how requests are spread: the simulation's own")
     for k, why in IN_SAMPLE_CHOICES.items():
@@ -837,7 +856,7 @@ def _run_engine(points, widx, a0, kv):
     seqs = [engine_assumptions(points[i])["max_num_seqs"][0] for i in widx]
     engine = {"max_num_seqs": int(max(seqs)), "max_num_batched_tokens": int(a0["max_num_batched_tokens"][0]),
               "block_size": int(a0["block_size"][0]), "max_model_len": int(a0["max_model_len"][0]),
-              "async_scheduling": bool(a0["async_scheduling"][0])}
+              "async_scheduling": bool(a0["async_scheduling"][0]), "scheduler": a0["scheduler"][0]}
     if math.isfinite(kv):
         engine["kv_capacity_tokens"] = kv
     return engine
@@ -1475,9 +1494,9 @@ def format_assumptions(report: AccuracyReport, *, markdown=False) -> list:
     rows = report.info.get("assumptions") or []
     if not rows:
         return []
-    keys = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype", "block_size",
-            "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio", "dp_spread")
-    labels = ("max_num_seqs", "budget", "gmu", "kv dtype", "block", "KV tokens/rank", "max_model_len",
+    keys = ("scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype",
+            "block_size", "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio", "dp_spread")
+    labels = ("scheduler", "max_num_seqs", "budget", "gmu", "kv dtype", "block", "KV tokens/rank", "max_model_len",
               "prompts", "range", "dp")
     sources: dict = {}
     out_rows = []

@@ -50,6 +50,10 @@ def add_parser(subparsers):
                    help="the kernel estimate pricing each step (default no_overlap)")
     for key, flag in ENGINE_FLAGS:
         p.add_argument(flag, dest=key, metavar="N", default=None, help=f"engine override: {key}")
+    p.add_argument("--scheduler", default=None, choices=("vllm", "sglang", "trtllm"),
+                   help="whose scheduler to follow (default vllm): sglang runs prefill steps first and "
+                        "decode steps apart, sglang and trtllm admit a request only if every running one can "
+                        "grow to its full length (no preemption); the step price is the same")
     p.add_argument("--reserve-full-isl", dest="reserve_full_isl", default=None, choices=("on", "off"),
                    help="admit a request only if its whole prompt's KV blocks fit (vLLM default on)")
     p.add_argument("--async-scheduling", dest="async_scheduling", default=None, choices=("on", "off"),
@@ -75,6 +79,8 @@ def _engine(args):
         v = getattr(args, key)
         if v is not None:
             eng[key] = v == "on"
+    if args.scheduler is not None:
+        eng["scheduler"] = args.scheduler
     return eng
 
 
@@ -184,7 +190,8 @@ def run(args) -> int:
         return 0
     print(f"{dep.name}: {describe_deployment(dep)}")
     a = results[0].assumptions
-    print("engine: " + ", ".join(f"{k} {a[k][0]}" for k in ("max_num_seqs", "max_num_batched_tokens", "block_size",
+    print("engine: " + ", ".join(f"{k} {a[k][0]}" for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
+                                                              "block_size",
                                                               "kv_blocks", "max_model_len", "reserve_full_isl",
                                                               "async_scheduling") if k in a)
           + f"; dp {a['dp'][0]}; estimate {args.estimate}")

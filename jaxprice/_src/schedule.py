@@ -271,9 +271,13 @@ def _general_step(st: Static, small, lane, T_start):
     running = j < R
     live = running & ~zombie
     is_dec = live & (ntok > plen) & (comp == ntok - 1)
-    # ---- Phase A: running requests, in admission order
+    rc, pf = lane["reserve_completion"], lane["prefill_first"]
+    # ---- Phase A: running requests, in admission order. Prefill-first (SGLang): only the
+    # running prefills here, under the budget; the decode rows run in a step with no prefill work
     d = jnp.where(live, jnp.where(is_dec, 1 + k, ntok - comp), 0)
     d = jnp.maximum(jnp.minimum(d, mml - 1 - comp), 0)
+    d_dec = jnp.where(is_dec, d, 0)
+    d = jnp.where(pf, d - d_dec, d)
     n = jnp.clip(B - _excl_cumsum(d), 0, d)
     want = jnp.where(n > 0, _cdiv(jnp.minimum(comp + n + la, mml), bs), held)
     need = jnp.maximum(want - held, 0)
@@ -313,7 +317,13 @@ def _general_step(st: Static, small, lane, T_start):
     b = jnp.where(valid, _cdiv(jnp.minimum(nb + la, mml), bs), 0)
     gate = jnp.where(lane["reserve_full_isl"],
                      jnp.maximum(_cdiv(jnp.minimum(t, mml), bs) + jnp.where(R1 > 0, lane["watermark"], 0), b), b)
-    fits = (_excl_cumsum(b) + gate <= free1) & (excl < B1) & valid
+    # reserve to completion (TRT-LLM GUARANTEED_NO_EVICT; SGLang under ignore_eos): a request is
+    # admitted only if it and every running request can grow to their full length
+    full = _cdiv(jnp.minimum(c_plen + c_olen + la, mml), bs)
+    future = jnp.sum(jnp.where(j < R1, jnp.maximum(_cdiv(jnp.minimum(plen + olen + la, mml), bs) - (held + need), 0), 0))
+    alloc = jnp.where(rc, jnp.where(valid, full, 0), b)
+    gate = jnp.where(rc, full, gate)
+    fits = (_excl_cumsum(alloc) + gate <= free1 - jnp.where(rc, future, 0)) & (excl < B1) & valid
     fail = (j >= R1) & ~fits
     first_fail = jnp.min(jnp.where(fail, j, S))
     admit = (j >= R1) & (j < first_fail)
@@ -329,6 +339,11 @@ def _general_step(st: Static, small, lane, T_start):
     R2 = R1 + n_adm
     P2 = P1 - jnp.sum(admit & is_pre)
     nf = small["nf"] + fresh_adm
+    # prefill-first: a step with no prefill work runs every decode row (no token budget on it)
+    decode_step = pf & (jnp.sum(n) == 0)
+    n = jnp.where(decode_step, d_dec, n)
+    need = jnp.where(decode_step, jnp.maximum(jnp.where(d_dec > 0, _cdiv(jnp.minimum(comp + d_dec + la, mml), bs),
+                                                         held) - held, 0), need)
 
     # ---- the step's row sums (before the update)
     sched_mask = n > 0
@@ -451,17 +466,25 @@ def _run_eligible(st: Static, small, lane, spare):
     nf = small["nf"]
     head = jnp.clip(nf, 0, st.requests - 1)
     t_head = lane["plen"][head]
-    left = lane["budget"] - R * (1 + k)
+    pf = lane["prefill_first"]
+    left = jnp.where(pf, lane["budget"], lane["budget"] - R * (1 + k))     # prefill-first: decodes take no budget
     chunk = jnp.minimum(t_head, jnp.maximum(left, 0))
     b_head = _cdiv(jnp.minimum(chunk + la, mml), bs)
     g_head = jnp.where(lane["reserve_full_isl"],
                        jnp.maximum(_cdiv(jnp.minimum(t_head, mml), bs) + jnp.where(R > 0, lane["watermark"], 0), b_head),
                        b_head)
-    free_first = spare                              # free blocks after the run's first step
+    # reserve to completion: the head needs its full length beside every running request's; the
+    # free blocks less the running requests' reserved growth stay constant through the run
+    full_i = _cdiv(jnp.minimum(plen + small["olen"] + la, mml), bs)
+    base_i = jnp.maximum(_cdiv(ntok + k + la, bs), small["held"])
+    future = jnp.sum(jnp.where(running, jnp.maximum(full_i - base_i, 0), 0))
+    g_head = jnp.where(lane["reserve_completion"], _cdiv(jnp.minimum(t_head + lane["olen"][head] + la, mml), bs),
+                       g_head)
+    free_first = spare - jnp.where(lane["reserve_completion"], future, 0)   # free blocks after the run's first step
     blocked = ((_arrived(small, lane, 0.0) <= nf) | (R >= lane["max_num_seqs"]) | (left <= 0)
                | (g_head > free_first))
     eligible = ((R > 0) & (small["P"] == 0) & jnp.all(jnp.where(running, decoding, True))
-                & (R * (1 + k) <= lane["budget"]) & blocked & ~lane["open"])
+                & (pf | (R * (1 + k) <= lane["budget"])) & blocked & ~lane["open"])
     return eligible & (spare >= 0)
 
 
@@ -652,10 +675,16 @@ def expand(rec, rec_reads, rec_pairs, rec_slope, n_records, acc):
 
 def reference_schedule(plen, olen, *, concurrency=None, arrival_steps=None, max_num_seqs, budget, block_size,
                        kv_blocks, max_model_len, k=0, lookahead=0, acceptance=1.0, reserve_full_isl=True,
-                       async_scheduling=False, watermark_blocks=0, max_steps=10 ** 7, partial=False):
+                       async_scheduling=False, watermark_blocks=0, max_steps=10 ** 7, partial=False,
+                       reserve_to_completion=False, prefill_first=False):
     """The same scheduler as plain Python over lists, one engine step per loop turn, written
     from serving-reference.md §1 independently of the array code: the oracle of the tests and
     the pure-Python baseline of experiments/bench.py. Closed loop (``concurrency``) only.
+    ``reserve_to_completion``: a waiting request is admitted only if its full length's blocks fit
+    beside the growth every running request still has to come (TRT-LLM GUARANTEED_NO_EVICT,
+    SGLang under ignore_eos; §6). ``prefill_first`` (SGLang, mixed chunks off): a step runs the
+    running prefill chunks and the admissions only, under the budget; a step with neither runs
+    every decode row, with no budget (needs ``reserve_to_completion``: its growth is reserved).
 
     Returns dict: steps (list per step of [(request, scheduled, computed)] in batch order),
     first, finish (step per request), preemptions (per request), preempted (per step)."""
@@ -693,6 +722,9 @@ def reference_schedule(plen, olen, *, concurrency=None, arrival_steps=None, max_
                 continue
             dec = ntok[r] > plen[r] and comp[r] == ntok[r] - 1
             is_dec[r] = dec
+            if dec and prefill_first:          # decodes wait for a step with no prefill work
+                i += 1
+                continue
             n = (1 + k) if dec else ntok[r] - comp[r]
             n = min(n, B, max_model_len - 1 - comp[r])
             if n <= 0:
@@ -727,7 +759,12 @@ def reference_schedule(plen, olen, *, concurrency=None, arrival_steps=None, max_
                 b = cdiv(min(n + lookahead, max_model_len), block_size)
                 gate = (cdiv(min(t, max_model_len), block_size) + (watermark_blocks if running else 0)
                         if reserve_full_isl else b)
-                if max(gate, b) > free:
+                if reserve_to_completion:
+                    full = lambda q: cdiv(min(plen[q] + olen[q] + lookahead, max_model_len), block_size)  # noqa: E731
+                    growth = sum(max(full(q) - held[q], 0) for q in running)
+                    if full(r) > free - growth:
+                        break
+                elif max(gate, b) > free:
                     break
                 waiting.pop(0)
                 running.append(r)
@@ -737,6 +774,15 @@ def reference_schedule(plen, olen, *, concurrency=None, arrival_steps=None, max_
                 is_dec[r] = False
                 rows.append((r, n, 0))
                 B -= n
+        if prefill_first and not rows:         # no prefill work: every decode row, no budget
+            for r in running:
+                if r in zombies or not is_dec.get(r):
+                    continue
+                n = min(1 + k, max_model_len - 1 - comp[r])
+                if n <= 0:
+                    continue
+                held[r] = max(held[r], cdiv(min(comp[r] + n + lookahead, max_model_len), block_size))
+                rows.append((r, n, comp[r]))
         steps.append(rows)
         pre_steps.append(preempted)
         # outputs

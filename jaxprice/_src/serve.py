@@ -27,6 +27,13 @@ The engine (vLLM v1, serving-reference.md §1-3), per data-parallel rank:
   the one whose request just finished) and the requests round-robin (request i to rank
   i mod dp). Open loop: requests round-robin. The ranks step together (lockstep): each rank's
   batch is priced by the kernel and the step takes the slowest rank's time;
+* other engines (engine setting ``scheduler``, default ``vllm``; serving-reference §6): ``trtllm``
+  (TensorRT-LLM's GUARANTEED_NO_EVICT) and ``sglang`` (under the benchmark's ignore_eos) admit a
+  waiting request only if its blocks at full length (prompt + output) fit beside the growth every
+  running request still has to come, so they never preempt; ``sglang`` also runs prefill first
+  with mixed chunks off (its defaults): a step holds the running prefill chunks and the
+  admissions under the budget (its ``chunked_prefill_size``, by default 2048 / 8192 / 16384 for
+  GPUs under 35 / 160 GB / larger), or, when there are none, every decode row with no budget;
 * async scheduling (default on, vLLM's default since 2025-12 for this kind of deployment):
   step k+1 is scheduled before step k's outputs are processed, so a request finishing in step k
   frees its slot and blocks (and its client's next request arrives) for step k+2, not k+1.
@@ -91,9 +98,19 @@ from .errors import JaxpriceError, refuse
 from .step import exact_at_zero, _step_time, temperature_arg
 
 ESTIMATES = ("no_overlap", "overlap")
-ENGINE_KEYS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_capacity_tokens", "max_model_len",
-               "reserve_full_isl", "async_scheduling", "decode_threshold", "num_spec_tokens", "lookahead",
-               "watermark", "fast_forward", "gpu_count", "arrival_phase")
+ENGINE_KEYS = ("scheduler", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_capacity_tokens",
+               "max_model_len", "reserve_full_isl", "async_scheduling", "decode_threshold", "num_spec_tokens",
+               "lookahead", "watermark", "fast_forward", "gpu_count", "arrival_phase")
+# the engines whose scheduler the simulation follows (serving-reference §1-3 vLLM v1, §6 the others):
+# the step kernel prices every step alike (the scenario prices everything as vLLM); they differ in
+# admission and batch composition.
+# COVERAGE LIMIT [other-engine-schedulers]: of SGLang and TensorRT-LLM only what §6 states is followed
+# (reservation to completion, SGLang's prefill-first steps and chunk size); SGLang's retraction,
+# new_token_ratio decay and max_prefill_tokens, and TensorRT-LLM's micro-batch order, chunking and
+# defaults (C++, not read) are vLLM's here
+SCHEDULERS = ("vllm", "sglang", "trtllm")
+RESERVE_TO_COMPLETION = ("sglang", "trtllm")   # admit only what can grow to its full length
+PREFILL_FIRST = ("sglang",)                    # a step runs prefills only, or else decodes only
 DEFAULT_ACCEPTANCE_PER_DRAFT = 0.7     # mean accepted share of each draft token when none is given
 
 
@@ -122,8 +139,19 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
         else:
             out[key], src[key] = default, default_src
 
+    take("scheduler", "vllm", "vLLM (a scenario prices everything as vLLM 0.29.0, its engine named only in its file "
+                              "name: data-formats.md; scheduler= sglang or trtllm follows those engines)")
+    if out["scheduler"] not in SCHEDULERS:
+        refuse(f"unknown scheduler (known: {', '.join(SCHEDULERS)})", file=src["scheduler"], field="scheduler",
+               value=out["scheduler"], has_value=True)
     big = dep.chip.memory_gib >= 70 and "a100" not in dep.chip.name
-    take("max_num_batched_tokens", 8192 if big else 2048, "vLLM default for this part (8192 on >= 70 GiB, else 2048)")
+    if out["scheduler"] == "sglang":
+        take("max_num_batched_tokens", *_sglang_chunk(dep.chip.memory_gib))
+    else:
+        take("max_num_batched_tokens", 8192 if big else 2048,
+             "vLLM default for this part (8192 on >= 70 GiB, else 2048)" + (
+                 "; COVERAGE LIMIT: TensorRT-LLM's own max_num_tokens default not read" if out["scheduler"] == "trtllm"
+                 else ""))
     take("max_num_seqs", dep.resolution.get("max_num_seqs", 1024 if big else 256), "resolve (vLLM default for this part)")
     take("block_size", int(dep.plan.memory.get("block_size", 16)), "plan.memory block_size")
     take("kv_capacity_tokens", float(dep.plan.memory["kv_capacity_tokens"]), "plan.memory kv_capacity_tokens (per dp rank)")
@@ -174,6 +202,14 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
     src["dp"] = "plan dp"
     assumptions = {key: (out[key], src[key]) for key in src}
     return out, assumptions
+
+
+def _sglang_chunk(memory_gib):
+    """SGLang's default chunked_prefill_size by GPU memory (serving-reference §6: < 35 GB 2048,
+    < 160 GB 8192, else 16384; sgl-project/sglang server_args.py)."""
+    gb = memory_gib * 2 ** 30 / 1e9
+    size = 2048 if gb < 35 else 8192 if gb < 160 else 16384
+    return size, f"SGLang's chunked_prefill_size default for {gb:.0f} GB (serving-reference §6)"
 
 
 # ----------------------------------------------------------------------------- lanes
@@ -227,6 +263,8 @@ def _lane(settings, *, n, concurrency, plen, olen, arrival, open_loop, law_array
             "max_num_seqs": settings["max_num_seqs"], "thr": settings["decode_threshold"],
             "acc": int(round(settings["acceptance"] * S.ACC_DEN)),
             "reserve_full_isl": bool(settings["reserve_full_isl"]), "async": bool(settings["async_scheduling"]),
+            "reserve_completion": settings["scheduler"] in RESERVE_TO_COMPLETION,
+            "prefill_first": settings["scheduler"] in PREFILL_FIRST,
             "watermark": int(settings["watermark"] * (settings["kv_blocks"] + 1)), "run_cap": S.BIG}
 
 
@@ -263,7 +301,7 @@ def _stack_lanes(lanes, N):
             out[key] = np.stack([np.concatenate([v, np.ones(N - v.size, np.int64)]) for v in vals])
         elif key == "arrival":
             out[key] = np.stack([np.concatenate([v, np.full(N - v.size, np.inf)]) for v in vals])
-        elif key in ("open", "reserve_full_isl", "async", "law_on"):
+        elif key in ("open", "reserve_full_isl", "async", "law_on", "reserve_completion", "prefill_first"):
             out[key] = np.array(vals, bool)
         elif key.startswith("law_") or key == "uniform_width":
             out[key] = np.array(vals, float)

@@ -1,0 +1,81 @@
+"""`jaxprice serve`: the command around serve.simulate / simulate_sweep (issue 15's command).
+
+Small runs (prompts of 64, 16 outputs) on one bundled scenario: the table, --json, --csv, the two
+figures, the engine flags and the scheduler, and every bad input refused in one line, exit 2.
+The scheduler itself is tested in test_serve.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from jaxprice import cli
+
+S = "deepseek-v3-h200-fp8-sglang-tp8"
+SMALL = ("--isl", "64", "--osl", "16", "--range-ratio", "1")
+
+
+def run(capsys, *argv):
+    rc = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_table_json_csv_and_figures(capsys, tmp_path):
+    rc, out, _ = run(capsys, "serve", S, *SMALL, "--concurrency", "1,2", "--csv", str(tmp_path / "r.csv"),
+                     "--plot", str(tmp_path / "p.png"), "--timeline", str(tmp_path / "t.png"))
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].startswith(S) and "scheduler vllm" in lines[1]
+    head = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["C", "TTFT"])
+    assert [ln.split()[0] for ln in lines[head + 1:head + 3]] == ["1", "2"]
+    with open(tmp_path / "r.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 10 * 1 + 10 * 2                               # 10 x C requests per level
+    assert {r["output_len"] for r in rows} == {"16"} and {r["input_len"] for r in rows} == {"64"}
+    assert (tmp_path / "p.png").stat().st_size > 10_000 and (tmp_path / "t.png").stat().st_size > 10_000
+    # --json: the same runs, times in seconds, each setting with its source
+    rc, out, _ = run(capsys, "serve", S, *SMALL, "--concurrency", "1,2", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and [r["C"] for r in doc["runs"]] == [1, 2]
+    one = doc["runs"][0]
+    assert one["summary"]["tpot_mean"] > 0 and one["summary"]["preemptions"] == 0
+    assert one["assumptions"]["scheduler"]["value"] == "vllm" and one["assumptions"]["max_num_seqs"]["source"]
+
+
+def test_engine_flags_and_scheduler_reach_the_run(capsys):
+    rc, out, _ = run(capsys, "serve", S, *SMALL, "--concurrency", "4", "--json", "--scheduler", "sglang",
+                     "--max-num-seqs", "2", "--max-num-batched-tokens", "96", "--async-scheduling", "off")
+    a = json.loads(out)["runs"][0]["assumptions"]
+    assert rc == 0 and a["scheduler"]["value"] == "sglang"
+    assert (a["max_num_seqs"]["value"], a["max_num_batched_tokens"]["value"], a["async_scheduling"]["value"]) == \
+        (2, 96, False)
+    assert a["max_num_seqs"]["source"] == "engine= override"
+
+
+BAD = [
+    (("--concurrency", "0"), "field '--concurrency', value 0"),
+    (("--concurrency", "2,x"), "field '--concurrency', value 'x'"),
+    (("--osl", "0", "--concurrency", "2"), "field '--osl', value 0"),
+    (("--rate", "-1"), "field '--rate', value -1"),
+    (("--concurrency", "2", "--rate", "1"), "give one of --concurrency, --rate, --trace"),
+    (("--concurrency", "2", "--max-model-len", "70"), "exceeds max_model_len 70"),
+    (("--concurrency", "2", "--kv-capacity-tokens", "40"), "fewer than one request needs"),
+    (("--range-ratio", "2"), "field '--range-ratio'"),
+    (("--trace", "{d}/trace.csv"), "trace.csv:3"),
+]
+
+
+@pytest.mark.parametrize("argv,want", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_exits_2_with_one_line(capsys, tmp_path, argv, want):
+    (tmp_path / "trace.csv").write_text("arrival_s,input_len,output_len\n0.0,64,16\n0.5,-3,16\n")
+    argv = [a.format(d=tmp_path) for a in argv]
+    rc, out, err = run(capsys, "serve", S, "--isl", "64", "--osl", "16", *argv) if "--osl" not in argv else \
+        run(capsys, "serve", S, "--isl", "64", *argv)
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("jaxprice serve: error: ") and want in lines[0], lines[0]
