@@ -642,6 +642,21 @@ def _point(name, model, hardware, dtype, tp=1, ep=1, dp=1, isl=1024, osl=1024, c
                      measured=1e-2, anchor_concurrency=4)
 
 
+def test_speculative_points_need_a_deployment_that_states_it(tmp_path):
+    """A row measured with speculative decoding is refused with its reason (the columns give no
+    draft count or acceptance), never priced as if it had none; 'none' (or no column) is priced."""
+    rows = [r for r in rows_of() if r["deployment"] == MINIMAX]
+    for r in rows:
+        r["spec_decode"] = "mtp"
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "spec.csv", rows), batch_rule="anchor")
+    assert rep.summary["no_overlap"]["all"]["priced"] == 0 and len(rep.refused) == len(rows) // 2
+    assert all("speculative decoding" in r["reason"] and "'mtp'" in r["reason"] for r in rep.refused)
+    for r in rows:
+        r["spec_decode"] = "none"
+    ok = acc.evaluate_accuracy(write_rows(tmp_path / "none.csv", rows), batch_rule="anchor")
+    assert ok.refused == [] and ok.summary["no_overlap"]["all"]["priced"] == len(rows) // 2
+
+
 def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
     """The engine column picks the scheduler (serve.SCHEDULERS); InferenceX's recipes are vLLM's, so
     an SGLang or TensorRT-LLM point gets its engine's defaults: SGLang's chunk by GPU memory

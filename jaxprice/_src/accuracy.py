@@ -174,6 +174,7 @@ class Point:
     anchor_concurrency: int | None
     measured_ttft: float = math.nan      # seconds: the point's mean-TTFT row (NaN when the file has none)
     run_date: str = ""                   # source_run_date (where the file has it)
+    spec_decode: str = "none"            # the spec_decode column (where the file has it)
 
     @property
     def sweep(self) -> str:
@@ -210,7 +211,9 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
     row (missing field, bad number, unknown unit, non-positive value, a second point of one
     sweep at one concurrency) is refused with a JaxpriceError naming ``file:line``, the column
     and the value; a bad row in a measurement file is a data error, not a point the kernel
-    refuses.
+    refuses. Optional columns: ``source_run_date``; ``spec_decode`` (a point measured with
+    speculative decoding is priced only by a scenario that states it: ``_check_speculation``);
+    ``engine`` picks the serving simulation's scheduler (``ENGINE_SCHEDULER``).
     """
     from .schema import check_measurement_file
     check_measurement_file(path)          # the declared schema: readable text CSV, ranges (schema.py)
@@ -300,7 +303,8 @@ def _row_point(r, line, where, seconds) -> Point:
         concurrency=_int(r["concurrency"], where=where, field="concurrency"),
         measured=seconds,
         anchor_concurrency=_int(anchor, where=where, field="anchor_concurrency") if anchor else None,
-        run_date=(r.get("source_run_date") or "").strip())
+        run_date=(r.get("source_run_date") or "").strip(),
+        spec_decode=(r.get("spec_decode") or "").strip().lower() or "none")
 
 
 def _attach_ttft(points, ttft) -> int:
@@ -366,10 +370,25 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
     for d in dirs:
         f = d / f"{p.deployment}.yaml"
         if f.exists():
-            return (load_deployment(f, registry, extra_coefficient_files=extra_coefficient_files),
-                    _display_path(f))
+            dep = load_deployment(f, registry, extra_coefficient_files=extra_coefficient_files)
+            _check_speculation(p, dep.scenario.engine or {}, _display_path(f))
+            return dep, _display_path(f)
+    _check_speculation(p, {}, f"{source} (deployment {p.deployment}, built from the columns)")
     extra = [load_coefficient_set(f) for f in extra_coefficient_files]
     return resolve(scenario_from_columns(p, source=source), registry, extra_sets=extra), "columns"
+
+
+NO_SPECULATION = ("none", "off", "no", "false", "0")
+
+
+def _check_speculation(p: Point, engine: dict, where: str):
+    """A point measured with speculative decoding is priced only by a deployment that states it
+    (a scenario's engine.speculative: the draft count; the acceptance is the serving layer's
+    assumption): the columns give neither, so such a point is refused, never priced without it."""
+    if p.spec_decode not in NO_SPECULATION and not engine.get("speculative"):
+        refuse("measured with speculative decoding, which the deployment does not state (no draft count or "
+               "acceptance in the columns: add a scenario file with engine.speculative)", file=where,
+               field="spec_decode", value=p.spec_decode)
 
 
 # ----------------------------------------------------------------------------- engine assumptions
