@@ -709,6 +709,10 @@ def test_engine_assumptions_follow_the_published_recipes():
     none = acc.engine_assumptions(_point("q", "qwen3", "h200", "bf16"))
     assert none["recipe"][0] == "vLLM defaults" and "no InferenceX recipe" in none["recipe"][1]
     assert none["max_num_seqs"][0] == 1024 and none["max_num_batched_tokens"][0] == 8192
+    # sparse MLA (DSA) needs 64-token blocks: with no recipe, glm-5 gets them (16 would not resolve)
+    glm = acc.engine_assumptions(_point("glm", "glm-5", "b200", "fp8", tp=8))
+    assert glm["block_size"][0] == 64 and "DSA" in glm["block_size"][1]
+    assert acc.scenario_from_columns(_point("glm", "glm-5", "b200", "fp8", tp=8)).engine["block_size"] == 64
 
 
 # ----------------------------------------------------------------------------- batch rule simulate

@@ -340,7 +340,7 @@ def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
     if p.engine not in ENGINE_SCHEDULER:
         refuse(f"unknown engine (known: {', '.join(ENGINE_SCHEDULER)})", file=file, field="engine", value=p.engine)
     engine = {"cache_dtype": "auto" if p.dtype == "bf16" else "fp8",
-              "block_size": 64 if p.model.startswith("glm-5") else 16,
+              "block_size": default_block_size(p.model),
               "max_num_batched_tokens": 8192, "max_num_seqs": 256, "max_model_len": 32768,
               "cudagraph_mode": "PIECEWISE", "gpu_memory_utilization": 0.9}
     quant = DTYPE_QUANTIZATION[p.dtype]
@@ -468,6 +468,12 @@ ENGINE_SCHEDULER = {"vllm": "vllm", "sglang": "sglang", "trt": "trtllm", "trtllm
 VLLM_DEFAULT_MAX_NUM_SEQS = 1024          # serving-reference §1.1: OpenAI server, GPU >= 70 GiB, not A100
 VLLM_DEFAULT_BATCHED_TOKENS = 8192
 VLLM_DEFAULT_BLOCK_SIZE = 16
+DSA_BLOCK_SIZE = 64          # sparse MLA (DSA) runs on 64-token blocks (the bundled glm-5 scenarios say so)
+
+
+def default_block_size(model: str) -> int:
+    """vLLM's CUDA default block size, 64 for the sparse-MLA (DSA) models, which need it."""
+    return DSA_BLOCK_SIZE if model.startswith("glm-5") else VLLM_DEFAULT_BLOCK_SIZE
 RANGE_RATIO = 0.8
 # choices made after looking at the development set's errors (reported as in sample); none so far
 IN_SAMPLE_CHOICES: dict = {}
@@ -538,7 +544,10 @@ def engine_assumptions(p: Point) -> dict:
                           f"'auto' (the model's activation dtype, bf16): no kv-cache-dtype flag: {src}")
     out["block_size"] = ((int(rec["block_size"]), src) if rec["block_size"] else
                          (VLLM_DEFAULT_BLOCK_SIZE, "vLLM's CUDA default (not set by the recipe; serving-reference "
-                                                   "§1.6, §7.3 open)"))
+                                                   "§1.6, §7.3 open)") if default_block_size(p.model) ==
+                         VLLM_DEFAULT_BLOCK_SIZE else
+                         (DSA_BLOCK_SIZE, "64: sparse MLA (DSA) needs 64-token blocks (not set by the recipe; the "
+                                          "bundled glm-5 scenarios' own comment)"))
     extra = 20 if (p.model.startswith("gpt-oss") and isl == 1024 and osl == 1024) else 256
     out["max_model_len"] = (isl + osl + extra, f"isl + osl + {extra} (InferenceX generate_sweep_configs.py; "
                                                f"gpt-oss recipes + 20 at 1k1k; {REF5})")
