@@ -367,6 +367,8 @@ def test_shared_graphs_chips_and_sets_equal_the_bundled_ones():
     build = _registry_build()
     assert set(build.GRAPH_CORRECTIONS) == {"minimax-m2.5", "deepseek-v3", "kimi-k2.5"}
     for f in sorted((BUNDLED / "models").glob("*.yaml")):
+        if f.read_text().startswith(build.IMPORTED):      # no graph upstream (test_registry_build)
+            continue
         a, b = pub.model(f.stem), own.model(f.stem)
         kinds = {k: [dict(n) for n in v] for k, v in a.layer_kinds.items()}
         # the bundled graph = the reference's + its corrections, one comment line per layer kind

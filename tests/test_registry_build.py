@@ -1,6 +1,7 @@
 """The bundled registry/ and testdata/aisimulate/ are what registry/build.py makes of the
 reference copies, and hold the figures and counts the reference states."""
 
+import os
 import re
 import subprocess
 import sys
@@ -54,11 +55,31 @@ def test_chips():
     assert set(doc["networks"]["ethernet-100gbe"]) == {"internode_gbps", "rdma", "source"}
 
 
+IMPORTED_GRAPHS = {"qwen3-30b-a3b": "Qwen--Qwen3-30B-A3B"}    # catalog models with no graph upstream
+
+
+def test_imported_graphs_equal_a_fresh_import_of_their_bundled_config():
+    """qwen3-30b-a3b is in the public catalog (model.yaml, repo Qwen/Qwen3-30B-A3B) with no graph:
+    its bundled graph is `jaxprice import-model` of the bundled config.json (testdata/hf, verbatim,
+    SOURCES.md), byte for byte, and its identity matches the catalog's."""
+    from jaxprice._src.hf import graph_yaml, import_result
+    for name, folder in IMPORTED_GRAPHS.items():
+        f = REGISTRY / "models" / f"{name}.yaml"
+        cwd = os.getcwd()
+        os.chdir(REPO)                            # the import records the config's path as given
+        try:
+            fresh = graph_yaml(import_result(f"testdata/hf/{folder}", name=name))
+        finally:
+            os.chdir(cwd)
+        assert f.read_text() == fresh, name
+        assert load(f)["hf_repo"] == folder.replace("--", "/")
+
+
 def test_models():
     files = sorted((REGISTRY / "models").glob("*.yaml"))
-    assert len(files) == 11
-    assert "qwen3-30b-a3b.yaml" not in {f.name for f in files}   # no graph upstream
-    for f in files:
+    assert len(files) == 11 + len(IMPORTED_GRAPHS)
+    built = [f for f in files if f.stem not in IMPORTED_GRAPHS]
+    for f in built:
         doc = load(f)
         assert doc["format"] == "jaxprice-model/1" and doc["name"] == f.stem
         assert CITE.match(doc["source"]), f.name
