@@ -467,7 +467,8 @@ def main(argv=None) -> int:
     def plain(v):
         return v.tolist() if isinstance(v, np.ndarray) else v
     with open(out_json, "w") as fh:
-        json.dump({"run_to_run": repro} | {e: {"pairwise": r["pairwise"], "best_cases": r["best_cases"], "best_groups": r["best_groups"],
+        json.dump({"run_to_run": repro} | {e: {"pairwise": r["pairwise"], "best_cases": r["best_cases"],
+                                                "best_groups": r["best_groups"],
                        "seconds": r["seconds"], "cases": [dict(c, group=list(c["group"])) for c in r["cases"]],
                        "predicted": {f"{d}|{w}": {k: plain(v) for k, v in q.items()}
                                      for (d, w), q in r["predicted"].items()},

@@ -676,6 +676,8 @@ def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
     assert sc.parallel["tp"] == 1 and sc.engine["quantization"] == "nvfp4"
     with pytest.raises(jp.JaxpriceError, match="unknown engine"):
         acc.scenario_from_columns(_point("g", "gpt-oss-120b", "h200", "fp4", engine="tgi"))
+    with pytest.raises(jp.JaxpriceError, match="field 'engine', value 'tgi': unknown engine"):   # a bundled one too
+        acc.build_deployment(_point(GPT, "gpt-oss-120b", "h200", "fp4", engine="tgi"))
 
 
 def test_engine_assumptions_follow_the_published_recipes():

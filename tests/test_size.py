@@ -359,3 +359,40 @@ def test_refine_leaves_points_far_over_the_ttft_target_on_the_steady_state():
     from jaxprice._src.cli_size import describe_sources, format_table
     assert "2 point(s) of simulated layouts left on the steady state" in describe_sources(got)
     assert "not re-run" in format_table(got)
+
+
+def _size_vs_measured():
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
+                        "size_vs_measured.py")
+    spec = importlib.util.spec_from_file_location("size_vs_measured", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_run_to_run_scores_one_run_against_another():
+    """The sizing check's noise floor (experiments/size_vs_measured.run_to_run): two deployments
+    measured twice. Runs that agree order every pair alike and name the same best; runs that swap
+    which deployment is faster order none alike and never name the same best."""
+    from jaxprice import accuracy as acc
+    sv = _size_vs_measured()
+    g = ("m", "h200", "1k1k")
+
+    def sweep(tpot_ms):
+        return [(c, 0.05, tpot_ms * 1e-3 * (1 + c / 64)) for c in (4, 16, 64)]
+
+    def point(d):
+        return acc.Point(row=2, scenario=f"{d}-cfg1.yaml", deployment=d, model="m", hardware="h200", dtype="fp8",
+                         engine="vllm", tp=1, ep=1, dp=1, workload="1k1k", isl=1024, osl=1024, concurrency=4,
+                         measured=1e-2, anchor_concurrency=4)
+    first = {("a", "1k1k"): point("a"), ("b", "1k1k"): point("b")}
+    agree = {g: {"a": {"a-cfg1": sweep(10), "a-cfg2": sweep(10.2)}, "b": {"b-cfg1": sweep(11), "b-cfg2": sweep(11.5)}}}
+    r = sv.run_to_run(agree, first, 4)
+    assert (r["groups"], r["deployments"], r["scored"]) == (1, 2, 1)
+    assert r["pairwise"] == 1.0 and r["best_cases"] == 1.0 and r["best_groups"] == 1.0
+    swap = {g: {"a": {"a-cfg1": sweep(10), "a-cfg2": sweep(11)}, "b": {"b-cfg1": sweep(11), "b-cfg2": sweep(10)}}}
+    r = sv.run_to_run(swap, first, 4)
+    assert r["cases"] > 0 and r["pairwise"] == 0.0 and r["best_cases"] == 0.0 and r["best_groups"] == 0.0
+    # a deployment measured once is left out, and a group left with one deployment is not scored
+    assert sv.repeated_groups({g: {"a": agree[g]["a"], "b": {"b-cfg1": sweep(11)}}}) == {}

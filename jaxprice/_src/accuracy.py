@@ -337,8 +337,7 @@ def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
     file = f"{source} (deployment {p.deployment}, built from the columns)"
     if p.dtype not in DTYPE_QUANTIZATION:
         refuse(f"unknown dtype (known: {', '.join(DTYPE_QUANTIZATION)})", file=file, field="dtype", value=p.dtype)
-    if p.engine not in ENGINE_SCHEDULER:
-        refuse(f"unknown engine (known: {', '.join(ENGINE_SCHEDULER)})", file=file, field="engine", value=p.engine)
+    _check_engine(p, file)
     engine = {"cache_dtype": "auto" if p.dtype == "bf16" else "fp8",
               "block_size": default_block_size(p.model),
               "max_num_batched_tokens": 8192, "max_num_seqs": 256, "max_model_len": 32768,
@@ -371,6 +370,7 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
         f = d / f"{p.deployment}.yaml"
         if f.exists():
             dep = load_deployment(f, registry, extra_coefficient_files=extra_coefficient_files)
+            _check_engine(p, _display_path(f))
             _check_speculation(p, dep.scenario.engine or {}, _display_path(f))
             return dep, _display_path(f)
     _check_speculation(p, {}, f"{source} (deployment {p.deployment}, built from the columns)")
@@ -379,6 +379,12 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
 
 
 NO_SPECULATION = ("none", "off", "no", "false", "0")
+
+
+def _check_engine(p: Point, where: str):
+    """The engine column must name an engine whose scheduler the simulation follows."""
+    if p.engine not in ENGINE_SCHEDULER:
+        refuse(f"unknown engine (known: {', '.join(ENGINE_SCHEDULER)})", file=where, field="engine", value=p.engine)
 
 
 def _check_speculation(p: Point, engine: dict, where: str):
@@ -469,14 +475,18 @@ VLLM_DEFAULT_MAX_NUM_SEQS = 1024          # serving-reference §1.1: OpenAI serv
 VLLM_DEFAULT_BATCHED_TOKENS = 8192
 VLLM_DEFAULT_BLOCK_SIZE = 16
 DSA_BLOCK_SIZE = 64          # sparse MLA (DSA) runs on 64-token blocks (the bundled glm-5 scenarios say so)
+BLOCK_SIZE_SOURCE = {
+    VLLM_DEFAULT_BLOCK_SIZE: "vLLM's CUDA default (not set by the recipe; serving-reference §1.6, §7.3 open)",
+    DSA_BLOCK_SIZE: "64: sparse MLA (DSA) needs 64-token blocks (not set by the recipe; the bundled glm-5 "
+                    "scenarios' own comment)"}
+RANGE_RATIO = 0.8
+# choices made after looking at the development set's errors (reported as in sample); none so far
+IN_SAMPLE_CHOICES: dict = {}
 
 
 def default_block_size(model: str) -> int:
     """vLLM's CUDA default block size, 64 for the sparse-MLA (DSA) models, which need it."""
     return DSA_BLOCK_SIZE if model.startswith("glm-5") else VLLM_DEFAULT_BLOCK_SIZE
-RANGE_RATIO = 0.8
-# choices made after looking at the development set's errors (reported as in sample); none so far
-IN_SAMPLE_CHOICES: dict = {}
 
 
 def recipe_for(p: Point):
@@ -513,7 +523,7 @@ def engine_assumptions(p: Point) -> dict:
     (``IN_SAMPLE_CHOICES``)."""
     rec, key = recipe_for(p)
     C, isl, osl = int(p.concurrency), int(p.isl), int(p.osl)
-    scheduler = ENGINE_SCHEDULER.get(p.engine, "vllm")
+    scheduler = ENGINE_SCHEDULER.get(p.engine, "vllm")       # an unknown engine is refused by build_deployment
     if rec is None:
         rec = dict(max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="fp8",
                    block_size=None, num_prompts="10*C",
@@ -542,12 +552,8 @@ def engine_assumptions(p: Point) -> dict:
     out["gpu_memory_utilization"] = (float(rec["gpu_memory_utilization"]), src)
     out["cache_dtype"] = (rec["cache_dtype"], src if rec["cache_dtype"] != "auto" else
                           f"'auto' (the model's activation dtype, bf16): no kv-cache-dtype flag: {src}")
-    out["block_size"] = ((int(rec["block_size"]), src) if rec["block_size"] else
-                         (VLLM_DEFAULT_BLOCK_SIZE, "vLLM's CUDA default (not set by the recipe; serving-reference "
-                                                   "§1.6, §7.3 open)") if default_block_size(p.model) ==
-                         VLLM_DEFAULT_BLOCK_SIZE else
-                         (DSA_BLOCK_SIZE, "64: sparse MLA (DSA) needs 64-token blocks (not set by the recipe; the "
-                                          "bundled glm-5 scenarios' own comment)"))
+    bs = default_block_size(p.model)
+    out["block_size"] = (int(rec["block_size"]), src) if rec["block_size"] else (bs, BLOCK_SIZE_SOURCE[bs])
     extra = 20 if (p.model.startswith("gpt-oss") and isl == 1024 and osl == 1024) else 256
     out["max_model_len"] = (isl + osl + extra, f"isl + osl + {extra} (InferenceX generate_sweep_configs.py; "
                                                f"gpt-oss recipes + 20 at 1k1k; {REF5})")
@@ -1428,8 +1434,7 @@ def repeat_spread(records, estimate="no_overlap") -> dict:
                 errs.append(abs(x / ((sum(vals) - x) / (len(vals) - 1)) - 1))
                 model.append(abs(float(r.get(err_key, math.nan))))
         shape = _repeat_shape(recs, key)
-        by_id = {id(r): r for r in recs}
-        model_shape = [float(by_id[i].get(shape_key, math.nan)) for i, _ in shape]
+        model_shape = [float(r.get(shape_key, math.nan)) for r, _ in shape]
         sh = sorted(e for _, e in shape)
         out[q] = {"points": len(recs), "repeated": len(errs),
                   "mape": float(np.mean(errs)) if errs else math.nan,
@@ -1444,7 +1449,7 @@ def repeat_spread(records, estimate="no_overlap") -> dict:
 
 
 def _repeat_shape(recs, key) -> list:
-    """[(id(record), shape error)] of every point whose sweep (deployment, workload, scenario) has
+    """[(record, shape error)] of every point whose sweep (deployment, workload, scenario) has
     another run of the same deployment and workload measured at both its C and its C0."""
     runs: dict = {}
     for r in recs:
@@ -1459,7 +1464,7 @@ def _repeat_shape(recs, key) -> list:
                 ratios = [float(o[c][key]) / float(o[c0][key]) for o in others if c in o]
                 if ratios:
                     own = float(r[key]) / float(sweep[c0][key])
-                    out.append((id(r), 0.0 if c == c0 else abs(float(np.mean(ratios)) / own - 1)))
+                    out.append((r, 0.0 if c == c0 else abs(float(np.mean(ratios)) / own - 1)))
     return out
 
 
