@@ -660,7 +660,7 @@ def test_speculative_points_need_a_deployment_that_states_it(tmp_path):
 def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
     """The engine column picks the scheduler (serve.SCHEDULERS); InferenceX's recipes are vLLM's, so
     an SGLang or TensorRT-LLM point gets its engine's defaults: SGLang's chunk by GPU memory
-    (8192 on an H200, 16384 on a B200), TensorRT-LLM vLLM's 8192 (its own default not read)."""
+    (8192 on an H200, 16384 on a B200), TensorRT-LLM its max_num_tokens default 8192."""
     def values(p):
         return {k: v for k, (v, _) in acc.engine_assumptions(p).items()}
     sg = values(_point("g", "gpt-oss-120b", "h200", "fp4", c=4, engine="sglang"))
@@ -669,6 +669,7 @@ def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
     assert values(_point("g", "gpt-oss-120b", "b200", "fp4", engine="sglang"))["max_num_batched_tokens"] == 16384
     trt = acc.engine_assumptions(_point("g", "gpt-oss-120b", "b200", "fp4", engine="trt"))
     assert (trt["scheduler"][0], trt["max_num_batched_tokens"][0]) == ("trtllm", 8192)
+    assert "TensorRT-LLM's max_num_tokens default" in trt["max_num_batched_tokens"][1]
     assert "COVERAGE LIMIT" in trt["async_scheduling"][1]
     assert values(_point(GPT, "gpt-oss-120b", "h200", "fp4"))["scheduler"] == "vllm"
     # built from the columns like a vLLM deployment (the step is priced alike); an unknown engine refused

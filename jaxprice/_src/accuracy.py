@@ -503,6 +503,12 @@ def _sglang_budget(chip):
     return _sglang_chunk(Registry().chip(chip, field="hardware").memory_gib)
 
 
+def _trtllm_budget():
+    """(TensorRT-LLM's default max_num_tokens, source)."""
+    from .serve import TRTLLM_MAX_NUM_TOKENS
+    return TRTLLM_MAX_NUM_TOKENS
+
+
 def engine_assumptions(p: Point) -> dict:
     """The engine and client settings a simulated run of point ``p`` uses, each with where it came
     from: {name: (value, source)}.
@@ -547,6 +553,7 @@ def engine_assumptions(p: Point) -> dict:
     out["max_num_batched_tokens"] = ((2 * isl, f"2 x isl (--max-num-batched-tokens $((ISL * 2))): {src}")
                                      if mbt == "2*isl" else (int(mbt), src) if mbt is not None else
                                      _sglang_budget(p.hardware) if scheduler == "sglang" else
+                                     _trtllm_budget() if scheduler == "trtllm" else
                                      (VLLM_DEFAULT_BATCHED_TOKENS, f"vLLM's default (not set by the recipe; "
                                                                    f"serving-reference §1.1): {src}"))
     out["gpu_memory_utilization"] = (float(rec["gpu_memory_utilization"]), src)

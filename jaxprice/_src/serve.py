@@ -105,12 +105,14 @@ ENGINE_KEYS = ("scheduler", "max_num_seqs", "max_num_batched_tokens", "block_siz
 # the step kernel prices every step alike (the scenario prices everything as vLLM); they differ in
 # admission and batch composition.
 # COVERAGE LIMIT [other-engine-schedulers]: of SGLang and TensorRT-LLM only what §6 states is followed
-# (reservation to completion, SGLang's prefill-first steps and chunk size); SGLang's retraction,
-# new_token_ratio decay and max_prefill_tokens, and TensorRT-LLM's micro-batch order, chunking and
-# defaults (C++, not read) are vLLM's here
+# (reservation to completion, SGLang's prefill-first steps and chunk size, TensorRT-LLM's token
+# budget); SGLang's retraction, new_token_ratio decay and max_prefill_tokens, and TensorRT-LLM's
+# micro-batch order, context chunking and max_batch_size (C++, not read) are vLLM's here
 SCHEDULERS = ("vllm", "sglang", "trtllm")
 RESERVE_TO_COMPLETION = ("sglang", "trtllm")   # admit only what can grow to its full length
 PREFILL_FIRST = ("sglang",)                    # a step runs prefills only, or else decodes only
+TRTLLM_MAX_NUM_TOKENS = (8192, "TensorRT-LLM's max_num_tokens default 8192 (its LLM API arguments, docs.nvidia.com "
+                               "nemo_deploy TensorRTLLMAPIDeployable)")
 DEFAULT_ACCEPTANCE_PER_DRAFT = 0.7     # mean accepted share of each draft token when none is given
 
 
@@ -147,11 +149,10 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
     big = dep.chip.memory_gib >= 70 and "a100" not in dep.chip.name
     if out["scheduler"] == "sglang":
         take("max_num_batched_tokens", *_sglang_chunk(dep.chip.memory_gib))
+    elif out["scheduler"] == "trtllm":
+        take("max_num_batched_tokens", *TRTLLM_MAX_NUM_TOKENS)
     else:
-        take("max_num_batched_tokens", 8192 if big else 2048,
-             "vLLM default for this part (8192 on >= 70 GiB, else 2048)" + (
-                 "; COVERAGE LIMIT: TensorRT-LLM's own max_num_tokens default not read" if out["scheduler"] == "trtllm"
-                 else ""))
+        take("max_num_batched_tokens", 8192 if big else 2048, "vLLM default for this part (8192 on >= 70 GiB, else 2048)")
     take("max_num_seqs", dep.resolution.get("max_num_seqs", 1024 if big else 256), "resolve (vLLM default for this part)")
     take("block_size", int(dep.plan.memory.get("block_size", 16)), "plan.memory block_size")
     take("kv_capacity_tokens", float(dep.plan.memory["kv_capacity_tokens"]), "plan.memory kv_capacity_tokens (per dp rank)")
