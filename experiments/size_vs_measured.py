@@ -393,10 +393,11 @@ def main(argv=None) -> int:
              + " |")
     L += ["", f"Two runs of the same deployments name the same best deployment in {repro['best_groups']:.0%} of the "
           f"groups ({repro['best_cases']:.0%} of the cases) and order {repro['pairwise']:.0%} of the pairs alike: "
-          "where the measured best changes from run to run, no prediction can match it reliably, so the 80% "
-          "best-layout goal asks for more than these measurements resolve. (A run against another run carries "
-          "the noise of both; an evaluator is scored against the mean of the runs, which carries less. "
-          f"{len(rg['cases'])} cases of `{E[0]}` on these deployments.)", ""]
+          "where the measured best changes from run to run, no prediction can match it reliably. A run against "
+          "another run carries the noise of both, while an evaluator is scored against the mean of the runs, which "
+          "carries less, so a perfect prediction would score somewhat above these figures; they still put the 80% "
+          f"best-layout goal near what these measurements resolve. ({len(rg['cases'])} cases of `{E[0]}` on these "
+          "deployments.)", ""]
     verdicts = []
     for e in E:
         r = res[e]
