@@ -8,7 +8,8 @@ compare the measured and the predicted output throughput per GPU at matched TPOT
 write experiments/results/size_vs_measured.md (and experiments/out/size_vs_measured.json).
 
 * Throughput per GPU of a point, measured and predicted alike: C x osl / E2E / GPUs with
-  E2E = TTFT + (osl - 1) x TPOT (mean TTFT and mean TPOT; GPUs = tp x dp; osl the nominal one).
+  E2E = TTFT + (osl - 1) x TPOT (mean TTFT and mean TPOT; GPUs = the tp column, accuracy.gpus_of; osl the
+  nominal one).
 * Deployments: ``accuracy.build_deployment`` (the bundled scenario where there is one, else built
   from the columns), the machinery the accuracy harness uses. Predicted TTFT and TPOT, by each
   evaluator of ``--evaluators`` (scored separately, reported side by side), at the sweep's
@@ -59,7 +60,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-from jaxprice._src.accuracy import build_deployment, read_measurements, simulate_points  # noqa: E402
+from jaxprice._src.accuracy import build_deployment, gpus_of, read_measurements, simulate_points  # noqa: E402
 from jaxprice._src.errors import JaxpriceError  # noqa: E402
 from jaxprice._src.progress import Progress  # noqa: E402
 from jaxprice._src import size as S  # noqa: E402
@@ -192,7 +193,7 @@ def predict_simulate(points, first, args):
         concs = sorted(by_c)
         p = first[(d, w)]
         predicted[(d, w)] = _entry(p, concs, [by_c[c][0] for c in concs], [by_c[c][1] for c in concs],
-                                   sources[(d, w)], p.tp * p.dp)
+                                   sources[(d, w)], gpus_of(p))
     for i, why in refused_pts:
         p = points[i]
         key = (p.deployment, p.workload)
@@ -212,7 +213,7 @@ def score(groups, first, predicted, n_targets):
         meas = {}
         for d, runs in deps.items():
             p = first[(d, g[2])]
-            gpus = p.tp * p.dp
+            gpus = gpus_of(p)
             meas[d] = [(np.array([r[2] for r in sorted(pts)]),
                         np.array([tput(c, osl, a, b, gpus) for c, a, b in sorted(pts)])) for pts in runs.values()]
         usable = [d for d in deps if (d, g[2]) in predicted]
@@ -295,7 +296,7 @@ def run_to_run(groups, first, n_targets):
                 pts = sorted(runs[b])
                 p = first[(d, g[2])]
                 pred_k[(d, g[2])] = _entry(p, [c for c, _, _ in pts], [t for _, t, _ in pts], [t for _, _, t in pts],
-                                           "another run", p.tp * p.dp)
+                                           "another run", gpus_of(p))
         sc = score(meas_k, first, pred_k, n_targets)
         cases += sc["cases"]
     by_group = defaultdict(list)
@@ -349,7 +350,7 @@ def main(argv=None) -> int:
          f"deployment-workloads, {len(points)} measured points ({wall:.0f} s on 2 shared CPU cores: "
          + ", ".join(f"{e} {res[e]['seconds']:.0f} s" for e in E) + "). "
          "Method: the docstring of experiments/size_vs_measured.py. Throughput per GPU = C x osl / (TTFT + (osl - 1) "
-         "x TPOT) / (tp x dp), measured and predicted alike, compared at matched mean-TPOT targets interpolated along "
+         "x TPOT) / GPUs (the tp column: accuracy.gpus_of), measured and predicted alike, compared at matched mean-TPOT targets interpolated along "
          "each sweep. The registry's coefficients as bundled, no fitting here.", "",
          "Evaluators:", ""]
     L += [f"- `{e}`: {DESCRIBE[e]}." for e in E]

@@ -27,7 +27,8 @@ from jaxprice._src.accuracy import (BATCH_RULES, DECODE_THRESHOLD, ESTIMATES, Ac
                                     upper_median, write_points_csv)
 from jaxprice._src.accuracy import (CONCURRENCY_BUCKETS, IX_RECIPES, STATIC_BATCH_RULES, SimulatedPoints,
                                     assumptions_text, concurrency_bucket, engine_assumptions, format_assumptions,
-                                    format_breakdowns, recipe_deployment, simulate_points)
+                                    format_breakdowns, gpus_of, rank_tp, recipe_deployment, repeat_spread,
+                                    simulate_points)
 
 __all__ = [
     "BATCH_RULES", "DECODE_THRESHOLD", "ESTIMATES",
@@ -39,5 +40,5 @@ __all__ = [
     "format_report", "write_points_csv", "plot_sweeps",
     "STATIC_BATCH_RULES", "CONCURRENCY_BUCKETS", "IX_RECIPES", "SimulatedPoints", "engine_assumptions",
     "assumptions_text", "recipe_deployment", "simulate_points", "concurrency_bucket", "format_breakdowns",
-    "format_assumptions",
+    "format_assumptions", "rank_tp", "gpus_of", "repeat_spread",
 ]

@@ -207,9 +207,28 @@ def test_deployment_sources_and_notes(report):
     assert info["from_columns"] == sorted([KIMI_INT4, MINIMAX, EPDP])
     assert record(report, GPT, 4)["source"] == f"testdata/aisimulate/{GPT}.yaml"
     assert record(report, KIMI_INT4, 4)["source"] == "columns"
-    # the column says ep 2; vLLM's expert-parallel width is tp x dp = 4, and that is what is priced
+    # tp2-ep2-dp2 is InferenceX's name: 2 GPUs, 2 data-parallel ranks of tp 1, expert parallelism over both
     (note,) = info["notes"]
-    assert note.startswith(EPDP) and "column ep 2" in note and "tp x dp = 4" in note
+    assert note.startswith(EPDP) and "tp 2 read as the GPU count: 2 data-parallel ranks of tp 1" in note
+    d = record(report, EPDP, 256)
+    assert d["source"] == "columns"
+
+
+@pytest.mark.parametrize("tp,ep,dp,rank,gpus", [(2, 2, 2, 1, 2), (4, 4, 2, 2, 4), (2, 4, 2, 2, 4), (8, 1, 1, 8, 8),
+                                               (8, 8, 1, 8, 8), (4, 1, 2, 4, 8)])
+def test_the_layout_of_a_measured_deployment(tp, ep, dp, rank, gpus):
+    """vLLM's expert-parallel width is rank tp x dp, so the ep column fixes each rank's tp: ep / dp.
+    InferenceX's names count GPUs in tp (tp2-ep2-dp2: 2 ranks of 1 GPU), the reference scenarios'
+    count per rank (tp2-ep4-dp2: 2 ranks of 2); without expert parallelism tp is per rank."""
+    p = _point("d", "minimax-m2.5", "b200", "fp4", tp=tp, ep=ep, dp=dp)
+    assert (acc.rank_tp(p), acc.gpus_of(p)) == (rank, gpus)
+    if ep > 1:
+        dep, _ = acc.build_deployment(p, scenario_dirs=[])
+        assert (dep.resolution["tp"], dep.resolution["dp"], dep.resolution["ep"]) == (rank, dp, ep)
+    with pytest.raises(jp.JaxpriceError, match="do not make one layout"):
+        acc.rank_tp(_point("d", "minimax-m2.5", "b200", "fp4", tp=2, ep=4, dp=8))
+    with pytest.raises(jp.JaxpriceError, match="do not make one layout"):
+        acc.rank_tp(_point("d", "minimax-m2.5", "b200", "fp4", tp=3, ep=4, dp=2))
 
 
 def test_int4_kimi_is_served_in_its_checkpoint_format():

@@ -327,17 +327,41 @@ def _anchor_mismatch(points) -> list:
                    if p.anchor_concurrency is not None and p.anchor_concurrency != lowest[p.sweep]})
 
 
+def rank_tp(p: Point, where: str = "") -> int:
+    """The tensor-parallel width of each data-parallel rank of a measured deployment. With expert
+    parallelism, vLLM's expert-parallel width is rank tp x dp, so the ep column fixes it: ep / dp.
+    That reads both naming conventions alike: InferenceX's, whose tp column is the GPU count and
+    whose DP-attention recipes launch ``--tensor-parallel-size`` TP / DP (minimax-m2.5 fp4 B200:
+    ``--tensor-parallel-size=1 --data-parallel-size=$TP --enable-expert-parallel``,
+    serving-reference §5), so tp2-ep2-dp2 is 2 ranks of 1 GPU and tp4-ep4-dp2 2 ranks of 2; and
+    the reference scenarios', whose tp is per rank (tp2-ep4-dp2: 2 ranks of 2). Without expert
+    parallelism (ep 1) the tp column is the rank's width."""
+    if p.ep <= 1 or p.dp <= 1:
+        return int(p.tp)
+    if p.ep % p.dp or p.tp not in (p.ep // p.dp, p.ep):
+        refuse(f"tp {p.tp}, ep {p.ep}, dp {p.dp} do not make one layout: vLLM's expert-parallel width is tp x dp "
+               "per rank, so ep / dp is each rank's tp, and the tp column is either that or the GPU count (ep)",
+               file=where or None, field="ep", value=p.ep)
+    return p.ep // p.dp
+
+
+def gpus_of(p: Point) -> int:
+    """The GPUs a measured deployment runs on: dp ranks of ``rank_tp`` GPUs."""
+    return rank_tp(p) * int(p.dp)
+
+
 def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
     """A Scenario for a point whose deployment has no bundled scenario, with the settings the
-    bundled vLLM scenarios use: the six cost-model sets, the row's chip, 1 node x 8 GPUs, tp and
-    dp from the columns, expert parallelism on when ep > 1 (vLLM's expert-parallel width is then
-    tp x dp, whatever the ep column says), quantization from the dtype (fp4 -> nvfp4, fp8 -> fp8,
-    bf16/int4 -> the checkpoint's own), an fp8 KV cache unless bf16, PIECEWISE graphs,
+    bundled vLLM scenarios use: the six cost-model sets, the row's chip, 1 node x 8 GPUs, dp
+    ranks of ``rank_tp`` GPUs each, expert parallelism on when ep > 1 (vLLM's expert-parallel
+    width is then rank tp x dp = the ep column), quantization from the dtype (fp4 -> nvfp4, fp8
+    -> fp8, bf16/int4 -> the checkpoint's own), an fp8 KV cache unless bf16, PIECEWISE graphs,
     max_num_seqs 256, block 16 (64 for glm-5), 8192 batched tokens, max_model_len 32768."""
     file = f"{source} (deployment {p.deployment}, built from the columns)"
     if p.dtype not in DTYPE_QUANTIZATION:
         refuse(f"unknown dtype (known: {', '.join(DTYPE_QUANTIZATION)})", file=file, field="dtype", value=p.dtype)
     _check_engine(p, file)
+    tp = rank_tp(p, file)
     engine = {"cache_dtype": "auto" if p.dtype == "bf16" else "fp8",
               "block_size": default_block_size(p.model),
               "max_num_batched_tokens": 8192, "max_num_seqs": 256, "max_model_len": 32768,
@@ -347,7 +371,7 @@ def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
         engine["quantization"] = quant
     return Scenario(name=p.deployment, model=p.model, hardware=p.hardware, fabric=None, nodes=1,
                     gpus_per_node=8, gpus_per_rack=0, coefficient_sets=DEFAULT_SETS, engine_version="",
-                    pool_nodes=1, parallel={"tp": p.tp, "pp": 1, "dp": p.dp,
+                    pool_nodes=1, parallel={"tp": tp, "pp": 1, "dp": p.dp,
                                             "enable_expert_parallel": p.ep > 1},
                     engine=engine, path=file)
 
@@ -1387,16 +1411,15 @@ def _predict_counting(groups, info, *, temperature, callback, per_deployment):
 
 
 def _ep_notes(groups, points) -> list:
-    """A note per deployment built from columns whose ep column is not vLLM's expert-parallel width."""
+    """A note per deployment built from columns whose tp column is its GPU count, not each
+    data-parallel rank's width (``rank_tp``)."""
     notes = []
     for g in groups:
-        if g.source != "columns":
-            continue
         p = points[g.index[0]]
-        ep = g.deployment.resolution.get("ep", p.ep)
-        if p.ep > 1 and ep != p.ep:
-            notes.append(f"{g.name}: column ep {p.ep}, but vLLM's expert-parallel width is tp x dp = {ep} "
-                         "(priced at that)")
+        if g.source == "columns" and rank_tp(p) != p.tp:
+            notes.append(f"{g.name}: tp {p.tp} read as the GPU count: {p.dp} data-parallel ranks of tp "
+                         f"{rank_tp(p)} (ep {p.ep} = rank tp x dp; InferenceX launches DP attention as "
+                         "--tensor-parallel-size TP / DP)")
     return notes
 
 
