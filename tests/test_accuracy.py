@@ -424,8 +424,12 @@ def test_cli_writes_points_table_and_plot_exit_0(tmp_path, capsys):
 def test_cli_json_and_deployment_filter(capsys):
     rc = cli_main(["accuracy", str(EXCERPT), "--batch-rule", "anchor", "--deployment", MINIMAX, "--json", "--quiet"])
     assert rc == 0
-    doc = json.loads(capsys.readouterr().out)
+
+    def no_nan(token):
+        raise AssertionError(f"not strict JSON: {token}")
+    doc = json.loads(capsys.readouterr().out, parse_constant=no_nan)     # jq and JavaScript refuse NaN
     assert doc["summary"]["no_overlap"]["all"]["points"] == 3 and doc["refused"] == []
+    assert doc["summary"]["no_overlap"]["all"]["ttft_mape"] is None       # the anchor rule predicts no TTFT
     spread = doc["measurement_spread"]["no_overlap"]["tpot"]        # the measurements' own reproducibility
     assert spread["points"] == 3 and {"mape", "shape_mean", "shape_repeated"} <= set(spread)
 

@@ -99,6 +99,18 @@ def enable_compilation_cache(path) -> None:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def _strict(x):
+    """``x`` with every NaN or infinite float as None (JSON null): a metric with no points has no
+    value, and strict JSON readers (jq, JavaScript) refuse Python's NaN."""
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    if isinstance(x, float) or type(x).__module__ == "numpy" and hasattr(x, "dtype") and x.dtype.kind == "f":
+        return float(x) if math.isfinite(float(x)) else None
+    return x
+
+
 def markdown(report, *, command="") -> str:
     """The accuracy tables in Markdown, with NoOverlap broken down by chip and by workload, and
     (rule ``simulate``) the engine settings of every simulated deployment with their sources."""
@@ -204,10 +216,11 @@ def run(args) -> int:
     if args.json:
         from .accuracy import ESTIMATES, concurrency_bucket, repeat_spread
         by_bucket = {e: report.summarize_by(lambda r: concurrency_bucket(r["concurrency"]), e) for e in ESTIMATES}
-        print(json.dumps({"csv": report.csv, "summary": report.summary, "by_concurrency": by_bucket,
-                          "split": {e: report.split_summary(e) for e in ESTIMATES}, "refused": report.refused,
-                          "measurement_spread": {e: repeat_spread(report.records, e) for e in ESTIMATES},
-                          "info": {k: v for k, v in report.info.items()}}, indent=1, default=str))
+        doc = {"csv": report.csv, "summary": report.summary, "by_concurrency": by_bucket,
+               "split": {e: report.split_summary(e) for e in ESTIMATES}, "refused": report.refused,
+               "measurement_spread": {e: repeat_spread(report.records, e) for e in ESTIMATES},
+               "info": {k: v for k, v in report.info.items()}}
+        print(json.dumps(_strict(doc), indent=1, default=str, allow_nan=False))
     else:
         print(format_report(report))
         if args.assumptions:
