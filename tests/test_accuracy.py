@@ -215,11 +215,12 @@ def test_deployment_sources_and_notes(report):
 
 
 @pytest.mark.parametrize("tp,ep,dp,rank,gpus", [(2, 2, 2, 1, 2), (4, 4, 2, 2, 4), (2, 4, 2, 2, 4), (8, 1, 1, 8, 8),
-                                               (8, 8, 1, 8, 8), (4, 1, 2, 4, 8)])
+                                               (8, 8, 1, 8, 8), (8, 1, 8, 1, 8), (4, 1, 2, 2, 4), (1, 1, 2, 1, 2)])
 def test_the_layout_of_a_measured_deployment(tp, ep, dp, rank, gpus):
     """vLLM's expert-parallel width is rank tp x dp, so the ep column fixes each rank's tp: ep / dp.
     InferenceX's names count GPUs in tp (tp2-ep2-dp2: 2 ranks of 1 GPU), the reference scenarios'
-    count per rank (tp2-ep4-dp2: 2 ranks of 2); without expert parallelism tp is per rank."""
+    count per rank (tp2-ep4-dp2: 2 ranks of 2); without expert parallelism InferenceX's reading
+    (tp8-dp8: 8 ranks of 1 GPU), unless dp does not divide tp (tp1-dp2 can only be 2 ranks of 1)."""
     p = _point("d", "minimax-m2.5", "b200", "fp4", tp=tp, ep=ep, dp=dp)
     assert (acc.rank_tp(p), acc.gpus_of(p)) == (rank, gpus)
     if ep > 1:

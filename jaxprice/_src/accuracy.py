@@ -335,9 +335,12 @@ def rank_tp(p: Point, where: str = "") -> int:
     ``--tensor-parallel-size=1 --data-parallel-size=$TP --enable-expert-parallel``,
     serving-reference §5), so tp2-ep2-dp2 is 2 ranks of 1 GPU and tp4-ep4-dp2 2 ranks of 2; and
     the reference scenarios', whose tp is per rank (tp2-ep4-dp2: 2 ranks of 2). Without expert
-    parallelism (ep 1) the tp column is the rank's width."""
-    if p.ep <= 1 or p.dp <= 1:
+    parallelism only InferenceX's reading is left (the reference scenarios pair dp > 1 with expert
+    parallelism): the tp column counts GPUs, tp / dp per rank, where dp divides it."""
+    if p.dp <= 1:
         return int(p.tp)
+    if p.ep <= 1:
+        return p.tp // p.dp if p.tp % p.dp == 0 else int(p.tp)
     if p.ep % p.dp or p.tp not in (p.ep // p.dp, p.ep):
         refuse(f"tp {p.tp}, ep {p.ep}, dp {p.dp} do not make one layout: vLLM's expert-parallel width is tp x dp "
                "per rank, so ep / dp is each rank's tp, and the tp column is either that or the GPU count (ep)",
