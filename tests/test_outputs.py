@@ -1,0 +1,62 @@
+"""Output paths are checked before the work: each unwritable place refused in one line."""
+
+import os
+
+import pytest
+
+from jaxprice._src.errors import JaxpriceError
+from jaxprice._src.outputs import IMAGE_SUFFIXES, check_output_file, check_output_folder
+
+
+@pytest.fixture
+def place(tmp_path):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("")
+    return tmp_path
+
+
+def _refused(fn, *args, **kw):
+    with pytest.raises(JaxpriceError) as e:
+        fn(*args, **kw)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_writable_files_pass_and_create_nothing(place):
+    for name in ("x.png", "new/sub/x.png", "afile"):
+        suffixes = IMAGE_SUFFIXES if name.endswith(".png") else None
+        assert check_output_file(place / name, flag="--plot", suffixes=suffixes) == place / name
+    assert sorted(os.listdir(place)) == ["adir", "afile"]       # no probe file, no folder left behind
+
+
+@pytest.mark.parametrize("name, words", [
+    ("adir", "is a folder"),
+    ("x.txt", "unsupported image format .txt"),
+    ("x", "(no suffix)"),
+    ("afile/x.png", "is a file, not a folder"),
+    ("", "empty image name"),
+])
+def test_bad_files_refused_naming_flag_and_path(place, name, words):
+    path = "" if name == "" else place / name
+    msg = _refused(check_output_file, path, flag="--plot", suffixes=IMAGE_SUFFIXES, what="image")
+    assert "--plot" in msg and words in msg
+
+
+def test_a_place_nothing_can_be_created_in_is_refused(place):
+    ro = place / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        target = "/proc/x.png" if os.geteuid() == 0 else ro / "x.png"   # root writes anywhere but /proc
+        assert "cannot write there" in _refused(check_output_file, target, flag="--plot", suffixes=IMAGE_SUFFIXES)
+    finally:
+        ro.chmod(0o700)
+
+
+def test_folders(place):
+    assert check_output_folder(place / "adir", flag="--out") == place / "adir"
+    assert check_output_folder(place / "new" / "deeper", flag="--out") == place / "new" / "deeper"
+    assert not (place / "new").exists()
+    assert "is a file, not a folder" in _refused(check_output_folder, place / "afile", flag="--out")
+    assert "is a file, not a folder" in _refused(check_output_folder, place / "afile" / "sub", flag="--out")
+    assert "empty folder name" in _refused(check_output_folder, "  ", flag="--out")
