@@ -11,11 +11,20 @@ import argparse
 import importlib
 import sys
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is ONE line naming the command and pointing at --help (exit 2),
+    not the whole usage block. Subparsers inherit the class (add_subparsers' parser_class)."""
+
+    def error(self, message):
+        text = " ".join(str(message).split())
+        self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
+
+
 COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy", "size", "import-model", "serve")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="jaxprice", description="Price LLM serving steps.")
+    parser = _Parser(prog="jaxprice", description="Price LLM serving steps.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = {}
     for name in COMMANDS:
@@ -27,7 +36,9 @@ def main(argv=None) -> int:
             continue
         mod.add_parser(sub)
         modules[name] = mod
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:       # blamed on the command that was given, as its own parser would
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     from jaxprice import JaxpriceError
     try:
         return int(modules[args.command].run(args) or 0)

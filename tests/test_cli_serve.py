@@ -73,8 +73,8 @@ BAD = [
 def test_bad_input_exits_2_with_one_line(capsys, tmp_path, argv, want):
     (tmp_path / "trace.csv").write_text("arrival_s,input_len,output_len\n0.0,64,16\n0.5,-3,16\n")
     argv = [a.format(d=tmp_path) for a in argv]
-    rc, out, err = run(capsys, "serve", S, "--isl", "64", "--osl", "16", *argv) if "--osl" not in argv else \
-        run(capsys, "serve", S, "--isl", "64", *argv)
+    lengths = [] if "--trace" in argv else ["--isl", "64"] + ([] if "--osl" in argv else ["--osl", "16"])
+    rc, out, err = run(capsys, "serve", S, *lengths, *argv)
     assert rc == 2 and out == ""
     lines = err.strip().splitlines()
     assert len(lines) == 1, err

@@ -34,7 +34,7 @@ def test_writable_files_pass_and_create_nothing(place):
     ("x.txt", "unsupported image format .txt"),
     ("x", "(no suffix)"),
     ("afile/x.png", "is a file, not a folder"),
-    ("", "empty image name"),
+    ("", "empty name for the image"),
 ])
 def test_bad_files_refused_naming_flag_and_path(place, name, words):
     path = "" if name == "" else place / name

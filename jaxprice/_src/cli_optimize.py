@@ -21,6 +21,12 @@ from .errors import JaxpriceError
 from .plan import RESOURCES
 from .progress import Progress
 
+# Caps on the search's effort: the defaults are 16 restarts x 200 steps (~seconds); 1024 restarts (one
+# vmapped batch of ~64x the default's memory) and 20000 steps (100x, minutes) are far past what converges,
+# and 10**8 of either hangs or exhausts the device's memory.
+MAX_RESTARTS = 1024
+MAX_ITERATIONS = 20_000
+
 FLAGS = {"itl": "--itl-ms", "prefill_budget": "--prefill-budget", "min_prefill": "--min-prefill",
          "context": "--context", "prefix": "--prefix", "max_decode": "--max-decode",
          "max_batched_tokens": "--max-batched-tokens", "prefill_per_output": "--prompt-len/--output-len",
@@ -76,9 +82,7 @@ def _options(args) -> tuple[dict, dict]:
     """(the problem's limits, the search's options) from the arguments, refused naming the flag."""
     if args.units not in UNITS:
         raise JaxpriceError("unknown time unit; expected ms or us", field="--units", value=args.units)
-    itl_ms = parse_float(args.itl_ms, flag="--itl-ms")
-    if not itl_ms > 0:
-        raise JaxpriceError("must be > 0", field="--itl-ms", value=itl_ms)
+    itl_ms = parse_float(args.itl_ms, flag="--itl-ms", positive=True)
     limits = {"itl": itl_ms / 1e3,
               "prefill_budget": parse_int(args.prefill_budget, flag="--prefill-budget", minimum=0),
               "min_prefill": parse_int(args.min_prefill, flag="--min-prefill", minimum=0),
@@ -88,7 +92,7 @@ def _options(args) -> tuple[dict, dict]:
               parse_int(args.max_decode, flag="--max-decode", minimum=1),
               "max_batched_tokens": None if args.max_batched_tokens is None else
               parse_int(args.max_batched_tokens, flag="--max-batched-tokens", minimum=1),
-              "tokens_per_decode": parse_float(args.tokens_per_decode, flag="--tokens-per-decode", minimum=0),
+              "tokens_per_decode": parse_float(args.tokens_per_decode, flag="--tokens-per-decode", positive=True),
               "estimate": args.estimate}
     if (args.prompt_len is None) != (args.output_len is None):
         flag = "--output-len" if args.output_len is None else "--prompt-len"
@@ -97,9 +101,13 @@ def _options(args) -> tuple[dict, dict]:
         prompt = parse_int(args.prompt_len, flag="--prompt-len", minimum=1)
         output = parse_int(args.output_len, flag="--output-len", minimum=1)
         limits["prefill_per_output"] = prompt / output
-    search = {"temperature": parse_float(args.temperature, flag="--temperature", minimum=0),
+    search = {"temperature": parse_float(args.temperature, flag="--temperature", positive=True),
               "restarts": parse_int(args.restarts, flag="--restarts", minimum=1),
               "iterations": parse_int(args.iterations, flag="--iterations", minimum=1)}
+    for key, cap in (("restarts", MAX_RESTARTS), ("iterations", MAX_ITERATIONS)):
+        if search[key] > cap:
+            raise JaxpriceError(f"must be at most {cap} (jaxprice's cap on the search's effort)",
+                                field=FLAGS[key], value=search[key])
     return limits, search
 
 

@@ -22,10 +22,18 @@ import numpy as np
 
 from .batchfile import DEFAULT_DECODE_THRESHOLD, read_batch_file
 from .errors import refuse
+from .outputs import IMAGE_SUFFIXES, check_output_file
 from .plan import RESOURCES, Batch
+from .schema import MAX_REQUESTS
 
 DEFAULT_CONTEXT = 4096
 MAX_LIST = 100_000
+# The most requests in one step, --ignore-limits or not: the cap batch files have (schema.MAX_REQUESTS,
+# 2**20); real engines run a few thousand at most, and a step of 2**20 rows prices in seconds.
+MAX_STEP_REQUESTS = MAX_REQUESTS
+# The most padded rows priced in one command (batches x padding): 2**22 rows take ~1.5 GB and some
+# seconds; a list like --decode 1,2,...,100000 would pad 100000 batches to 131072 rows each (OOM).
+MAX_PRICED_ROWS = 1 << 22
 UNITS = {"ms": 1e3, "us": 1e6}
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -49,15 +57,26 @@ def parse_int(text, *, flag, minimum=None):
     return v
 
 
-def parse_float(text, *, flag, minimum=None):
+def parse_float(text, *, flag, minimum=None, positive=False):
+    """One finite number from a command-line string, refused naming the flag; ``positive``:
+    it must be > 0 (the message says so, rather than ">= 0" and then refusing 0)."""
     try:
         v = float(str(text).strip())
     except ValueError:
         refuse("expected a number", field=flag, value=str(text))
-    if not math.isfinite(v) or (minimum is not None and v < minimum):
+    if positive:
+        if not (math.isfinite(v) and v > 0):
+            refuse("must be a finite number > 0", field=flag, value=v)
+    elif not math.isfinite(v) or (minimum is not None and v < minimum):
         refuse(f"must be a finite number >= {minimum}" if minimum is not None else "must be finite",
                field=flag, value=v)
     return v
+
+
+def check_image(path, flag):
+    """An image output path checked before the work (None: no image asked for)."""
+    if path is not None:
+        check_output_file(path, flag=flag, suffixes=IMAGE_SUFFIXES, what="image")
 
 
 def _continue(terms, end, *, flag, text):
@@ -255,6 +274,15 @@ def build_batches(args, dep, threshold):
         decode = parse_int_list(args.decode, flag="--decode", minimum=0 if prefill else 1,
                                 why=" (a step needs a request; 0 is allowed with --prefill)")
     for d in decode:
+        if d + len(prefill) > MAX_STEP_REQUESTS:
+            refuse(f"{d + len(prefill)} requests in one step exceed jaxprice's cap of {MAX_STEP_REQUESTS} "
+                   "requests per step (--ignore-limits or not)", field="--decode", value=d)
+    rows = common_pad([d + len(prefill) for d in decode]) * len(decode)
+    if rows > MAX_PRICED_ROWS:
+        refuse(f"{len(decode)} batches padded to {rows // len(decode)} rows are {rows} rows, above jaxprice's cap "
+               f"of {MAX_PRICED_ROWS} rows per command; price fewer or smaller batches", field="--decode",
+               value=args.decode)
+    for d in decode:
         sched = np.array([1.0] * d + [float(p) for p in prefill])
         comp = np.array([float(context - 1)] * d + [0.0] * len(prefill))
         if not args.ignore_limits:
@@ -338,9 +366,16 @@ def format_breakdown(dep, label, rec, layers, units) -> str:
 
 
 def run(args) -> int:
+    check_image(args.plot, "--plot")
     threshold, temperature = common_options(args)
     dep = load_scenario_deployment(args.scenario)
     specs = build_batches(args, dep, threshold)
+    if args.batch:
+        rows = common_pad([s[2].size for s in specs]) * len(specs)
+        if rows > MAX_PRICED_ROWS:
+            refuse(f"{len(specs)} batch files padded to a common {rows // len(specs)} rows are {rows} rows, above "
+                   f"jaxprice's cap of {MAX_PRICED_ROWS} rows per command; price them in separate runs",
+                   field="--batch", value=args.batch[-1])
     result, batches = price_specs(dep, specs, temperature)
     records = step_records(specs, result, smooth=temperature is not None)
     labels = [s[0] for s in specs]

@@ -16,13 +16,20 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_price import describe_deployment, load_scenario_deployment, parse_float, parse_int, parse_int_list
+from .cli_price import (check_image, describe_deployment, load_scenario_deployment, parse_float, parse_int,
+                        parse_int_list)
+from .client import MAX_RUN_REQUESTS, MAX_SEED
 from .errors import refuse
+from .outputs import check_output_file
 from .progress import Progress
 
 ENGINE_FLAGS = (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
                 ("block_size", "--block-size"), ("kv_capacity_tokens", "--kv-capacity-tokens"),
                 ("max_model_len", "--max-model-len"))
+DEFAULT_CONCURRENCY = "1,2,4,...,64"
+# The most closed-loop clients: the default 10 x concurrency prompts must stay within MAX_RUN_REQUESTS
+# (client.py); engines run at most a few thousand requests at once, more clients only queue.
+MAX_CONCURRENCY = MAX_RUN_REQUESTS // 10
 
 
 def add_parser(subparsers):
@@ -32,18 +39,21 @@ def add_parser(subparsers):
                     "at a rate, or a trace) against vLLM v1's scheduler (chunked prefill, KV blocks, "
                     "preemption, DP ranks, async scheduling), every step priced by the kernel.")
     p.add_argument("scenario", metavar="SCENARIO", help="a bundled scenario name or a scenario file")
-    p.add_argument("--isl", default="1024", metavar="N", help="input length (default 1024)")
-    p.add_argument("--osl", default="1024", metavar="N", help="output length (default 1024)")
+    p.add_argument("--isl", default=None, metavar="N", help="input length (default 1024; not with --trace)")
+    p.add_argument("--osl", default=None, metavar="N", help="output length (default 1024; not with --trace)")
     p.add_argument("--concurrency", metavar="LIST", default=None,
-                   help="closed-loop client concurrencies, e.g. 1,2,4,...,256 (default 1,2,4,...,64)")
+                   help=f"closed-loop client concurrencies, e.g. 1,2,4,...,256 (default {DEFAULT_CONCURRENCY}; "
+                        f"at most {MAX_CONCURRENCY})")
     p.add_argument("--rate", metavar="LIST", default=None, help="open loop: Poisson arrival rates (requests/s)")
-    p.add_argument("--trace", metavar="CSV", default=None, help="open loop from a trace: arrival_s,input_len,output_len")
+    p.add_argument("--trace", metavar="CSV", default=None,
+                   help="open loop from a trace: arrival_s,input_len,output_len, arrivals in non-decreasing order")
     p.add_argument("--num-prompts", metavar="N", default=None,
-                   help="requests per run (default 10 x concurrency; 200 for --rate)")
-    p.add_argument("--range-ratio", metavar="R", default="0.8",
+                   help=f"requests per run (default 10 x concurrency; 200 for --rate; at most {MAX_RUN_REQUESTS})")
+    p.add_argument("--range-ratio", metavar="R", default=None,
                    help="lengths uniform on [floor(R*L), L] (InferenceX's --random-range-ratio; default 0.8, "
                         "as the measurements were taken; 1 = fixed)")
-    p.add_argument("--seed", metavar="N", default="0", help="seed of the lengths and arrivals (default 0)")
+    p.add_argument("--seed", metavar="N", default=None,
+                   help=f"seed of the lengths and arrivals, 0 .. {MAX_SEED} (default 0)")
     p.add_argument("--acceptance", metavar="A", default=None,
                    help="speculative decoding: mean tokens emitted per decode step (1 .. 1 + num_spec_tokens)")
     p.add_argument("--estimate", default="no_overlap", choices=("no_overlap", "overlap"),
@@ -108,6 +118,14 @@ def format_table(label, loads, results) -> str:
     return "\n".join(lines) + "\n(times in ms; tok/s/user = 1 / mean TPOT)"
 
 
+def check_outputs(args):
+    """Every output path, checked before the simulation runs."""
+    if args.csv is not None:
+        check_output_file(args.csv, flag="--csv", what="CSV")
+    check_image(args.plot, "--plot")
+    check_image(args.timeline, "--timeline")
+
+
 def write_csv(path, label, loads, results):
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -125,35 +143,54 @@ def write_csv(path, label, loads, results):
 def run(args) -> int:
     from .client import OpenLoop, Workload, load_trace
     from .serve import simulate, simulate_sweep
-    dep = load_scenario_deployment(args.scenario)
-    isl = parse_int(args.isl, flag="--isl", minimum=1)
-    osl = parse_int(args.osl, flag="--osl", minimum=1)
-    rr = parse_float(args.range_ratio, flag="--range-ratio", minimum=0)
-    if rr > 1:
-        refuse("must be in [0, 1]", field="--range-ratio", value=rr)
-    seed = parse_int(args.seed, flag="--seed", minimum=0)
-    acc = None if args.acceptance is None else parse_float(args.acceptance, flag="--acceptance", minimum=1)
-    eng = _engine(args)
+    check_outputs(args)
     modes = sum(x is not None for x in (args.concurrency, args.rate, args.trace))
     if modes > 1:
-        refuse("give one of --concurrency, --rate, --trace", field="--rate" if args.rate else "--trace",
-               value=args.rate or args.trace)
+        refuse("give one of --concurrency, --rate, --trace", field="--rate" if args.rate is not None else "--trace",
+               value=args.rate if args.rate is not None else args.trace)
+    if args.trace is not None:      # the trace holds the lengths and arrivals: these would be ignored
+        for flag, v in (("--isl", args.isl), ("--osl", args.osl), ("--range-ratio", args.range_ratio),
+                        ("--seed", args.seed), ("--num-prompts", args.num_prompts)):
+            if v is not None:
+                refuse("cannot be combined with --trace: the trace gives every request's lengths and arrival",
+                       field=flag, value=v)
+    isl = parse_int(args.isl if args.isl is not None else 1024, flag="--isl", minimum=1)
+    osl = parse_int(args.osl if args.osl is not None else 1024, flag="--osl", minimum=1)
+    rr = parse_float(args.range_ratio if args.range_ratio is not None else 0.8, flag="--range-ratio", minimum=0)
+    if rr > 1:
+        refuse("must be in [0, 1]", field="--range-ratio", value=rr)
+    seed = parse_int(args.seed if args.seed is not None else 0, flag="--seed")
+    if not 0 <= seed <= MAX_SEED:
+        refuse(f"must be an integer in [0, {MAX_SEED}] (a numpy RandomState seed)", field="--seed", value=seed)
+    acc = None if args.acceptance is None else parse_float(args.acceptance, flag="--acceptance", minimum=1)
+    eng = _engine(args)
     workload = Workload(isl, osl, rr, seed)
     n = None if args.num_prompts is None else parse_int(args.num_prompts, flag="--num-prompts", minimum=1)
+    if n is not None and n > MAX_RUN_REQUESTS:
+        refuse(f"must be at most {MAX_RUN_REQUESTS} (jaxprice's cap on the requests of one run)",
+               field="--num-prompts", value=n)
+    rates = concs = trace = None
+    if args.trace is not None:
+        trace = load_trace(args.trace)
+    elif args.rate is not None:
+        rates = [parse_float(t, flag="--rate", positive=True) for t in str(args.rate).split(",")]
+    else:
+        concs = parse_int_list(args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY,
+                               flag="--concurrency", minimum=1)
+        for c in concs:
+            if c > MAX_CONCURRENCY:
+                refuse(f"must be at most {MAX_CONCURRENCY} (jaxprice's cap on closed-loop clients; 10 x that "
+                       f"is the cap of {MAX_RUN_REQUESTS} requests per run)", field="--concurrency", value=c)
+    dep = load_scenario_deployment(args.scenario)
     quiet = args.json
     if args.trace is not None:
         label, loads = "trace", [Path(args.trace).name]
-        trace = load_trace(args.trace)
         with Progress(1, "serve", enabled=not quiet) as bar:
             results = [simulate(dep, None, trace, engine=eng, estimate=args.estimate, acceptance=acc)]
             bar.update(1)
     elif args.rate is not None:
         label = "rate"
-        loads = []
-        for t in str(args.rate).split(","):
-            loads.append(parse_float(t, flag="--rate", minimum=0))
-            if loads[-1] <= 0:
-                refuse("must be > 0 (requests/s)", field="--rate", value=loads[-1])
+        loads = rates
         results = []
         with Progress(len(loads), "serve", enabled=not quiet) as bar:
             for i, r in enumerate(loads):
@@ -162,7 +199,7 @@ def run(args) -> int:
                 bar.update(i + 1, rate=r)
     else:
         label = "C"
-        loads = parse_int_list(args.concurrency or "1,2,4,...,64", flag="--concurrency", minimum=1)
+        loads = concs
         with Progress(2, "serve", enabled=not quiet) as bar:
             results = simulate_sweep(dep, workload, loads, engine=eng, estimate=args.estimate, num_prompts=n,
                                      acceptance=acc, callback=lambda d, t, **i: bar.update(d, **i))
@@ -172,7 +209,8 @@ def run(args) -> int:
         from .figures_serve import plot_serving_sweep
         plot_serving_sweep(results, [float(x) if not isinstance(x, str) else i for i, x in enumerate(loads)],
                            load_label={"C": "concurrency", "rate": "rate (requests/s)"}.get(label, label),
-                           path=args.plot, title=f"{dep.name}  isl {isl} osl {osl}")
+                           path=args.plot, title=f"{dep.name}  " + (f"trace {loads[0]}" if args.trace is not None
+                                                                   else f"isl {isl} osl {osl}"))
     if args.timeline:
         from .figures_serve import plot_serving_timeline
         plot_serving_timeline(results[-1], path=args.timeline,
@@ -180,6 +218,8 @@ def run(args) -> int:
                                   f"mean TTFT {results[-1].summary['ttft_mean'] * 1e3:.1f} ms, mean TPOT "
                                   f"{results[-1].summary['tpot_mean'] * 1e3:.2f} ms"))
     if args.json:
+        if args.trace is not None:       # the trace gave the lengths: no isl, osl, range ratio
+            isl = osl = rr = None
         out = {"scenario": dep.name, "estimate": args.estimate, "isl": isl, "osl": osl, "range_ratio": rr,
                "runs": [{label: x, "summary": r.summary,
                          "assumptions": {k: {"value": v[0] if isinstance(v[0], (int, float, str, bool)) else str(v[0]),
@@ -195,6 +235,11 @@ def run(args) -> int:
                                                               "kv_blocks", "max_model_len", "reserve_full_isl",
                                                               "async_scheduling") if k in a)
           + f"; dp {a['dp'][0]}; estimate {args.estimate}")
-    print(f"workload: isl {isl}, osl {osl}, range ratio {rr:g} (lengths uniform on [floor(r*L), L]), seed {seed}")
+    if args.trace is not None:
+        print(f"workload: the trace {args.trace}, {results[0].requests['ttft'].size} requests (its lengths and "
+              "arrivals)")
+    else:
+        print(f"workload: isl {isl}, osl {osl}, range ratio {rr:g} (lengths uniform on [floor(r*L), L]), "
+              f"seed {seed}")
     print(format_table(label, loads, results))
     return 0

@@ -19,17 +19,26 @@ import dataclasses
 import io
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from .cli_price import (UNITS, add_common_arguments, check_limits, common_options, describe_deployment,
-                        engine_limits, load_scenario_deployment, mode_text, parse_int, parse_int_list)
+from .cli_price import (MAX_STEP_REQUESTS, UNITS, add_common_arguments, check_image, check_limits, common_options,
+                        describe_deployment, engine_limits, load_scenario_deployment, mode_text, parse_int,
+                        parse_int_list)
 from .batchfile import DEFAULT_DECODE_THRESHOLD
 from .errors import refuse
+from .outputs import check_output_file
 from .plan import RESOURCES, Batch
 from .progress import Progress
 
 DEFAULT_CHUNK = 2048
+# The most grid points one sweep prices: 2**22 (~4.2 million) points hold ~0.3 GB of results and a CSV of
+# ~0.7 GB, and take tens of minutes; the product of the three list lengths can otherwise reach 10**13.
+MAX_GRID_POINTS = 1 << 22
+# The most padded rows in one vmapped call (points per call x rows per step): past it --chunk is
+# lowered (said on stderr); 2**22 rows take ~1.5 GB.
+MAX_CALL_ROWS = 1 << 22
 ESTIMATES = ("no_overlap", "overlap")
 
 
@@ -80,6 +89,15 @@ def grid_axes(args, dep):
             if v in seen:
                 refuse("a grid axis lists a value twice", field=flag, value=v)
             seen.add(v)
+    total = len(decode) * len(context) * len(prefill)
+    if total > MAX_GRID_POINTS:
+        refuse(f"the grid has {len(decode)} x {len(context)} x {len(prefill)} = {total} points, above jaxprice's cap "
+               f"of {MAX_GRID_POINTS} points per sweep; use coarser lists", field="--decode x --context x "
+               "--prefill-chunk", value=total)
+    steps = max(decode) + (1 if max(prefill) > 0 else 0)
+    if steps > MAX_STEP_REQUESTS:
+        refuse(f"{steps} requests in one step exceed jaxprice's cap of {MAX_STEP_REQUESTS} requests per step "
+               "(--ignore-limits or not)", field="--decode", value=max(decode))
     if 0 in decode and 0 in prefill:
         refuse("the grid point with 0 decode requests and no prefill chunk is an empty step; drop 0 from "
                "--decode or from --prefill-chunk", field="--decode", value=0)
@@ -174,8 +192,16 @@ def run(args) -> int:
     if args.estimate not in ESTIMATES:
         refuse("unknown estimate; expected no_overlap or overlap", field="--estimate", value=args.estimate)
     chunk = parse_int(args.chunk, flag="--chunk", minimum=1)
+    check_image(args.heatmap, "--heatmap")
+    if args.out not in (None, "-"):
+        check_output_file(args.out, flag="--out", what="CSV")
     dep = load_scenario_deployment(args.scenario)
     decode, context, prefill = grid_axes(args, dep)
+    pad = max(1, max(decode) + (1 if max(prefill) > 0 else 0))
+    if min(chunk, len(decode) * len(context) * len(prefill)) * pad > MAX_CALL_ROWS:
+        chunk = max(1, MAX_CALL_ROWS // pad)
+        print(f"note: --chunk lowered to {chunk} grid points per call: steps of {pad} rows, at most "
+              f"{MAX_CALL_ROWS} rows per vmapped call", file=sys.stderr)
     draw = prefill
     if args.heatmap_prefill is not None:
         draw = parse_int_list(args.heatmap_prefill, flag="--heatmap-prefill", minimum=0)
@@ -203,6 +229,7 @@ def run(args) -> int:
         buf = io.StringIO()
         write_csv(buf, grid, decode, context, prefill, units=args.units, estimate=args.estimate)
         try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             with open(args.out, "w", newline="") as fh:
                 fh.write(buf.getvalue())
         except OSError as err:

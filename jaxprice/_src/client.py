@@ -19,6 +19,18 @@ from .errors import refuse
 from .plan import INT_TOKEN_LIMIT
 from .schema import read_text
 
+# Seeds are numpy RandomState seeds: integers in [0, 2**32 - 1].
+MAX_SEED = 2**32 - 1
+# The most requests one simulated run serves (a trace's rows, --num-prompts, 10 x concurrency): the
+# scheduler keeps ~7-8 KB per request, so 2**18 (262144) requests take ~2 GB and a minute or so;
+# benchmarks send 10 x concurrency, a few thousand.
+MAX_RUN_REQUESTS = 1 << 18
+
+
+def _check_seed(seed, source):
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        refuse(f"must be an integer in [0, {MAX_SEED}]", file=source, field="seed", value=seed, has_value=True)
+
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
@@ -46,6 +58,7 @@ class Workload:
         r = self.range_ratio
         if not (isinstance(r, (int, float)) and math.isfinite(r) and 0 <= r <= 1):
             refuse("must be a number in [0, 1]", file=source, field="range_ratio", value=r, has_value=True)
+        _check_seed(self.seed, source)
 
     def lengths(self, n: int):
         """(input_len, output_len) int arrays of n requests, as described above."""
@@ -92,10 +105,12 @@ class OpenLoop:
             refuse("must be a number > 0 (requests/s)", file=source, field="rate", value=r, has_value=True)
         if not isinstance(self.num_prompts, (int, np.integer)) or self.num_prompts < 1:
             refuse("must be an integer >= 1", file=source, field="num_prompts", value=self.num_prompts, has_value=True)
+        _check_seed(self.seed, source)
 
     def arrivals(self):
         self.validate()
-        rng = np.random.RandomState(int(self.seed) + 7919)
+        # the arrivals' stream, apart from the lengths' (seed + 7919, wrapped into RandomState's range)
+        rng = np.random.RandomState((int(self.seed) + 7919) % (MAX_SEED + 1))
         return np.cumsum(rng.exponential(1.0 / self.rate, size=int(self.num_prompts)))
 
 
@@ -131,6 +146,10 @@ def load_trace(path) -> Trace:
     """A trace CSV with a header ``arrival_s,input_len,output_len`` (seconds, tokens, tokens).
     A bad row is refused naming the file, its row (line), the column and the value."""
     p = Path(path)
+    if str(path).strip() == "":
+        refuse("an empty trace file name", field="--trace", value=str(path), has_value=True)
+    if p.is_dir():
+        refuse("is a folder, not a trace file", file=str(path))
     if not p.is_file():
         refuse("no such trace file", file=str(path))
     with io.StringIO(read_text(p, what="trace file"), newline="") as fh:   # binary, non-UTF-8: refused
@@ -144,12 +163,26 @@ def load_trace(path) -> Trace:
         if missing:
             refuse(f"missing column(s) {', '.join(missing)} (expected arrival_s,input_len,output_len)",
                    file=f"{p}:1", field="header", value=",".join(header))
+        unknown = [c for c in header if c not in need]
+        if unknown:
+            refuse(f"unknown column {unknown[0]!r} (a trace has exactly arrival_s,input_len,output_len)",
+                   file=f"{p}:1", field="header", value=",".join(header))
+        dup = [c for c in need if header.count(c) > 1]
+        if dup:
+            refuse(f"column {dup[0]!r} appears twice", file=f"{p}:1", field="header", value=",".join(header))
         col = {c: header.index(c) for c in need}
         arr, ins, outs = [], [], []
         for line, row in enumerate(reader, start=2):
             if not row or all(not x.strip() for x in row):
                 continue
             where = f"{p}:{line}"
+            if len(row) > len(header):
+                refuse(f"row has {len(row)} values but the header names {len(header)} columns "
+                       f"({','.join(header)}): extra value {row[len(header)].strip()!r}", file=where,
+                       field="row", value=",".join(row))
+            if len(arr) >= MAX_RUN_REQUESTS:
+                refuse(f"trace has more than {MAX_RUN_REQUESTS} requests, jaxprice's cap on one run", file=where,
+                       field="row", value=line)
             vals = {}
             for c in need:
                 if col[c] >= len(row):
@@ -169,6 +202,10 @@ def load_trace(path) -> Trace:
                         refuse(f"token count must be below the kernel's limit {INT_TOKEN_LIMIT}",
                                file=where, field=c, value=text)
                 vals[c] = v
+            if arr and vals["arrival_s"] < arr[-1]:
+                refuse(f"arrival times must not decrease (the row before arrives at {arr[-1]:g} s); unsorted "
+                       "traces are refused, not sorted: sort the file by arrival_s", file=where, field="arrival_s",
+                       value=row[col["arrival_s"]].strip())
             arr.append(vals["arrival_s"])
             ins.append(int(vals["input_len"]))
             outs.append(int(vals["output_len"]))

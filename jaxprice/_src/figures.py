@@ -7,10 +7,11 @@ seconds, as everywhere in jaxprice, and are drawn in ``units`` (ms or us).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 
+from .errors import JaxpriceError, refuse
+from .outputs import IMAGE_SUFFIXES, check_output_file
 from .plan import RESOURCES
 
 #: One colour per resource, shared by every figure (and the heat maps' categories).
@@ -63,9 +64,18 @@ def describe_bottleneck(x, bottleneck, unit_word="") -> str:
 def _save(fig, path, keep_open, dpi):
     plt = _pyplot()
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi)
+        try:
+            # an existing folder, an unknown suffix (savefig would raise), a parent that is a file:
+            # one line naming the path (savefig would write "adir.png" for a folder "adir")
+            path = check_output_file(path, flag="path", suffixes=IMAGE_SUFFIXES, what="image")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=dpi)
+        except (OSError, ValueError) as err:
+            plt.close(fig)
+            if isinstance(err, JaxpriceError):
+                raise
+            refuse(f"cannot write the figure: {getattr(err, 'strerror', None) or err}", field="path",
+                   value=str(path))
         if not keep_open:
             plt.close(fig)
     return fig

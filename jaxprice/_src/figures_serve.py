@@ -18,7 +18,8 @@ def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, t
     for a, q, name in ((ax[0], "ttft", "TTFT"), (ax[1], "tpot", "TPOT")):
         a.plot(x, [v[f"{q}_mean"] * 1e3 for v in s], "o-", label="mean")
         a.plot(x, [v[f"{q}_p99"] * 1e3 for v in s], "s--", label="p99", alpha=0.8)
-        a.set_xscale("log", base=2)
+        if x.size and (x > 0).all():     # a trace run's load is its index (0): a linear axis
+            a.set_xscale("log", base=2)
         a.set_xlabel(load_label)
         a.set_ylabel(f"{name} (ms)")
         a.set_title(f"{name} vs {load_label}")

@@ -37,10 +37,10 @@ def check_output_file(path, *, flag: str, suffixes=None, what: str = "file") -> 
     parent that is a file, or a place nothing can be created in. Missing parent folders are
     allowed (the writer creates them). Returns the path."""
     if path is None or str(path).strip() == "":
-        refuse(f"an empty {what} name", field=flag, value=path, has_value=True)
+        refuse(f"an empty name for the {what}", field=flag, value=path, has_value=True)
     p = Path(path)
     if p.is_dir():
-        refuse(f"is a folder, not a {what} file name", field=flag, value=str(path))
+        refuse(f"is a folder; name the {what} file to write", field=flag, value=str(path))
     if suffixes is not None and p.suffix.lower() not in suffixes:
         refuse(f"unsupported {what} format {p.suffix or '(no suffix)'}; name it with one of "
                + ", ".join(suffixes), field=flag, value=str(path))

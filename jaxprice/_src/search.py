@@ -203,8 +203,11 @@ def make_limits(dep, *, itl, prefill_budget, min_prefill=0, context=4096, prefix
         if context > model_len:
             refuse(f"exceeds the deployment's max_model_len {int(model_len)}", field="context", value=context)
         if prefix + budget > model_len:
+            # blame the prefix only when it alone is past the limit; else the budget is the one too big
+            who, val = ("prefix", prefix) if prefix > model_len or (prefix and budget <= prefix) else \
+                ("prefill_budget", budget)
             refuse(f"prefix + prefill_budget ({prefix} + {budget}) exceeds the deployment's max_model_len "
-                   f"{int(model_len)}", field="prefix", value=prefix)
+                   f"{int(model_len)}", field=who, value=val)
     if min_prefill > budget:
         refuse(f"exceeds prefill_budget {budget}: no chunk satisfies both", field="min_prefill", value=min_prefill)
     lim = Limits(itl, budget, min_prefill, context, prefix, max_decode, max_batched_tokens, r, a, estimate, w, seqs)
