@@ -571,7 +571,7 @@ def test_refusals_name_the_pool_they_resolve(tmp_path):
     docs[1]["pools"].append(second)
     out = tmp_path / "two-pools.yaml"
     out.write_text(yaml.safe_dump_all(docs))
-    load_deployment(out, registry=REG)          # pool 0 is untouched and resolves
+    load_deployment(out, registry=REG, pool_index=0)   # pool 0 is untouched and resolves
     with pytest.raises(JaxpriceError) as err:
         load_deployment(out, registry=REG, pool_index=1)
     assert "field 'Deployment.pools[1].engine.quantization', value 'bogus'" in str(err.value)

@@ -149,8 +149,9 @@ def load_scenario_deployment(name):
 def describe_deployment(dep) -> str:
     s, r = dep.scenario, dep.resolution
     used = r["tp"] * r["dp"] * int((s.parallel or {}).get("pp", 1) or 1)
-    return (f"{s.model} on {used} x {s.hardware} (of {s.nodes} node{'s' if s.nodes != 1 else ''} x "
-            f"{s.gpus_per_node}), tp{r['tp']} dp{r['dp']} ep{r['ep']}, {r['served_dtype']} weights, "
+    per_node = s.gpus_per_node or dep.chip.gpus_per_node       # unstated in the scenario: the chip's
+    of = f" (of {s.nodes} node{'s' if s.nodes != 1 else ''} x {per_node})" if per_node else ""
+    return (f"{s.model} on {used} x {s.hardware}{of}, tp{r['tp']} dp{r['dp']} ep{r['ep']}, {r['served_dtype']} weights, "
             f"{r['cache_dtype']} cache, {r['cudagraph_mode']} graphs")
 
 

@@ -551,8 +551,16 @@ class Scenario:
         return f"Deployment.pools[{self.pool_index}]"
 
 
-def load_scenario(path, pool_index: int = 0) -> Scenario:
-    """Read a two-document Scenario + Deployment YAML (the public blis-schemas form)."""
+# vLLM's CacheConfig.BlockSize (vllm/config/cache.py, the --block-size choices): any other size
+# and the engine does not start.
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+
+
+def load_scenario(path, pool_index: int | None = None) -> Scenario:
+    """Read a two-document Scenario + Deployment YAML (the public blis-schemas form).
+
+    ``pool_index`` picks the Deployment pool to price; it may be left out only when the
+    Deployment has one pool (a second pool is never ignored silently)."""
     file = str(path)
     docs = read_yaml_documents(path)
     if len(docs) != 2:
@@ -583,6 +591,20 @@ def load_scenario(path, pool_index: int = 0) -> Scenario:
     pools = dep["pools"]
     if not isinstance(pools, list) or not pools:
         refuse("expected a non-empty list of pools", file=file, field="Deployment.pools")
+    nodes = _number(cluster.get("nodes", 1), file=file, field="Scenario.cluster.nodes", integer=True, minimum=1)
+    for i, other in enumerate(pools):    # every pool, whichever is priced (as the schema checks every pool)
+        want = _number(other.get("nodes", 1), file=file, field=f"Deployment.pools[{i}].nodes", integer=True,
+                       minimum=1)
+        if want > nodes:
+            refuse(f"the pool needs more nodes than the cluster has (Scenario.cluster.nodes {nodes})",
+                   file=file, field=f"Deployment.pools[{i}].nodes", value=want)
+    if pool_index is None:
+        if len(pools) > 1:
+            roles = ", ".join(str(p.get("role", "colocated")) if isinstance(p, dict) else "?" for p in pools)
+            refuse(f"COVERAGE LIMIT [one-pool]: the deployment has {len(pools)} pools ({roles}) and jaxprice "
+                   f"prices one pool's step at a time, not the deployment as a whole: write one scenario per "
+                   f"pool, or load it with load_deployment(path, pool_index=0..{len(pools) - 1})", file=file, field="Deployment.pools", value=len(pools))
+        pool_index = 0
     if not 0 <= pool_index < len(pools):
         refuse(f"pool index out of range (the deployment has {len(pools)})", file=file,
                field="Deployment.pools", value=pool_index)
@@ -603,6 +625,12 @@ def load_scenario(path, pool_index: int = 0) -> Scenario:
         if key in engine:
             engine[key] = _number(engine[key], file=file, field=f"{where}engine.{key}",
                                   integer=True, minimum=1)
+    if "block_size" in engine and engine["block_size"] not in VLLM_BLOCK_SIZES:
+        refuse(f"vLLM would not start: the block size must be one of {', '.join(map(str, VLLM_BLOCK_SIZES))} "
+               "(vLLM's CacheConfig.BlockSize)", file=file, field=f"{where}engine.block_size",
+               value=engine["block_size"])
+    # COVERAGE LIMIT [max-model-len-vs-context]: max_model_len is not checked against the model's
+    # context length: no graph (bundled or imported) carries max_position_embeddings
     spec = engine.get("speculative")
     if spec is not None:
         if not isinstance(spec, dict):
@@ -613,15 +641,27 @@ def load_scenario(path, pool_index: int = 0) -> Scenario:
                 integer=True, minimum=1)
     def count(key, default):
         val = cluster.get(key, default)
-        return _number(val, file=file, field=f"Scenario.cluster.{key}", integer=True, minimum=0)
+        val = _number(val, file=file, field=f"Scenario.cluster.{key}", integer=True, minimum=0)
+        if val == 0 and cluster.get(key) is not None:
+            # 0 is what an absent key reads as (the chip's value, if it has one); stated, it
+            # would be taken as unset and the header would say "x 0"
+            refuse("impossible value: must be >= 1 (leave the key out to take the chip's value)",
+                   file=file, field=f"Scenario.cluster.{key}", value=0)
+        return val
+    per_node, per_rack = count("gpus_per_node", 0), count("gpus_per_rack", 0)
+    pool_nodes = _number(pool.get("nodes", 1), file=file, field=where + "nodes", integer=True, minimum=1)
+    # tp x dp: pp and pcp > 1 are refused at resolve time (COVERAGE LIMIT), with their own message
+    ranks = int(parallel.get("tp", 1) or 1) * int(parallel.get("dp", 1) or 1)
+    if per_node and ranks > pool_nodes * per_node:
+        refuse(f"tp x dp = {ranks} ranks do not fit the pool's {pool_nodes} node"
+               f"{'s' if pool_nodes != 1 else ''} x {per_node} GPUs (Scenario.cluster.gpus_per_node)",
+               file=file, field=where + "parallel", value=ranks)
     return Scenario(
         name=str(scen["name"]), model=str(scen["model"]), hardware=str(cluster["hardware"]),
-        fabric=cluster.get("fabric"), nodes=count("nodes", 1), gpus_per_node=count("gpus_per_node", 0),
-        gpus_per_rack=count("gpus_per_rack", 0), coefficient_sets=tuple(sets),
+        fabric=cluster.get("fabric"), nodes=nodes, gpus_per_node=per_node,
+        gpus_per_rack=per_rack, coefficient_sets=tuple(sets),
         engine_version=str(scen.get("engine_version", "")),
-        pool_nodes=_number(pool.get("nodes", 1), file=file, field=where + "nodes", integer=True,
-                           minimum=1),
-        parallel=parallel, engine=engine, path=file, pool_index=pool_index)
+        pool_nodes=pool_nodes, parallel=parallel, engine=engine, path=file, pool_index=pool_index)
 
 
 # ----------------------------------------------------------------------------- registry lookup

@@ -15,7 +15,11 @@ tests it.
 Refusals (``JaxpriceError``, before anything is jitted) name the file, the key and the value:
 a file that is not JSON, an unknown architecture (with the supported list), a missing required
 key, a wrong type, an impossible value (zero heads, hidden size not divisible by the heads,
-negative sizes), an unsupported quantization.
+negative sizes, a zero max_position_embeddings, a rope_scaling that is not a mapping or whose
+factor is not positive, first_k_dense_replace / moe_layer_freq / decoder_sparse_step past the
+layer count, mlp_only_layers outside the layers, a config naming routed experts that leaves
+no layer MoE), an unsupported quantization. An all-dense stack (first_k_dense_replace equal to
+num_hidden_layers) is imported only where the config names no routed experts (null or absent).
 """
 
 from __future__ import annotations
@@ -70,6 +74,11 @@ _CORE = {   # every family: the shapes no default may stand in for (a toy-model 
                               cite="transformers: tie_word_embeddings=False in every family here"),
     "dtype": _k("dtype", "torch_dtype", "dtype", type="dtype", default=None, nullable=True,
                 cite="absent: bf16, the half precision vLLM's --dtype auto serves"),
+    # Read only to check them (nothing is priced from them): a context of zero or a rope_scaling
+    # that is not a mapping is a broken config, not one to import quietly
+    "max_position_embeddings": _k("max_position_embeddings", default=None, nullable=True),
+    "rope_scaling": _k("rope_scaling", type="dict", default=None, nullable=True),
+    "rope_parameters": _k("rope_parameters", type="dict", default=None, nullable=True),
 }
 _DENSE_MLP = {"intermediate_size": _k("intermediate_size")}
 _SWA = {
@@ -268,6 +277,22 @@ class _Reader:
             if str(val).lower() not in DTYPES:
                 refuse(f"unknown dtype (known: {', '.join(sorted(DTYPES))})", **f)
         return val
+
+
+def _check_rope(r):
+    """rope_scaling / rope_parameters: null or a mapping (checked by the table), whose scaling
+    factor and original context, where stated, are positive. Nothing is priced from them."""
+    for field in ("rope_scaling", "rope_parameters"):
+        rope = r(field)
+        if not rope:
+            continue
+        for key in ("factor", "original_max_position_embeddings"):
+            if key not in rope:
+                continue
+            val = rope[key]
+            if isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0 or val == float("inf"):
+                refuse("impossible value: must be a positive number", file=r.file,
+                       field=f"{r.where}{field}.{key}", value=val, has_value=True)
 
 
 def _div(r, num, den):
@@ -629,11 +654,16 @@ def _fam_moe(r, arch, act):
     fam = ARCHITECTURES[arch][0]
     if fam == "qwen_moe" and not r("use_sliding_window"):
         win = None
-    step, only = r("decoder_sparse_step"), set(r("mlp_only_layers"))
+    step = r("decoder_sparse_step")
+    if step > n:
+        refuse(f"impossible value: more than the model's {n} layers (num_hidden_layers)", file=r.file,
+               field=r.where + "decoder_sparse_step", value=step)
+    only = _layer_list(r, "mlp_only_layers", r("mlp_only_layers"))
+    flags = [i not in only and (i + 1) % step == 0 for i in range(n)]
+    _some_moe(r, flags, "mlp_only_layers")
     kinds, seq = {}, []
     kind = "swa" if win else "gqa"
-    for i in range(n):
-        moe = i not in only and (i + 1) % step == 0
+    for moe in flags:
         kid = "attn_moe" if moe else "attn_dense"
         if kid not in kinds:
             tail = _moe(r) if moe else _dense_mlp(r("hidden_size"), r("intermediate_size"))
@@ -656,7 +686,39 @@ def _fam_minimax_m2(r, arch, act):
 
 def _dense_or_moe_layers(r):
     n, first, freq = r("num_layers"), r("first_k_dense_replace"), r("moe_layer_freq")
-    return [i >= first and i % freq == 0 for i in range(n)]
+    for field, val in (("first_k_dense_replace", first), ("moe_layer_freq", freq)):
+        if val > n:
+            refuse(f"impossible value: more than the model's {n} layers (num_hidden_layers)", file=r.file,
+                   field=r.where + r.table[field].keys[0], value=val)
+    moe = [i >= first and i % freq == 0 for i in range(n)]
+    _some_moe(r, moe, "first_k_dense_replace" if first == n else "moe_layer_freq")
+    return moe
+
+
+def _some_moe(r, moe, field):
+    """A config that names routed experts but leaves no layer MoE is refused: it would import
+    silently as a dense model. (Where the config says it is not MoE, routed experts null or
+    absent, an all-dense stack is what it describes.)"""
+    if any(moe):
+        return
+    keys = r.table["experts"].keys
+    stated = [k for k in keys if r.cfg.get(k) is not None]
+    if stated:
+        key = r.table[field].keys[0] if field in r.table else field
+        val = r.cfg.get(key, r.values.get(field))
+        refuse(f"impossible value: no layer of {len(moe)} would be MoE although {stated[0]} "
+               f"{r.cfg[stated[0]]!r} names routed experts", file=r.file, field=r.where + key,
+               value=_short(val) if isinstance(val, (list, dict)) else val, has_value=True)
+
+
+def _layer_list(r, key, vals):
+    """A list of layer indices (mlp_only_layers): integers in [0, num_hidden_layers)."""
+    n = r("num_layers")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
+            refuse(f"expected layer indices from 0 to {n - 1} (num_hidden_layers {n})", file=r.file,
+                   field=r.where + key, value=v, has_value=True)
+    return set(vals)
 
 
 def _fam_deepseek(r, arch, act):
@@ -788,6 +850,11 @@ def _fam_minimax_m3(r, arch, act):
     for name, vec in (("sparse_attention_config.sparse_attention_freq", freq), ("moe_layer_freq", moe_freq)):
         if len(vec) != n:
             refuse(f"has {len(vec)} entries for {n} layers", file=r.file, field=r.where + name, value=len(vec))
+    for x in moe_freq:
+        if x not in (0, 1) or isinstance(x, float):
+            refuse("expected 0 (dense) or 1 (MoE) per layer", file=r.file, field=r.where + "moe_layer_freq",
+                   value=x, has_value=True)
+    _some_moe(r, list(moe_freq), "moe_layer_freq")
     if list(freq) != list(moe_freq):
         refuse("differs from moe_layer_freq (sparse attention and MoE layers must coincide)", file=r.file,
                field=where + "sparse_attention_freq", value=_short(freq))
@@ -813,7 +880,12 @@ def _fam_qwen_hybrid(r, arch, act):
         refuse("unknown state dtype (known: float32, bfloat16, float16)", file=r.file,
                field=r.where + "mamba_ssm_dtype", value=r("mamba_ssm_dtype"))
     is_moe = "num_experts" in r.cfg or "num_local_experts" in r.cfg
-    only = set(r.cfg.get("mlp_only_layers") or [])
+    only = r.cfg.get("mlp_only_layers")
+    if only is not None and not isinstance(only, list):
+        refuse("expected a list", file=r.file, field=r.where + "mlp_only_layers", value=only)
+    only = _layer_list(r, "mlp_only_layers", only or [])
+    if is_moe:
+        _some_moe(r, [i not in only for i in range(len(types))], "mlp_only_layers")
     gdn = [_n("Elementwise", "input_norm"),
            _n("RecurrentUpdate", recurrent_kind="gdn", n_heads=vh, state_size=kd, conv_kernel=r("linear_conv_kernel_dim"),
               intermediate_size=2 * kh * kd + vh * vd, state_dtype=sd),
@@ -1027,8 +1099,9 @@ def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Import
                         "the other towers are not")
     r = _Reader(cfg, family, file, where)
     r.inferred = inferred
-    for fld in ("hidden_size", "num_layers", "vocab_size", "n_q"):
+    for fld in ("hidden_size", "num_layers", "vocab_size", "n_q", "max_position_embeddings"):
         r(fld)
+    _check_rope(r)
     nq, nkv = r("n_q"), r("n_kv")
     if nq % nkv:
         refuse(f"impossible value: num_attention_heads {nq} is not a multiple of it", file=file,

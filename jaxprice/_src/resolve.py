@@ -1369,13 +1369,14 @@ def scenario_path(name_or_path) -> Path:
     refuse(f"no such scenario file, and no bundled scenario of that name{hint}", file=str(name_or_path))
 
 
-def load_deployment(path, registry=None, *, pool_index: int = 0, registry_roots=None,
+def load_deployment(path, registry=None, *, pool_index: int | None = None, registry_roots=None,
                     extra_coefficient_files=()) -> Deployment:
     """Read a scenario file and resolve it (the usual entry point).
 
     registry: a Registry; or registry_roots: folders to search (the project's registry, or a
     public catalog/registry checkout). extra_coefficient_files: coefficient sets applied after
-    the scenario's own (e.g. a fitted set), overriding by name.
+    the scenario's own (e.g. a fitted set), overriding by name. pool_index: the Deployment
+    pool to price; required when the Deployment has more than one.
     """
     from .formats import load_coefficient_set
     if registry is None:
