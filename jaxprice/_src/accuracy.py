@@ -1351,6 +1351,31 @@ def select_deployments(points, deployments, csv_path):
     return points
 
 
+def check_scenario_dirs(dirs, field="scenario_dirs") -> None:
+    """Refuse a scenario folder that is empty-named, missing or a file (rather than silently
+    building every deployment from the CSV's columns)."""
+    for d in dirs or ():
+        if not str(d).strip():
+            refuse("an empty folder name", field=field, value=d, has_value=True)
+        p = Path(d)
+        if not p.exists():
+            refuse("no such folder", field=field, value=str(d))
+        if not p.is_dir():
+            refuse("is a file, not a folder of <deployment>.yaml scenarios", field=field, value=str(d))
+
+
+def check_coefficient_files(files, field=None) -> None:
+    """Read every coefficient set up front (the loader caches them): a missing, empty or malformed
+    file is refused in one line naming it (and ``field``), not left to refuse every point."""
+    for f in files or ():
+        try:
+            load_coefficient_set(f)
+        except JaxpriceError as err:
+            if field is None:
+                raise
+            raise JaxpriceError(f"{field}: {err}") from None
+
+
 def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coefficient_files=(),
                       deployments=None, temperature=None, callback=None, batch_rule="anchor",
                       estimates=ESTIMATES, per_deployment=False) -> AccuracyReport:
@@ -1368,6 +1393,8 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     former path, one compile per deployment (``predict_groups``; for comparison,
     experiments/bench.py --axis); ``info['kernel_compiles']`` counts the compiles either way."""
     check_batch_rule(batch_rule)
+    check_scenario_dirs(scenario_dirs)
+    check_coefficient_files(extra_coefficient_files)
     points, info = read_measurements(csv_path)
     points = select_deployments(points, deployments, csv_path)
     info["points"] = len(points)
@@ -1705,7 +1732,8 @@ def _note_lines(info, markdown) -> list:
 def write_points_csv(report: AccuracyReport, path) -> Path:
     """One row per mean-TPOT point (refused ones included, with their reason); floats with 6
     significant digits, times in microseconds, errors as fractions."""
-    path = Path(path)
+    from .outputs import check_output_file
+    path = check_output_file(path, flag="path", what="CSV")
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(report.records[0].keys())
     with open(path, "w", newline="") as fh:
@@ -1745,7 +1773,8 @@ def plot_sweeps(report: AccuracyReport, path, *, estimate="no_overlap", title=No
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    path = Path(path)
+    from .outputs import IMAGE_SUFFIXES, check_output_file
+    path = check_output_file(path, flag="path", suffixes=IMAGE_SUFFIXES, what="image")
     path.parent.mkdir(parents=True, exist_ok=True)
     other = [e for e in ESTIMATES if e != estimate][0]
     by_dep: dict = {}

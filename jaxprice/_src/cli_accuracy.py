@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from .errors import refuse
+from .outputs import IMAGE_SUFFIXES, check_output_file, check_output_folder
 
 DEFAULT_RULE = "simulate"      # the most accurate rule on the development set (README, Accuracy)
 
@@ -199,10 +200,31 @@ def command_line(args) -> str:
     return " ".join(parts)
 
 
-def run(args) -> int:
-    from .accuracy import check_batch_rule, evaluate_accuracy, format_report, plot_sweeps, write_points_csv
-    from .progress import Progress
+def check_inputs(args) -> None:
+    """Refuse, before anything is priced, a coefficient file that cannot be read, a scenario
+    folder that is not one, and an output path that cannot be written."""
+    from .accuracy import check_batch_rule, check_coefficient_files, check_scenario_dirs
     check_batch_rule(args.batch_rule, field="--batch-rule")
+    check_coefficient_files(args.coefficients, field="--coefficients")
+    check_scenario_dirs(args.scenarios, field="--scenarios")
+    if args.out is not None:
+        out = check_output_folder(args.out, flag="--out")
+        for name in (POINTS_CSV, REPORT_MD):
+            check_output_file(out / name, flag="--out", what=name)
+    if args.markdown is not None:
+        check_output_file(args.markdown, flag="--markdown", what="Markdown")
+    if args.plot is not None:
+        plot = check_output_file(args.plot, flag="--plot", suffixes=IMAGE_SUFFIXES, what="image")
+        if args.batch_rule == "simulate":      # TTFT is predicted too: FILE-ttft.png beside it
+            check_output_file(plot.with_name(f"{plot.stem}-ttft{plot.suffix}"), flag="--plot", what="image")
+    if args.cache_dir is not None:
+        check_output_folder(args.cache_dir, flag="--cache-dir")
+
+
+def run(args) -> int:
+    from .accuracy import evaluate_accuracy, format_report, plot_sweeps, write_points_csv
+    from .progress import Progress
+    check_inputs(args)
     if args.cache_dir:
         enable_compilation_cache(args.cache_dir)
     t0 = time.perf_counter()

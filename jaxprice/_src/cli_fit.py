@@ -34,11 +34,13 @@ from __future__ import annotations
 import csv
 import math
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from .errors import refuse
+from .outputs import check_output_file
+
+SCOPE_TO = ("hardware,model", "hardware")    # --scope-to (a metavar: argparse would list 'hardware' twice)
 
 
 def add_parser(subparsers):
@@ -72,8 +74,9 @@ def add_parser(subparsers):
     p.add_argument("--identify-tol", default="0.1",
                    help="freeze a coefficient when less than this share of its effect is independent of the "
                         "others' (0: never)")
-    p.add_argument("--scope-to", default="hardware,model", choices=("hardware,model", "hardware"),
-                   help="what the written entries are scoped to besides their own scope")
+    p.add_argument("--scope-to", default="hardware,model", choices=SCOPE_TO, metavar="SCOPE",
+                   help="what the written entries are scoped to besides their own scope: 'hardware,model' "
+                        "(default) or 'hardware'")
     p.add_argument("--method", choices=("adam", "gauss-newton"), default="adam",
                    help="the solver: projected Adam (default) or damped Gauss-Newton (converges in tens of "
                         "iterations, one compilation per deployment)")
@@ -83,7 +86,7 @@ def add_parser(subparsers):
     p.add_argument("--patience", default="10", help="evaluations without improvement before stopping")
     p.add_argument("--eval-every", default="5")
     p.add_argument("--loss", choices=("l2", "huber"), default="l2")
-    p.add_argument("--huber-delta", default="0.1")
+    p.add_argument("--huber-delta", default=None, help="--loss huber: its delta (default 0.1)")
     p.add_argument("--weighting", choices=("point", "deployment"), default="point")
     p.add_argument("--temperature", default=None, help="fit in smooth mode at this temperature (default: exact)")
     p.add_argument("--deployment", action="append", default=None, metavar="NAME",
@@ -100,8 +103,10 @@ def _header(path):
     try:
         with open(path, newline="") as fh:
             return next(csv.reader(fh), [])
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         refuse("file not found", file=str(path))
+    except IsADirectoryError:
+        refuse("is a folder, expected a measurement CSV file", file=str(path))
     except UnicodeDecodeError:
         refuse("not a text CSV file", file=str(path))
 
@@ -144,11 +149,17 @@ def _options(args) -> dict:
         if o["holdout"] >= 1:
             refuse("must be below 1 (or one of model, chip, deployment)", field="--holdout", value=o["holdout"])
     o["cv_seeds"] = [parse_int(x.strip(), flag="--cv-seeds", minimum=0) for x in args.cv_seeds.split(",") if x.strip()]
+    if o["cv"] == "deployment" and not o["cv_seeds"]:
+        refuse("give at least one seed (e.g. 0,1,2) for --holdout deployment", field="--cv-seeds",
+               value=args.cv_seeds, has_value=True)
     prior = args.prior if args.prior is not None else ("cv" if o["cv"] else "0")
     if prior == "cv" and not o["cv"]:
         refuse("--prior cv needs a cross-validating --holdout (model, chip or deployment)", field="--prior")
     o["prior"] = prior if prior == "cv" else parse_prior(prior, "--prior")
-    o["priors"] = _floats(args.priors, "--priors") if args.priors else list(F.DEFAULT_PRIORS)
+    if args.priors is not None and prior != "cv":
+        refuse("--priors is the list --prior cv chooses from; it needs --prior cv (with a cross-validating "
+               "--holdout: model, chip or deployment)", field="--priors", value=args.priors)
+    o["priors"] = _floats(args.priors, "--priors") if args.priors is not None else list(F.DEFAULT_PRIORS)
     o["identify_tol"] = parse_float(args.identify_tol, flag="--identify-tol", minimum=0.0)
     if o["identify_tol"] >= 1:
         refuse("must be below 1", field="--identify-tol", value=o["identify_tol"])
@@ -157,7 +168,9 @@ def _options(args) -> dict:
     lr = parse_float(args.learning_rate, flag="--learning-rate", minimum=0.0)
     if lr <= 0:
         refuse("must be positive", field="--learning-rate", value=lr)
-    delta = parse_float(args.huber_delta, flag="--huber-delta", minimum=0.0)
+    if args.huber_delta is not None and args.loss != "huber":
+        refuse("--huber-delta applies to --loss huber only", field="--huber-delta", value=args.huber_delta)
+    delta = parse_float("0.1" if args.huber_delta is None else args.huber_delta, flag="--huber-delta", minimum=0.0)
     if delta <= 0:
         refuse("must be positive", field="--huber-delta", value=delta)
     temperature = None if args.temperature is None else parse_float(args.temperature, flag="--temperature",
@@ -166,8 +179,15 @@ def _options(args) -> dict:
                     eval_every=parse_int(args.eval_every, flag="--eval-every", minimum=1), temperature=temperature,
                     loss=args.loss, huber_delta=delta, weighting=args.weighting,
                     identify=o["identify_tol"] > 0, identify_tol=o["identify_tol"], method=args.method)
-    if args.out is not None and Path(args.out).is_dir():
-        refuse("is a folder; give a file name for the fitted set", field="--out", value=args.out)
+    if args.name is not None:
+        if not args.name.strip():
+            refuse("an empty set name", field="--name", value=args.name, has_value=True)
+        if args.out is None:
+            refuse("--name names the set --out writes; give --out FILE.yaml", field="--name", value=args.name)
+    if args.out is not None:
+        check_output_file(args.out, flag="--out", what="coefficient set")
+    from .accuracy import check_scenario_dirs
+    check_scenario_dirs(args.scenario_dir, "--scenario-dir")
     return o
 
 

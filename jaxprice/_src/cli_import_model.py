@@ -32,6 +32,13 @@ def add_parser(sub):
 def run(args) -> int:
     from .errors import refuse
     from .hf import graph_from_doc, graph_yaml, import_result
+    from .outputs import check_output_file
+    for flag, value in (("--name", args.name), ("--hf-repo", args.hf_repo)):
+        if value is not None and not value.strip():
+            refuse(f"an empty {flag[2:].replace('-', ' ')}; leave {flag} out for the default", field=flag,
+                   value=value, has_value=True)
+    if args.out is not None:
+        check_output_file(args.out, flag="--out", what="model graph")
     res = import_result(args.config, args.quant_config, name=args.name, hf_repo=args.hf_repo)
     graph_from_doc(res.doc, res.config_path)          # validated as a graph file is
     text = graph_yaml(res)
@@ -40,6 +47,7 @@ def run(args) -> int:
         return 0
     out = Path(args.out)
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     except OSError as err:
         refuse(f"cannot write the graph ({err.strerror})", file=str(out))

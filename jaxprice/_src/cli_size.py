@@ -20,6 +20,7 @@ import numpy as np
 
 from .cli_price import parse_float, parse_int, parse_int_list
 from .errors import refuse
+from .outputs import IMAGE_SUFFIXES, check_output_file
 from .progress import Progress
 
 
@@ -92,10 +93,26 @@ def _targets(text, flag):
     return v
 
 
+def _names(text, flag, known, what, upper=False):
+    """A comma-separated list of names from ``known``, refused naming the flag (an empty list too)."""
+    names = [t.strip().upper() if upper else t.strip() for t in str(text).split(",") if t.strip()]
+    if not names:
+        refuse(f"expected a comma-separated list of {', '.join(known)}", field=flag, value=str(text),
+               has_value=True)
+    for n in names:
+        if n not in known:
+            refuse(f"unknown {what} (known: {', '.join(known)})", field=flag, value=n)
+    return names
+
+
 def options(args) -> dict:
-    modes = [m.strip().upper() for m in str(args.graph_modes).split(",") if m.strip()]
-    weights = [w.strip() for w in args.weights.split(",") if w.strip()] if args.weights else None
+    from .formats import DTYPE_BYTES
+    from .resolve import GRAPH_MODES
+    modes = _names(args.graph_modes, "--graph-modes", GRAPH_MODES, "cudagraph mode", upper=True)
+    weights = _names(args.weights, "--weights", tuple(DTYPE_BYTES), "weight format") if args.weights is not None else None
     rr = parse_float(args.range_ratio, flag="--range-ratio")
+    if not 0 < rr <= 1:
+        refuse("must be in (0, 1] (1: fixed lengths)", field="--range-ratio", value=args.range_ratio)
     return dict(chip=args.chip, gpus=parse_int(args.gpus, flag="--gpus", minimum=1),
                 isl=parse_int(args.isl, flag="--isl", minimum=1), osl=parse_int(args.osl, flag="--osl", minimum=1),
                 ttft_ms=_targets(args.ttft_ms, "--ttft-ms"), tpot_ms=_targets(args.tpot_ms, "--tpot-ms"),
@@ -111,7 +128,7 @@ def options(args) -> dict:
                 verify=parse_int(args.verify, flag="--verify", minimum=0),
                 simulate=parse_int(args.simulate, flag="--simulate", minimum=0),
                 search_prompts=(None if str(args.search_prompts).lower() == "none"
-                                else _targets(args.search_prompts, "--search-prompts")))
+                                else parse_float(args.search_prompts, flag="--search-prompts", positive=True)))
 
 
 def describe_space(cands, ctx, show_rejected=False) -> str:
@@ -214,10 +231,21 @@ def describe_sources(result) -> str:
                                       f"{info.get('seconds_simulate', 0.0):.1f} s)")
 
 
+def check_outputs(args) -> None:
+    """Refuse, before the search, an output path that cannot be written."""
+    if args.json is not None and args.json != "-":
+        check_output_file(args.json, flag="--json", what="JSON")
+    if args.plot is not None:
+        check_output_file(args.plot, flag="--plot", suffixes=IMAGE_SUFFIXES, what="image")
+    if args.write_scenario is not None:
+        check_output_file(args.write_scenario, flag="--write-scenario", what="scenario")
+
+
 def run(args) -> int:
     from .size import plot, size
     opts = options(args)
     top = parse_int(args.top, flag="--top", minimum=1)
+    check_outputs(args)
     quiet = args.quiet
 
     bar = {}

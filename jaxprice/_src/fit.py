@@ -274,6 +274,7 @@ def read_step_measurements(csv_path, *, registry=None, estimate="no_overlap", ex
     except (FileNotFoundError, IsADirectoryError):
         refuse("file not found", file=file)
     rows: dict = {}
+    first_line: dict = {}      # scenario -> the CSV line naming it first (named when it cannot load)
     with fh:
         reader = csv.DictReader(fh)
         missing = [c for c in STEP_COLUMNS if c not in (reader.fieldnames or [])]
@@ -308,12 +309,16 @@ def read_step_measurements(csv_path, *, registry=None, estimate="no_overlap", ex
                 refuse("context (tokens in cache after the step) must be >= tokens", file=where, field="context",
                        value=vals["context"])
             rows.setdefault(r["scenario"], []).append((vals, val * STEP_UNITS[r["unit"]]))
+            first_line.setdefault(r["scenario"], i)
     if not rows:
         refuse("no rows", file=file)
     obs = []
     reg = registry or Registry()
     for scen, rs in rows.items():
-        dep = load_deployment(scen, reg, extra_coefficient_files=extra_coefficient_files)
+        try:
+            dep = load_deployment(scen, reg, extra_coefficient_files=extra_coefficient_files)
+        except JaxpriceError as err:
+            refuse(str(err), file=f"{file}:{first_line[scen]}", field="scenario")
         pad = max(v["requests"] for v, _ in rs)
         batches = Batch.stack([Batch.decode(v["requests"], v["context"], tokens=v["tokens"], pad_to=pad,
                                             decode_threshold=v["decode_threshold"]) for v, _ in rs])
