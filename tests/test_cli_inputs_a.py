@@ -8,6 +8,7 @@ Every case here is refused before the kernel runs; the deployment is loaded once
 from __future__ import annotations
 
 import pytest
+from clirefusal import assert_refused
 
 import jaxprice as jp
 from jaxprice import cli
@@ -45,18 +46,9 @@ def files(tmp_path):
 
 
 def refused(capsys, tmp_path, argv, *words):
-    """Run the CLI; assert exit 2, nothing on stdout, one line on stderr holding every word."""
+    """Run the CLI in tmp_path's fixture files ({d}); assert the one-line refusal (clirefusal)."""
     d = files(tmp_path)
-    argv = [a.format(d=d) for a in argv]
-    rc = cli.main(argv)
-    out, err = capsys.readouterr()
-    assert rc == 2 and out == "", (rc, out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"jaxprice {argv[0]}: error: "), lines[0]
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
+    return assert_refused(capsys, [a.format(d=d) for a in argv], *words)
 
 
 OUTPUTS = [

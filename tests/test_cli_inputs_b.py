@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from clirefusal import assert_refused
 
-from jaxprice import JaxpriceError, cli
+from jaxprice import JaxpriceError
 from jaxprice._src import accuracy, cli_fit
 
 HEADER = ("corpus,scenario,deployment,model,hardware,dtype,engine,tp,ep,dp,spec_decode,workload,isl,osl,"
@@ -33,19 +34,11 @@ def files(tmp_path):
 
 
 def refused(capsys, tmp_path, argv, *words):
-    """Run the CLI; assert exit 2, nothing on stdout, one line on stderr holding every word."""
+    """Run the CLI in tmp_path's fixture files ({d}, {x} an unwritable place); assert the one-line
+    refusal (clirefusal)."""
     d = files(tmp_path)
-    argv = [a.format(d=d, x=UNWRITABLE) for a in argv]
-    rc = cli.main(argv)
-    out, err = capsys.readouterr()
-    assert rc == 2 and out == "", (rc, out, err)
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"jaxprice {argv[0]}: error: "), lines[0]
-    for w in words:
-        w = w.format(d=d, x=UNWRITABLE)
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
+    fill = dict(d=d, x=UNWRITABLE)
+    return assert_refused(capsys, [a.format(**fill) for a in argv], *(w.format(**fill) for w in words))
 
 
 # 1. output paths, checked before the search / scoring / fit
