@@ -109,7 +109,8 @@ def options(args) -> dict:
     from .formats import DTYPE_BYTES
     from .resolve import GRAPH_MODES
     modes = _names(args.graph_modes, "--graph-modes", GRAPH_MODES, "cudagraph mode", upper=True)
-    weights = _names(args.weights, "--weights", tuple(DTYPE_BYTES), "weight format") if args.weights is not None else None
+    weights = (_names(args.weights, "--weights", tuple(DTYPE_BYTES), "weight format") if args.weights is not None
+               else None)
     rr = parse_float(args.range_ratio, flag="--range-ratio")
     if not 0 < rr <= 1:
         refuse("must be in (0, 1] (1: fixed lengths)", field="--range-ratio", value=args.range_ratio)
