@@ -5,6 +5,7 @@ import-level only (nothing is priced or jitted here)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import glob
 import json
 import re
@@ -187,7 +188,7 @@ def test_what_the_checks_leave_alone(tmp_path):
     assert load_scenario(_scenario(tmp_path, two_nodes)).pool_nodes == 2
     s = load_scenario(_scenario(tmp_path, lambda s, d: s["cluster"].update(nodes=4)))
     assert (s.nodes, s.pool_nodes) == (4, 1)
-    # COVERAGE LIMIT [max-model-len-vs-context]: no graph states a context length to check against
+    # the loader does not know the model's length: resolve checks it where the graph states one (below)
     assert load_scenario(_scenario(tmp_path, _engine(max_model_len=10_000_000))).engine["max_model_len"] == 10_000_000
 
 
@@ -196,3 +197,57 @@ def test_every_bundled_scenario_still_loads():
     assert len(files) == 88
     for f in files:
         load_scenario(f)
+
+
+# ----------------------------------------------------------------------------- the model's own max_model_len
+
+@pytest.mark.parametrize("folder,expected", [
+    (DSV3, 4096 * 40),                                    # yarn: original 4096 x factor 40
+    ("meta-llama--Llama-3.1-8B-Instruct", 131072),        # llama3 rope: not scaled
+    ("Qwen--Qwen3-8B", 40960),                            # no rope_scaling
+])
+def test_derived_max_model_len(folder, expected):
+    """As vLLM derives it (vllm/config/model.py _get_and_verify_max_len)."""
+    assert import_result(HF / folder).doc["max_model_len"] == expected
+
+
+def test_derived_max_model_len_linear_factor_and_none(tmp_path):
+    cfg = _config("Qwen--Qwen3-8B")
+    cfg["rope_scaling"] = {"rope_type": "linear", "factor": 2.0}
+    assert import_result(_write(tmp_path, cfg)).doc["max_model_len"] == 2 * 40960
+    del cfg["max_position_embeddings"]
+    cfg["rope_scaling"] = None
+    assert "max_model_len" not in import_result(_write(tmp_path, cfg, "n")).doc
+
+
+def test_a_max_model_len_past_the_models_is_refused_and_defaults_capped():
+    from jaxprice import Registry, resolve
+    from jaxprice._src import size as S
+    graph, reg, _ = S.load_model("qwen3-30b-a3b")
+    assert graph.max_model_len == 40960                   # the bundled import carries it
+    lay = S.Layout(tp=1, dp=1, ep=False, weights="bf16", max_num_seqs=8, max_num_batched_tokens=8192,
+                   cudagraph_mode="FULL_AND_PIECEWISE")
+    scen = S.build_scenario("qwen3-30b-a3b", "h200", lay, isl=40000, osl=900, graph=graph)
+    assert scen.engine["max_model_len"] == 40960          # 40000 + 900 + 256 capped at the model's
+    assert S.max_model_len(1024, 1024, 40960) == 2304 and S.max_model_len(1024, 1024) == 2304
+    too_long = dataclasses.replace(scen, engine={**scen.engine, "max_model_len": 40961})
+    with pytest.raises(JaxpriceError, match=r"Scenario.engine.max_model_len.*40961.*vLLM would not start.*40960"):
+        resolve(too_long, Registry())
+    with pytest.raises(JaxpriceError, match=r"isl \+ osl = 41000 tokens exceeds the 40960"):
+        S.size("qwen3-30b-a3b", chip="h200", gpus=1, isl=40000, osl=1000)
+
+
+def test_serve_caps_its_default_and_refuses_an_override_past_the_models():
+    from jaxprice import Registry, resolve
+    from jaxprice._src import serve
+    from jaxprice._src import size as S
+    graph, _, _ = S.load_model("qwen3-30b-a3b")
+    lay = S.Layout(tp=1, dp=1, ep=False, weights="bf16", max_num_seqs=8, max_num_batched_tokens=8192,
+                   cudagraph_mode="FULL_AND_PIECEWISE")
+    dep = resolve(S.build_scenario("qwen3-30b-a3b", "h200", lay, isl=1024, osl=1024, graph=graph), Registry())
+    unset = {k: v for k, v in dep.scenario.engine.items() if k != "max_model_len"}   # serve's default applies
+    dep = dataclasses.replace(dep, scenario=dataclasses.replace(dep.scenario, engine=unset))
+    settings, _ = serve.engine_settings(dep, max_len=40900)
+    assert settings["max_model_len"] == 40960                 # 40900 + 256 capped at the model's
+    with pytest.raises(JaxpriceError, match=r"field 'max_model_len', value 50000: more than the 40960"):
+        serve.engine_settings(dep, {"max_model_len": 50000})

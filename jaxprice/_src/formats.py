@@ -133,6 +133,7 @@ class ModelGraph:
     capture_breaks: dict       # kind id -> captured regions its own code leaves (extension)
     source: str
     path: str
+    max_model_len: int | None = None   # the longest sequence vLLM serves it at (imported graphs; extension)
 
     def expanded_stack(self) -> list:
         s = self.stack
@@ -220,7 +221,7 @@ def _parse_stack(stack, kinds, *, file, where="stack"):
 
 _OWN_MODEL_KEYS = {"format", "name", "source", "hf_repo", "hf_revision", "config_sha256",
                    "hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality",
-                   "layer_kinds", "stack", "head", "speculator", "capture_breaks"}
+                   "layer_kinds", "stack", "head", "speculator", "capture_breaks", "max_model_len"}
 _PUBLIC_MODEL_KEYS = {"kind", "name", "derived_from", "global", "layer_kinds", "stack", "head",
                       "speculator", "modality"}
 
@@ -299,7 +300,9 @@ def load_model_graph(path) -> ModelGraph:
         tie_word_embeddings=bool(glob.get("tie_word_embeddings", False)),
         weight_dtype=wd, modality=str(doc.get("modality", "text_only")),
         layer_kinds=kinds, stack=stack, head=head, speculator=spec,
-        capture_breaks={k: int(v) for k, v in breaks.items()}, source=source, path=file)
+        capture_breaks={k: int(v) for k, v in breaks.items()}, source=source, path=file,
+        max_model_len=None if doc.get("max_model_len") is None else
+        _number(doc["max_model_len"], file=file, field="max_model_len", integer=True, minimum=1))
 
 
 # ----------------------------------------------------------------------------- chips, fabrics
@@ -630,8 +633,9 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
         refuse(f"vLLM would not start: the block size must be one of {', '.join(map(str, VLLM_BLOCK_SIZES))} "
                "(vLLM's CacheConfig.BlockSize)", file=file, field=f"{where}engine.block_size",
                value=engine["block_size"])
-    # COVERAGE LIMIT [max-model-len-vs-context]: max_model_len is not checked against the model's
-    # context length: no graph (bundled or imported) carries max_position_embeddings
+    # COVERAGE LIMIT [max-model-len-vs-context]: max_model_len is checked against the model's own
+    # (resolve._check_context) only where its graph states one: imported graphs do, from config.json;
+    # the bundled reference graphs carry none
     spec = engine.get("speculative")
     if spec is not None:
         if not isinstance(spec, dict):

@@ -295,6 +295,29 @@ def _check_rope(r):
                        field=f"{r.where}{field}.{key}", value=val, has_value=True)
 
 
+def _derived_max_len(r, model_type):
+    """The longest sequence vLLM serves this config at (its derived max_model_len, vllm/config/
+    model.py _get_and_verify_max_len): max_position_embeddings, scaled by the RoPE factor except for
+    the su / longrope / llama3 rope types (yarn from its original_max_position_embeddings), Gemma3's
+    already scaled. None where the config states no max_position_embeddings."""
+    # COVERAGE LIMIT [derived-max-len]: vLLM's other length keys (n_positions, seq_length, ...) are not read
+    n = r("max_position_embeddings")
+    if n is None:
+        return None
+    rope = r("rope_parameters") or r("rope_scaling")
+    if not rope or "gemma3" in str(model_type):
+        return int(n)
+    layers = rope.values() if all(isinstance(v, dict) for v in rope.values()) else [rope]
+    factor = 1.0
+    for rp in layers:
+        kind = rp.get("rope_type", rp.get("type"))
+        if kind not in ("su", "longrope", "llama3"):
+            factor = rp.get("factor", factor)
+            if kind == "yarn" and rp.get("original_max_position_embeddings"):
+                n = rp["original_max_position_embeddings"]
+    return int(n * factor)
+
+
 def _div(r, num, den):
     a, b = r(num), r(den)
     if a % b:
@@ -1138,6 +1161,9 @@ def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Import
            "tie_word_embeddings": bool(r("tie_word_embeddings")), "weight_dtype": glob,
            "modality": "text_decoder_of_multimodal" if multimodal else "text_only",
            "layer_kinds": kinds, "stack": stack, "head": head}
+    derived = _derived_max_len(r, raw.get("model_type", cfg.get("model_type")))
+    if derived is not None:
+        doc["max_model_len"] = derived
     if repo is None:
         del doc["hf_repo"]
         inferred.append("hf_repo: not known from the file (pass --hf-repo)")
@@ -1166,7 +1192,7 @@ def graph_from_doc(doc: dict, file: str):
     return ModelGraph(name=doc["name"], hidden_size=doc["hidden_size"], vocab_size=doc["vocab_size"],
                       tie_word_embeddings=doc["tie_word_embeddings"], weight_dtype=doc["weight_dtype"],
                       modality=doc["modality"], layer_kinds=kinds, stack=stack, head=head, speculator=spec,
-                      capture_breaks={}, source=doc["source"], path=file)
+                      capture_breaks={}, source=doc["source"], path=file, max_model_len=doc.get("max_model_len"))
 
 
 def import_hf_config(path, quant_config=None, *, name=None, hf_repo=None):
@@ -1191,8 +1217,9 @@ def graph_yaml(res: Imported) -> str:
     for key in ("format", "name", "source", "hf_repo", "config_sha256"):
         if key in d:
             lines.append(f"{key}: {json.dumps(d[key]) if key in ('source', 'hf_repo', 'config_sha256') else d[key]}")
-    for key in ("hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality"):
-        lines.append(f"{key}: {flow(d[key])}")
+    for key in ("hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality", "max_model_len"):
+        if key in d:
+            lines.append(f"{key}: {flow(d[key])}")
     lines.append("layer_kinds:")
     for kid, nodes in d["layer_kinds"].items():
         lines.append(f"  {kid}:")

@@ -537,6 +537,16 @@ class PrefillAttention(NamedTuple):
 # ----------------------------------------------------------------------------- stages: the deployment
 
 
+def _check_context(scenario: Scenario, graph) -> None:
+    """vLLM refuses to start with a max_model_len past the model's derived length (its config's
+    max_position_embeddings with RoPE scaling; ModelGraph.max_model_len, where the graph states it)."""
+    mml = (scenario.engine or {}).get("max_model_len")
+    if graph.max_model_len is not None and isinstance(mml, (int, float)) and mml > graph.max_model_len:
+        refuse(f"vLLM would not start: more than the {graph.max_model_len} tokens {graph.name} serves at (its "
+               "config's max_position_embeddings, as vLLM derives max_model_len)", file=scenario.path,
+               field="Scenario.engine.max_model_len", value=mml)
+
+
 def _check_coverage(scenario: Scenario) -> None:
     """Refuse what jaxprice does not price: pipeline and context parallelism."""
     file, par, eng = scenario.path, scenario.parallel, scenario.engine
@@ -1307,6 +1317,7 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     reg = registry or Registry()
     _check_coverage(scenario)
     docs = _documents(scenario, reg)
+    _check_context(scenario, docs.graph)
     widths = _widths(scenario, docs.chip)
     scope = _coefficients_in_scope(scenario, reg, extra_sets, docs, widths)
     formats = _served_formats(scenario, docs.graph)

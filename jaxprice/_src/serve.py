@@ -156,8 +156,15 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
     take("max_num_seqs", dep.resolution.get("max_num_seqs", 1024 if big else 256), "resolve (vLLM default for this part)")
     take("block_size", int(dep.plan.memory.get("block_size", 16)), "plan.memory block_size")
     take("kv_capacity_tokens", float(dep.plan.memory["kv_capacity_tokens"]), "plan.memory kv_capacity_tokens (per dp rank)")
-    take("max_model_len", (max_len + 256) if max_len else 32768,
-         "isl + osl + 256 (InferenceX's max-model-len)" if max_len else "32768")
+    limit = dep.graph.max_model_len          # the model's own, where its graph states it
+    default = (max_len + 256) if max_len else 32768
+    take("max_model_len", default if limit is None else min(default, limit),
+         ("isl + osl + 256 (InferenceX's max-model-len)" if max_len else "32768")
+         + ("" if limit is None or default <= limit else f", capped at the model's {limit}"))
+    if limit is not None and out["max_model_len"] > limit:
+        refuse(f"more than the {limit} tokens {dep.graph.name} serves at (its config's max_position_embeddings, "
+               "as vLLM derives max_model_len; vLLM would not start)", file=src["max_model_len"],
+               field="max_model_len", value=out["max_model_len"])
     take("reserve_full_isl", True, "vLLM default (scheduler_reserve_full_isl, V-new, PR #37307 2026-03)")
     take("async_scheduling", True, "vLLM default (on unless PP > 1 or non-EAGLE/MTP speculation)")
     take("decode_threshold", int(dep.resolution.get("decode_threshold", 1)),

@@ -186,9 +186,11 @@ def weight_formats(graph: ModelGraph, chip) -> list:
     return out
 
 
-def max_model_len(isl: int, osl: int) -> int:
-    """The engine's max_model_len for a workload: ISL + OSL + 256 (InferenceX's rule)."""
-    return int(isl) + int(osl) + 256
+def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
+    """The engine's max_model_len for a workload: ISL + OSL + 256 (InferenceX's rule), at most
+    ``limit``, the model's own (``ModelGraph.max_model_len``, where its graph states one)."""
+    want = int(isl) + int(osl) + 256
+    return want if limit is None else min(want, int(limit))
 
 
 def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int, graph: ModelGraph,
@@ -205,7 +207,7 @@ def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int,
         "block_size": 64 if _is_dsa(graph) else 16,
         "max_num_batched_tokens": int(layout.max_num_batched_tokens),
         "max_num_seqs": int(layout.max_num_seqs),
-        "max_model_len": max_model_len(isl, osl),
+        "max_model_len": max_model_len(isl, osl, graph.max_model_len),
         "cudagraph_mode": layout.cudagraph_mode,
         "gpu_memory_utilization": float(gpu_memory_utilization)})
     nodes = max(1, math.ceil(layout.width / gpus_per_node))
@@ -305,7 +307,7 @@ def _engine_key(dep: Deployment, layout: Layout):
 def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, layouts, *, isl: int, osl: int,
                      registry: Registry, gpus_per_node: int = 8, callback=None) -> list:
     """Resolve every layout and check its fit; returns Candidates in layout order."""
-    need = max_model_len(isl, osl)
+    need = max_model_len(isl, osl, graph.max_model_len)
     out, seen, hopeless = [], {}, {}
     for k, lay in enumerate(layouts):
         replicas = gpus // lay.width
@@ -1086,7 +1088,7 @@ def _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, template: L
                                              gpus_per_node=gpus_per_node), registry)
             except JaxpriceError:
                 continue
-            if fits(dep, max_model_len(isl, osl))[0]:
+            if fits(dep, max_model_len(isl, osl, graph.max_model_len))[0]:
                 out.append(w)
                 break
     return out
@@ -1166,6 +1168,9 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
             _positive(v, name, integer=True)
     registry = registry or Registry()
     graph, registry, source = load_model(model, registry)
+    if graph.max_model_len is not None and isl + osl > graph.max_model_len:
+        refuse(f"isl + osl = {isl + osl} tokens exceeds the {graph.max_model_len} tokens {graph.name} serves at "
+               "(its config's max_position_embeddings, as vLLM derives max_model_len)", field="isl", value=isl)
     chip_obj = registry.chip(chip, field="chip")
     for f in weights or ():
         if f not in DTYPE_BYTES:
