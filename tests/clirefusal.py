@@ -14,3 +14,15 @@ def assert_refused(capsys, argv, *words) -> str:
     for w in words:
         assert w in lines[0], (w, lines[0])
     return lines[0]
+
+
+def share_deployment(monkeypatch, name, dep, modules):
+    """Let the CLI commands in ``modules`` reuse one resolved deployment for scenario ``name``
+    (their compiled kernels then too): each command's load_scenario_deployment, cached."""
+    from jaxprice._src import cli_price
+    original = cli_price.load_scenario_deployment
+
+    def cached(scenario):
+        return dep if scenario == name else original(scenario)
+    for mod in modules:
+        monkeypatch.setattr(mod, "load_scenario_deployment", cached)

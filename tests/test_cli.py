@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+from clirefusal import share_deployment
 
 import jaxprice as jp
 from jaxprice import cli
@@ -30,12 +31,7 @@ def dep():
 
 @pytest.fixture(autouse=True)
 def shared_deployment(monkeypatch, dep):
-    original = cli_price.load_scenario_deployment
-
-    def cached(name):
-        return dep if name == S else original(name)
-    monkeypatch.setattr(cli_price, "load_scenario_deployment", cached)
-    monkeypatch.setattr(cli_sweep, "load_scenario_deployment", cached)
+    share_deployment(monkeypatch, S, dep, (cli_price, cli_sweep))
 
 
 def run(capsys, *argv):

@@ -8,7 +8,7 @@ Every case here is refused before the kernel runs; the deployment is loaded once
 from __future__ import annotations
 
 import pytest
-from clirefusal import assert_refused
+from clirefusal import assert_refused, share_deployment
 
 import jaxprice as jp
 from jaxprice import cli
@@ -25,12 +25,7 @@ def dep():
 
 @pytest.fixture(autouse=True)
 def shared_deployment(monkeypatch, dep):
-    original = cli_price.load_scenario_deployment
-
-    def cached(name):
-        return dep if name == S else original(name)
-    for mod in (cli_price, cli_sweep, cli_serve, cli_optimize):
-        monkeypatch.setattr(mod, "load_scenario_deployment", cached)
+    share_deployment(monkeypatch, S, dep, (cli_price, cli_sweep, cli_serve, cli_optimize))
 
 
 def files(tmp_path):

@@ -60,3 +60,10 @@ def test_folders(place):
     assert "is a file, not a folder" in _refused(check_output_folder, place / "afile", flag="--out")
     assert "is a file, not a folder" in _refused(check_output_folder, place / "afile" / "sub", flag="--out")
     assert "empty folder name" in _refused(check_output_folder, "  ", flag="--out")
+
+
+def test_check_image_is_the_image_rule_or_nothing(place):
+    from jaxprice._src.outputs import check_image
+    assert check_image(None, "--plot") is None
+    assert check_image(place / "x.svg", "--plot") == place / "x.svg"
+    assert "unsupported image format .csv" in _refused(check_image, place / "x.csv", "--plot")

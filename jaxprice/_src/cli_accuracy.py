@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from .errors import refuse
-from .outputs import IMAGE_SUFFIXES, check_output_file, check_output_folder
+from .outputs import check_image, check_output_file, check_output_folder
 
 DEFAULT_RULE = "simulate"      # the most accurate rule on the development set (README, Accuracy)
 
@@ -214,7 +214,7 @@ def check_inputs(args) -> None:
     if args.markdown is not None:
         check_output_file(args.markdown, flag="--markdown", what="Markdown")
     if args.plot is not None:
-        plot = check_output_file(args.plot, flag="--plot", suffixes=IMAGE_SUFFIXES, what="image")
+        plot = check_image(args.plot, "--plot")
         if args.batch_rule == "simulate":      # TTFT is predicted too: FILE-ttft.png beside it
             check_output_file(plot.with_name(f"{plot.stem}-ttft{plot.suffix}"), flag="--plot", what="image")
     if args.cache_dir is not None:

@@ -22,7 +22,7 @@ import numpy as np
 
 from .batchfile import DEFAULT_DECODE_THRESHOLD, read_batch_file
 from .errors import refuse
-from .outputs import IMAGE_SUFFIXES, check_output_file
+from .outputs import check_image
 from .plan import RESOURCES, Batch
 from .schema import MAX_REQUESTS
 
@@ -71,12 +71,6 @@ def parse_float(text, *, flag, minimum=None, positive=False):
         refuse(f"must be a finite number >= {minimum}" if minimum is not None else "must be finite",
                field=flag, value=v)
     return v
-
-
-def check_image(path, flag):
-    """An image output path checked before the work (None: no image asked for)."""
-    if path is not None:
-        check_output_file(path, flag=flag, suffixes=IMAGE_SUFFIXES, what="image")
 
 
 def _continue(terms, end, *, flag, text):

@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_price import (check_image, describe_deployment, load_scenario_deployment, parse_float, parse_int,
+from .cli_price import (describe_deployment, load_scenario_deployment, parse_float, parse_int,
                         parse_int_list)
 from .client import MAX_RUN_REQUESTS, MAX_SEED
 from .errors import refuse
-from .outputs import check_output_file
+from .outputs import check_image, check_output_file
 from .progress import Progress
 
 ENGINE_FLAGS = (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),

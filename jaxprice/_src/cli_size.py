@@ -20,7 +20,7 @@ import numpy as np
 
 from .cli_price import parse_float, parse_int, parse_int_list
 from .errors import refuse
-from .outputs import IMAGE_SUFFIXES, check_output_file
+from .outputs import check_image, check_output_file
 from .progress import Progress
 
 
@@ -237,7 +237,7 @@ def check_outputs(args) -> None:
     if args.json is not None and args.json != "-":
         check_output_file(args.json, flag="--json", what="JSON")
     if args.plot is not None:
-        check_output_file(args.plot, flag="--plot", suffixes=IMAGE_SUFFIXES, what="image")
+        check_image(args.plot, "--plot")
     if args.write_scenario is not None:
         check_output_file(args.write_scenario, flag="--write-scenario", what="scenario")
 

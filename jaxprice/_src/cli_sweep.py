@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli_price import (MAX_STEP_REQUESTS, UNITS, add_common_arguments, check_image, check_limits, common_options,
+from .cli_price import (MAX_STEP_REQUESTS, UNITS, add_common_arguments, check_limits, common_options,
                         describe_deployment, engine_limits, load_scenario_deployment, mode_text, parse_int,
                         parse_int_list)
 from .batchfile import DEFAULT_DECODE_THRESHOLD
 from .errors import refuse
-from .outputs import check_output_file
+from .outputs import check_image, check_output_file
 from .plan import RESOURCES, Batch
 from .progress import Progress
 

@@ -68,3 +68,10 @@ def check_output_folder(path, *, flag: str) -> Path:
         refuse(f"{anc} is a file, not a folder", field=flag, value=str(path))
     _probe_folder(anc, flag, path)
     return p
+
+
+def check_image(path, flag: str):
+    """An image output path checked before the work (None: no image asked for); returns it."""
+    if path is None:
+        return None
+    return check_output_file(path, flag=flag, suffixes=IMAGE_SUFFIXES, what="image")
