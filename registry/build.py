@@ -9,12 +9,14 @@ verbatim BLIS reference copies in ../shared/reference/.
 Figures are carried over as PyYAML parses them (ints stay ints, floats are written with repr);
 every output records its source as "owner/repo path@commit", taken from the "## Files" table of
 the reference README. Rationale prose, ``_comment*`` keys and YAML comments are not copied.
-Formats: registry/README.md. Standard library + PyYAML only.
+Formats: registry/README.md. Standard library + PyYAML, and jaxprice's own reading of a config's
+max_model_len (jaxprice/_src/hf.py), so a bundled graph and an imported one derive it alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import re
@@ -340,6 +342,36 @@ def _apply_corrections(rel, model, kinds) -> list:
     return lines
 
 
+HF_CONFIGS = REPO / "testdata" / "hf"     # verbatim config.json copies (their SOURCES.md)
+
+
+def _model_len(repo, sha):
+    """(max_model_len, comment) for a graph whose Hugging Face repo has a bundled config.json: the
+    length vLLM derives from it (hf._derived_max_len, as `jaxprice import-model` writes it), so the
+    bundled graphs refuse a context past the model's own as imported ones do. None where no config
+    of that repo is bundled. The comment says whether the bundled config is the very file the
+    graph was derived from (its sha256) or another revision of the same repo."""
+    if not repo:
+        return None
+    cfg_path = HF_CONFIGS / repo.replace("/", "--") / "config.json"
+    if not cfg_path.exists():
+        return None
+    sys.path.insert(0, str(REPO))
+    from jaxprice._src.hf import _derived_max_len
+    raw = cfg_path.read_bytes()
+    cfg = json.loads(raw)
+    text = cfg.get("text_config") or cfg
+    length = _derived_max_len(lambda key: text.get(key, cfg.get(key)), cfg.get("model_type"))
+    if length is None:
+        return None
+    same = hashlib.sha256(raw).hexdigest() == sha
+    rel = cfg_path.relative_to(REPO).as_posix()
+    return length, (f"# max_model_len: vLLM's derived length from {rel} ("
+                    + ("the config this graph was derived from" if same else
+                       "the same repo's config, another revision than the graph's config_sha256")
+                    + "; max_position_embeddings with the RoPE factor, as jaxprice import-model reads it)")
+
+
 def build_models(ref, cites, log):
     files = {}
     mdir = ref / "catalog" / "models"
@@ -378,6 +410,9 @@ def build_models(ref, cites, log):
         for k in GLOBAL_KEYS:
             data[k] = glob[k]
         data["modality"] = doc.get("modality") or "text_only"
+        length = _model_len(data.get("hf_repo"), data.get("config_sha256"))
+        if length is not None:
+            data["max_model_len"], length_note = length
         kinds = {}
         for i, lk in enumerate(doc.get("layer_kinds") or []):
             if not isinstance(lk, dict) or set(lk) - {"id", "nodes", "edges"} or "id" not in lk:
@@ -409,6 +444,8 @@ def build_models(ref, cites, log):
         if ident_cite:
             out.append(f"# hf_repo, hf_revision: {ident_cite}")
         out += corrections
+        if length is not None:
+            out.append(length_note)
         for k, v in data.items():
             if k in ("layer_kinds", "head"):
                 continue

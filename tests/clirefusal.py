@@ -22,7 +22,7 @@ def share_deployment(monkeypatch, name, dep, modules):
     from jaxprice._src import cli_price
     original = cli_price.load_scenario_deployment
 
-    def cached(scenario):
-        return dep if scenario == name else original(scenario)
+    def cached(scenario, pool=None):
+        return dep if scenario == name and pool is None else original(scenario, pool)
     for mod in modules:
         monkeypatch.setattr(mod, "load_scenario_deployment", cached)

@@ -217,3 +217,41 @@ def test_trace_past_the_request_cap_is_refused(tmp_path, monkeypatch):
     p.write_text("arrival_s,input_len,output_len\n0,64,16\n1,64,16\n2,64,16\n")
     with pytest.raises(jp.JaxpriceError, match=r"t.csv:4.*more than 2 requests"):
         load_trace(p)
+
+
+def two_pools(tmp_path):
+    """The base scenario split into a prefill pool (tp8) and a decode pool (tp4)."""
+    import copy
+
+    import yaml
+    scen, dep = yaml.safe_load_all(jp.scenario_path(S).read_text())
+    second = copy.deepcopy(dep["pools"][0])
+    second["role"], second["parallel"]["tp"] = "decode", 4
+    dep["pools"][0]["role"] = "prefill"
+    dep["pools"].append(second)
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump_all([scen, dep], sort_keys=False))
+    return str(path)
+
+
+@pytest.mark.parametrize("argv", [("price", "--decode", "1"), ("sweep",), ("optimize", "--itl-ms", "50"),
+                                  ("serve",)])
+def test_every_command_that_prices_a_scenario_takes_pool(capsys, tmp_path, argv):
+    """A two-pool scenario is refused naming --pool; --pool past the pools or not a number is refused
+    naming it (each command passes --pool to the loader: without it the refusal would be the first)."""
+    path = two_pools(tmp_path)
+    cmd, rest = argv[0], list(argv[1:])
+    assert_refused(capsys, [cmd, path, *rest], "COVERAGE LIMIT [one-pool]", "2 pools (prefill, decode)",
+                   "--pool 0..1")
+    assert_refused(capsys, [cmd, path, "--pool", "2", *rest], "pool index out of range", "Deployment.pools", "2")
+    assert_refused(capsys, [cmd, path, "--pool", "-1", *rest], "'--pool'", "-1")
+    assert_refused(capsys, [cmd, path, "--pool", "one", *rest], "'--pool'", "one", "expected an integer")
+
+
+def test_pool_picks_the_pool(tmp_path):
+    path = two_pools(tmp_path)
+    decode = cli_price.load_scenario_deployment(path, "1")
+    assert decode.resolution["tp"] == 4 and decode.scenario.pool_index == 1
+    prefill = cli_price.load_scenario_deployment(path, "0")
+    assert prefill.resolution["tp"] == 8
+    assert decode.resolution == jp.load_deployment(path, pool_index=1).resolution

@@ -237,6 +237,24 @@ def test_a_max_model_len_past_the_models_is_refused_and_defaults_capped():
         S.size("qwen3-30b-a3b", chip="h200", gpus=1, isl=40000, osl=1000)
 
 
+def test_bundled_graphs_carry_the_length_their_config_derives():
+    """registry/build.py writes every bundled graph's max_model_len from its repo's bundled
+    config.json (by hand: llama-3.1 131072 (llama3 rope: not scaled), deepseek-v3 yarn 40 x 4096,
+    mixtral 32768 with no rope scaling), and a context past it is refused at size and resolve alike."""
+    from jaxprice._src import size as S
+    expected = {"llama-3.1-8b-instruct": 131072, "deepseek-v3": 40 * 4096, "mixtral-8x7b-v0.1": 32768,
+                "kimi-k2.5": 64 * 4096, "gpt-oss-120b": 32 * 4096, "minimax-m2.5": 196608}
+    for name, length in expected.items():
+        assert S.load_model(name)[0].max_model_len == length, name
+    for f in sorted((ROOT / "registry" / "models").glob("*.yaml")):
+        graph = S.load_model(f.stem)[0]
+        assert graph.max_model_len is not None, f.stem
+        repo = yaml.safe_load(f.read_text())["hf_repo"]
+        assert import_result(HF / repo.replace("/", "--")).doc["max_model_len"] == graph.max_model_len, f.stem
+    with pytest.raises(JaxpriceError, match=r"isl \+ osl = 32769 tokens exceeds the 32768 tokens mixtral"):
+        S.size("mixtral-8x7b-v0.1", chip="h200", gpus=2, isl=32000, osl=769)
+
+
 def test_serve_caps_its_default_and_refuses_an_override_past_the_models():
     from jaxprice import Registry, resolve
     from jaxprice._src import serve

@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from .cli_price import UNITS, describe_deployment, load_scenario_deployment, parse_float, parse_int
+from .cli_price import UNITS, add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float, parse_int
 from .errors import JaxpriceError
 from .plan import RESOURCES
 from .progress import Progress
@@ -43,8 +43,7 @@ def add_parser(subparsers):
                     "tokens per step are the decodes' (times --tokens-per-decode); with --prompt-len and "
                     "--output-len, at most what the prefill chunk can feed in a steady state "
                     "(P * output_len / prompt_len).")
-    p.add_argument("scenario", metavar="SCENARIO",
-                   help="a bundled scenario name (testdata/aisimulate/<name>.yaml) or a scenario file")
+    add_scenario_argument(p)
     p.add_argument("--itl-ms", metavar="MS", required=True, help="the step-time (inter-token latency) limit, in ms")
     p.add_argument("--prefill-budget", metavar="N", default="2048",
                    help="the most prefill tokens one step may carry (one chunk; default 2048)")
@@ -145,7 +144,7 @@ def _table(rows, k, units) -> str:
 def run(args) -> int:
     from .search import grid_search, make_limits, optimize_batch
     limits, search = _options(args)
-    dep = load_scenario_deployment(args.scenario)
+    dep = load_scenario_deployment(args.scenario, args.pool)
     try:
         make_limits(dep, **limits)
         bar = Progress(2, "optimize", enabled=not args.json or sys.stderr.isatty())

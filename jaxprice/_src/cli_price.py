@@ -135,9 +135,19 @@ def find_scenario(name) -> Path:
     return scenario_path(name)
 
 
-def load_scenario_deployment(name):
+def add_scenario_argument(p, help="a bundled scenario name (testdata/aisimulate/<name>.yaml) or a scenario file"):
+    """The SCENARIO positional and --pool, which every command that prices one deployment takes."""
+    p.add_argument("scenario", metavar="SCENARIO", help=help)
+    p.add_argument("--pool", metavar="I", default=None,
+                   help="which pool of a deployment with several (e.g. disaggregated prefill and decode) to "
+                        "price, by its index in Deployment.pools, 0-based; needed only then")
+
+
+def load_scenario_deployment(name, pool=None):
+    """The deployment a command prices: the scenario's only pool, or pool number `pool` (--pool)."""
     from .resolve import load_deployment
-    return load_deployment(find_scenario(name))
+    index = None if pool is None else parse_int(pool, flag="--pool", minimum=0)
+    return load_deployment(find_scenario(name), pool_index=index)
 
 
 def describe_deployment(dep) -> str:
@@ -184,8 +194,7 @@ def common_pad(rows) -> int:
 
 
 def add_common_arguments(p, *, batch_files=False):
-    p.add_argument("scenario", metavar="SCENARIO",
-                   help="a bundled scenario name (testdata/aisimulate/<name>.yaml) or a scenario file")
+    add_scenario_argument(p)
     p.add_argument("--decode-threshold", metavar="N", default=None,
                    help=f"a request scheduling more tokens than N is a prefill (default {DEFAULT_DECODE_THRESHOLD}, "
                         "the reference kernel's" + ("; a batch file's own value wins over the default)" if batch_files
@@ -363,7 +372,7 @@ def format_breakdown(dep, label, rec, layers, units) -> str:
 def run(args) -> int:
     check_image(args.plot, "--plot")
     threshold, temperature = common_options(args)
-    dep = load_scenario_deployment(args.scenario)
+    dep = load_scenario_deployment(args.scenario, args.pool)
     specs = build_batches(args, dep, threshold)
     if args.batch:
         rows = common_pad([s[2].size for s in specs]) * len(specs)

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_price import (describe_deployment, load_scenario_deployment, parse_float, parse_int,
+from .cli_price import (add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float, parse_int,
                         parse_int_list)
 from .client import MAX_RUN_REQUESTS, MAX_SEED
 from .errors import refuse
@@ -38,7 +38,7 @@ def add_parser(subparsers):
         description="Simulate InferenceX's benchmark client (closed loop at a concurrency, or Poisson arrivals "
                     "at a rate, or a trace) against vLLM v1's scheduler (chunked prefill, KV blocks, "
                     "preemption, DP ranks, async scheduling), every step priced by the kernel.")
-    p.add_argument("scenario", metavar="SCENARIO", help="a bundled scenario name or a scenario file")
+    add_scenario_argument(p, help="a bundled scenario name or a scenario file")
     p.add_argument("--isl", default=None, metavar="N", help="input length (default 1024; not with --trace)")
     p.add_argument("--osl", default=None, metavar="N", help="output length (default 1024; not with --trace)")
     p.add_argument("--concurrency", metavar="LIST", default=None,
@@ -181,7 +181,7 @@ def run(args) -> int:
             if c > MAX_CONCURRENCY:
                 refuse(f"must be at most {MAX_CONCURRENCY} (jaxprice's cap on closed-loop clients; 10 x that "
                        f"is the cap of {MAX_RUN_REQUESTS} requests per run)", field="--concurrency", value=c)
-    dep = load_scenario_deployment(args.scenario)
+    dep = load_scenario_deployment(args.scenario, args.pool)
     quiet = args.json
     if args.trace is not None:
         label, loads = "trace", [Path(args.trace).name]

@@ -606,7 +606,7 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
             roles = ", ".join(str(p.get("role", "colocated")) if isinstance(p, dict) else "?" for p in pools)
             refuse(f"COVERAGE LIMIT [one-pool]: the deployment has {len(pools)} pools ({roles}) and jaxprice "
                    f"prices one pool's step at a time, not the deployment as a whole: write one scenario per "
-                   f"pool, or load it with load_deployment(path, pool_index=0..{len(pools) - 1})", file=file,
+                   f"pool, or pick one (the commands' --pool 0..{len(pools) - 1}; load_deployment(path, pool_index=i))", file=file,
                    field="Deployment.pools", value=len(pools))
         pool_index = 0
     if not 0 <= pool_index < len(pools):
@@ -634,8 +634,9 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
                "(vLLM's CacheConfig.BlockSize)", file=file, field=f"{where}engine.block_size",
                value=engine["block_size"])
     # COVERAGE LIMIT [max-model-len-vs-context]: max_model_len is checked against the model's own
-    # (resolve._check_context) only where its graph states one: imported graphs do, from config.json;
-    # the bundled reference graphs carry none
+    # (resolve._check_context) only where its graph states one: imported graphs do, from config.json,
+    # and the bundled graphs whose repo's config.json is bundled (all of them today); a graph file
+    # written by hand without it is not checked
     spec = engine.get("speculative")
     if spec is not None:
         if not isinstance(spec, dict):
