@@ -160,6 +160,8 @@ def test_size_lists_and_ratio_name_their_flag(capsys, tmp_path, argv, words):
 @pytest.mark.parametrize("argv,words", [
     (["--huber-delta", "5"], ("--huber-delta", "--loss huber")),
     (["--priors", "0.1"], ("--priors", "--prior cv")),
+    (["--holdout", "model", "--cv-seeds", "0,1"], ("--cv-seeds", "0,1", "--holdout deployment")),
+    (["--cv-seeds", "3"], ("--cv-seeds", "3", "a fraction has none")),
     (["--holdout", "deployment", "--prior", "0.1", "--priors", "0,1"], ("--priors", "--prior cv")),
     (["--name", "", "--out", "{d}/x.yaml"], ("--name", "empty set name")),
     (["--name", "tiny"], ("--name", "--out")),

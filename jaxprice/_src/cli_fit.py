@@ -63,7 +63,7 @@ def add_parser(subparsers):
     p.add_argument("--holdout", default="0.25",
                    help="a fraction of deployments held out for early stopping, or model / chip / deployment: "
                         "cross-validate by leaving one out (deployment: seeded splits, --cv-seeds)")
-    p.add_argument("--cv-seeds", default="0,1,2", help="--holdout deployment: the seeds of its splits")
+    p.add_argument("--cv-seeds", default=None, help="--holdout deployment: the seeds of its splits (default 0,1,2)")
     p.add_argument("--prior", default=None,
                    help="prior strength (>= 0) pulling each free coefficient toward its registry value in log "
                         "space ('inf': keep the registry), or 'cv' to choose it by the cross-validation "
@@ -148,7 +148,11 @@ def _options(args) -> dict:
         o["cv"], o["holdout"] = None, parse_float(args.holdout, flag="--holdout", minimum=0.0)
         if o["holdout"] >= 1:
             refuse("must be below 1 (or one of model, chip, deployment)", field="--holdout", value=o["holdout"])
-    o["cv_seeds"] = [parse_int(x.strip(), flag="--cv-seeds", minimum=0) for x in args.cv_seeds.split(",") if x.strip()]
+    if args.cv_seeds is not None and o["cv"] != "deployment":
+        refuse("the seeds are those of --holdout deployment's splits; a leave-one-out split (model, chip) or "
+               "a fraction has none", field="--cv-seeds", value=args.cv_seeds, has_value=True)
+    seeds = "0,1,2" if args.cv_seeds is None else args.cv_seeds
+    o["cv_seeds"] = [parse_int(x.strip(), flag="--cv-seeds", minimum=0) for x in seeds.split(",") if x.strip()]
     if o["cv"] == "deployment" and not o["cv_seeds"]:
         refuse("give at least one seed (e.g. 0,1,2) for --holdout deployment", field="--cv-seeds",
                value=args.cv_seeds, has_value=True)
