@@ -269,3 +269,20 @@ def test_serve_caps_its_default_and_refuses_an_override_past_the_models():
     assert settings["max_model_len"] == 40960                 # 40900 + 256 capped at the model's
     with pytest.raises(JaxpriceError, match=r"field 'max_model_len', value 50000: more than the 40960"):
         serve.engine_settings(dep, {"max_model_len": 50000})
+
+
+def test_the_library_client_refuses_runs_past_the_request_cap():
+    """The CLI's cap on one simulated run binds simulate() too: the clients refuse at validate(),
+    before the scheduler allocates (a 1e9-prompt closed loop was killed for memory)."""
+    from jaxprice import ClosedLoop, OpenLoop, Trace
+    from jaxprice._src.client import MAX_RUN_REQUESTS
+    ClosedLoop(MAX_RUN_REQUESTS // 10).validate()
+    ClosedLoop(4, num_prompts=MAX_RUN_REQUESTS).validate()
+    cases = [(lambda: ClosedLoop(4, num_prompts=MAX_RUN_REQUESTS + 1).validate(), "num_prompts", MAX_RUN_REQUESTS + 1),
+             (lambda: ClosedLoop(MAX_RUN_REQUESTS // 10 + 1).validate(), "concurrency", MAX_RUN_REQUESTS // 10 + 1),
+             (lambda: OpenLoop(5.0, MAX_RUN_REQUESTS + 1).validate(), "num_prompts", MAX_RUN_REQUESTS + 1),
+             (lambda: Trace([0.0] * (MAX_RUN_REQUESTS + 1), [8] * (MAX_RUN_REQUESTS + 1),
+                            [8] * (MAX_RUN_REQUESTS + 1)), "Trace", MAX_RUN_REQUESTS + 1)]
+    for make, field, value in cases:
+        with pytest.raises(JaxpriceError, match=rf"field '{field}', value {value}: .*cap of {MAX_RUN_REQUESTS} requests"):
+            make()

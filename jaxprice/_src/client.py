@@ -32,6 +32,13 @@ def _check_seed(seed, source):
         refuse(f"must be an integer in [0, {MAX_SEED}]", file=source, field="seed", value=seed, has_value=True)
 
 
+def _check_run_size(n, source, field, value, what=""):
+    """A run of n requests past MAX_RUN_REQUESTS is refused before the scheduler allocates for it."""
+    if n > MAX_RUN_REQUESTS:
+        refuse(f"{what}exceeds jaxprice's cap of {MAX_RUN_REQUESTS} requests per simulated run (about 2 GB "
+               "of scheduler state)", file=source, field=field, value=value, has_value=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """Request lengths: input ``isl`` and output ``osl`` tokens.
@@ -89,6 +96,10 @@ class ClosedLoop:
             refuse("must be an integer >= 1", file=source, field="concurrency", value=c, has_value=True)
         if self.num_prompts is not None and (not isinstance(self.num_prompts, (int, np.integer)) or self.num_prompts < 1):
             refuse("must be an integer >= 1", file=source, field="num_prompts", value=self.num_prompts, has_value=True)
+        if self.num_prompts is not None:
+            _check_run_size(self.num_prompts, source, "num_prompts", self.num_prompts)
+        else:
+            _check_run_size(10 * c, source, "concurrency", c, f"its default num_prompts, 10 x {c} = {10 * c}, ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +116,7 @@ class OpenLoop:
             refuse("must be a number > 0 (requests/s)", file=source, field="rate", value=r, has_value=True)
         if not isinstance(self.num_prompts, (int, np.integer)) or self.num_prompts < 1:
             refuse("must be an integer >= 1", file=source, field="num_prompts", value=self.num_prompts, has_value=True)
+        _check_run_size(self.num_prompts, source, "num_prompts", self.num_prompts)
         _check_seed(self.seed, source)
 
     def arrivals(self):
@@ -129,6 +141,7 @@ class Trace:
         if not (a.shape == i.shape == o.shape) or a.ndim != 1 or a.size == 0:
             refuse("arrival_s, input_len and output_len must be equal-length non-empty lists", file=self.source,
                    field="Trace")
+        _check_run_size(a.size, self.source, "Trace", a.size, "the trace's request count ")
         order = np.argsort(a, kind="stable")
         object.__setattr__(self, "arrival_s", tuple(a[order].tolist()))
         object.__setattr__(self, "input_len", tuple(int(x) for x in i[order]))
