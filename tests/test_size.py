@@ -396,3 +396,23 @@ def test_run_to_run_scores_one_run_against_another():
     assert r["cases"] > 0 and r["pairwise"] == 0.0 and r["best_cases"] == 0.0 and r["best_groups"] == 0.0
     # a deployment measured once is left out, and a group left with one deployment is not scored
     assert sv.repeated_groups({g: {"a": agree[g]["a"], "b": {"b-cfg1": sweep(11)}}}) == {}
+
+
+def test_runner_up_is_a_different_outcome_and_ties_are_listed():
+    """Two layouts with the very same numbers (a setting that does not bind at that load) are tied:
+    the runner-up is the next layout whose numbers differ, and the margin is against it. By hand:
+    best 100 tok/s/GPU, its twin 100, then 80 -> margin 100 / 80 - 1 = 0.25."""
+    from types import SimpleNamespace as NS
+
+    def res(tps, ttft=0.5, tpot=0.02):
+        return NS(tps_per_gpu=np.array([tps / 2, tps]), tps_per_user=np.array([60.0, 40.0]),
+                  ttft=np.array([0.1, ttft]), tpot=np.array([0.01, tpot]), concurrency=np.array([4, 8]))
+    results = [res(100.0), res(100.0), res(80.0), res(100.0 * (1 + 1e-6))]
+    frontier, best, runner, margin, miss = S.choose(results, 1.0, 0.05)
+    assert best == (3, 1) and runner == (0, 1) and margin == pytest.approx(1e-6)   # 1e-6 apart: not a tie
+    results = results[:3]
+    frontier, best, runner, margin, miss = S.choose(results, 1.0, 0.05)
+    assert best == (0, 1) and runner == (2, 1) and margin == pytest.approx(0.25)
+    assert S.tied_with_best(results, 1.0, 0.05) == [1]
+    results[1].tpot = np.array([0.01, 0.021])                  # same throughput, another TPOT: not tied
+    assert S.tied_with_best(results, 1.0, 0.05) == [] and S.choose(results, 1.0, 0.05)[2] == (1, 1)

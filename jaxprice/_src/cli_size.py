@@ -286,6 +286,10 @@ def run(args) -> int:
         print(line)
         if b["concurrency_per_engine"] == int(result.best_result.concurrency.max()):
             print("  (at the sweep's largest concurrency: a larger --concurrency may find more)")
+        if result.tied:
+            names = [result.results[i].layout.label for i in result.tied]
+            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            print(f"  tied with {shown} (the same numbers: their other settings do not bind at this load)")
         if result.runner_up is not None:
             n = result.point(result.runner_up)
             print(f"  beats the next best, {n['label']} ({n['tokens_per_s_per_gpu']:.1f} tok/s per GPU at "

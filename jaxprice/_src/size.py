@@ -856,8 +856,9 @@ def simulation_set(results, ttft_t, tpot_t, *, near: float = 0.2, band: float = 
 class SizeResult:
     """What ``size`` found (see the module docstring). ``frontier``: (layout result index,
     concurrency index) pairs, by tokens/s per user ascending; ``best``: such a pair or None;
-    ``runner_up``: the best point of any other layout meeting the targets (None if none);
-    ``margin``: best / runner-up tokens/s per GPU - 1; ``miss``: the message when no point meets
+    ``runner_up``: the best point of any other layout meeting the targets whose numbers differ from
+    the best's (None if none); ``tied``: result indices of layouts with the best's very numbers
+    (settings that do not bind at that load); ``margin``: best / runner-up tokens/s per GPU - 1; ``miss``: the message when no point meets
     the targets; ``info``: search statistics (layouts, compiles, steps, seconds, evaluator)."""
     model: str
     chip: str
@@ -877,6 +878,7 @@ class SizeResult:
     registry: Registry | None = None
     model_source: str = ""
     verification: list = dataclasses.field(default_factory=list)
+    tied: list = dataclasses.field(default_factory=list)
 
     # -- selections
     def point(self, ref) -> dict:
@@ -936,6 +938,7 @@ class SizeResult:
                "coefficient_sets": list(COEFFICIENT_SETS), "info": self.info,
                "best": None if self.best is None else self.point(self.best),
                "runner_up": None if self.runner_up is None else self.point(self.runner_up),
+               "tied_with_best": [self.results[i].layout.label for i in self.tied],
                "margin": self.margin, "miss": self.miss or None,
                "frontier": [self.point(f) for f in self.frontier],
                "verification": self.verification,
@@ -1019,26 +1022,51 @@ def _meets(r: LayoutResult, ttft_t, tpot_t):
     return ok
 
 
-def choose(results, ttft_t, tpot_t):
-    """(frontier, best, runner_up, margin, miss) over evaluated layouts (see SizeResult)."""
-    refs = [(i, j) for i, r in enumerate(results) for j in range(len(r.concurrency))]
-    ttft_ok = [bool(ttft_t is None or results[i].ttft[j] <= ttft_t) for i, j in refs]
-    pool = [ref for ref, ok in zip(refs, ttft_ok) if ok] or refs
-    pts = [(results[i].tps_per_user[j], results[i].tps_per_gpu[j]) for i, j in pool]
-    frontier = [pool[k] for k in pareto(pts)] if pool else []
+def _ranked(results, ttft_t, tpot_t) -> list:
+    """Each layout meeting the targets at its best point, (tokens/s per GPU, -index, (i, j)),
+    best first (ties: the earlier candidate)."""
     per_layout = []
     for i, r in enumerate(results):
         ok = _meets(r, ttft_t, tpot_t)
         if ok.any():
             j = int(np.flatnonzero(ok)[np.argmax(r.tps_per_gpu[ok])])
             per_layout.append((float(r.tps_per_gpu[j]), -i, (i, j)))
-    per_layout.sort(reverse=True)
-    if per_layout:
-        best = per_layout[0][2]
-        runner = per_layout[1][2] if len(per_layout) > 1 else None
-        margin = (per_layout[0][0] / per_layout[1][0] - 1.0) if runner is not None and per_layout[1][0] > 0 else None
-        return frontier, best, runner, margin, ""
-    return frontier, None, None, None, miss_message(results, ttft_t, tpot_t)
+    return sorted(per_layout, reverse=True)
+
+
+def _same_point(results, a, b) -> bool:
+    """Two layouts' points give the same numbers (e.g. a max_num_seqs above the concurrency, or a
+    token budget no step reaches: a setting that does not bind at that load)."""
+    ra, rb = results[a[0]], results[b[0]]
+    pair = [(ra.tps_per_gpu[a[1]], rb.tps_per_gpu[b[1]]), (ra.ttft[a[1]], rb.ttft[b[1]]), (ra.tpot[a[1]], rb.tpot[b[1]]),
+            (ra.concurrency[a[1]], rb.concurrency[b[1]])]
+    return all(abs(float(x) - float(y)) <= 1e-9 * max(abs(float(x)), abs(float(y))) for x, y in pair)
+
+
+def tied_with_best(results, ttft_t, tpot_t) -> list:
+    """The result indices of the other layouts whose best point equals the best's (same numbers):
+    equally good choices, listed beside the best instead of standing as its runner-up."""
+    ranked = _ranked(results, ttft_t, tpot_t)
+    return [ref[0] for _, _, ref in ranked[1:] if ranked and _same_point(results, ranked[0][2], ref)]
+
+
+def choose(results, ttft_t, tpot_t):
+    """(frontier, best, runner_up, margin, miss) over evaluated layouts (see SizeResult). The
+    runner-up is the best layout whose numbers differ from the best's (tied_with_best lists the
+    others), so the margin compares two different outcomes."""
+    refs = [(i, j) for i, r in enumerate(results) for j in range(len(r.concurrency))]
+    ttft_ok = [bool(ttft_t is None or results[i].ttft[j] <= ttft_t) for i, j in refs]
+    pool = [ref for ref, ok in zip(refs, ttft_ok) if ok] or refs
+    pts = [(results[i].tps_per_user[j], results[i].tps_per_gpu[j]) for i, j in pool]
+    frontier = [pool[k] for k in pareto(pts)] if pool else []
+    ranked = _ranked(results, ttft_t, tpot_t)
+    if not ranked:
+        return frontier, None, None, None, miss_message(results, ttft_t, tpot_t)
+    best = ranked[0][2]
+    others = [x for x in ranked[1:] if not _same_point(results, best, x[2])]
+    runner = others[0][2] if others else None
+    margin = (ranked[0][0] / others[0][0] - 1.0) if others and others[0][0] > 0 else None
+    return frontier, best, runner, margin, ""
 
 
 def miss_message(results, ttft_t, tpot_t) -> str:
@@ -1310,7 +1338,8 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     return SizeResult(model=graph.name, chip=chip, gpus=gpus, workload=workload, ttft_target=ttft_t,
                       tpot_target=tpot_t, candidates=cands, results=results, frontier=frontier, best=best,
                       runner_up=runner, margin=margin, miss=miss, info=info, graph=graph, registry=registry,
-                      model_source=source, verification=verification)
+                      model_source=source, verification=verification,
+                      tied=tied_with_best(results, ttft_t, tpot_t))
 
 
 # ----------------------------------------------------------------------------- figure
