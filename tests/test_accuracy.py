@@ -877,11 +877,17 @@ def test_simulate_gives_each_deployment_its_recipe_engine():
 def test_a_run_the_simulation_refuses_is_a_refused_point_with_its_reason(tmp_path):
     rows = [r for r in rows_of() if r["deployment"] == MINIMAX and r["concurrency"] == "16"]
     for r in rows:
-        r["isl"] = "1000000"              # a prompt the KV cache cannot hold (refused before any step runs)
+        r["isl"] = "150000"               # a prompt the KV cache cannot hold (refused before any step runs)
     rep = acc.evaluate_accuracy(write_rows(tmp_path / "big.csv", rows), batch_rule="simulate")
     (bad,) = rep.refused
     assert bad["concurrency"] == 16 and bad["reason"].startswith("the simulation refuses the run: ")
     assert "KV cache" in bad["reason"]
+    for r in rows:
+        r["isl"] = "1000000"              # past the model's own length: the recipe's engine would not start
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "longer.csv", rows), batch_rule="simulate")
+    (bad,) = rep.refused                  # refused for that, not simulated under the scenario's own engine
+    assert bad["reason"].startswith("the recipe's deployment does not resolve: ")
+    assert "vLLM would not start: more than the 196608 tokens minimax-m2.5 serves at" in bad["reason"]
     s = rep.summary["no_overlap"]["all"]
     assert (s["points"], s["priced"], s["refused"]) == (1, 0, 1)
     assert record(rep, MINIMAX, 16)["status"] == "refused"

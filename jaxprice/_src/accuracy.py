@@ -943,10 +943,11 @@ def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coeffi
         for widx in by_workload.values():
             run = SimulatedRun(name, base, where, widx)
             a0 = engine_assumptions(points[widx[0]])
-            try:
-                run.dep = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files)
+            try:     # both resolve or the run is refused (not simulated under the scenario's own engine)
+                dep = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files)
                 cap = recipe_deployment(base, a0, registry=registry, extra_coefficient_files=extra_coefficient_files,
                                         full=True)
+                run.dep = dep
             except JaxpriceError as err:
                 run.reasons = {i: f"the recipe's deployment does not resolve: {err}" for i in widx}
                 runs.append(run)
