@@ -416,3 +416,41 @@ def test_runner_up_is_a_different_outcome_and_ties_are_listed():
     assert S.tied_with_best(results, 1.0, 0.05) == [1]
     results[1].tpot = np.array([0.01, 0.021])                  # same throughput, another TPOT: not tied
     assert S.tied_with_best(results, 1.0, 0.05) == [] and S.choose(results, 1.0, 0.05)[2] == (1, 1)
+
+
+def test_layouts_wider_than_a_node_need_a_fabric_and_launch_per_node():
+    """A 16-GPU engine on 8-GPU nodes is rejected naming --fabric without one; with ib-400g it
+    resolves over 2 nodes, the written scenario names the fabric, and the vllm line says how the
+    nodes launch (DP ranks: --data-parallel-size-local and --headless ranks; TP 16: Ray)."""
+    reg = jp.Registry()
+    graph = reg.model(MODEL)
+    base = S.Layout(tp=16, dp=1, ep=False, weights="bf16", max_num_seqs=256, max_num_batched_tokens=8192,
+                    cudagraph_mode="PIECEWISE")
+    wide_dp = dataclasses.replace(base, tp=2, dp=8)
+    kw = dict(isl=1024, osl=256, registry=reg)
+    (no,) = S.build_candidates(MODEL, graph, "h200", 16, [base], **kw)
+    assert no.status == "rejected" and no.reason.startswith("spans 2 nodes of 8 GPUs") and "ib-400g" in no.reason
+    tp16, dp8 = S.build_candidates(MODEL, graph, "h200", 16, [base, wide_dp], fabric="ib-400g", **kw)
+    assert tp16.status == "ok" and dp8.status == "ok"
+    scen = tp16.deployment.scenario
+    assert (scen.nodes, scen.fabric) == (2, "ib-400g")
+    assert tp16.deployment.plan.digest != S.build_candidates(MODEL, graph, "h200", 16, [base], fabric="roce-200g",
+                                                              **kw)[0].deployment.plan.digest   # the network prices
+    text = S.vllm_command(scen, base, graph)
+    assert "--tensor-parallel-size 16" in text and "--distributed-executor-backend ray" in text and "ib-400g" in text
+    text = S.vllm_command(dp8.deployment.scenario, wide_dp, graph)
+    assert ("--data-parallel-size 8 --" in text and "--data-parallel-size-local 4" in text
+            and "node 1: the same with --headless --data-parallel-start-rank 4" in text)
+    doc = S.scenario_document(scen)
+    assert "fabric: ib-400g" in doc
+    single = S.build_scenario(MODEL, "h200", dataclasses.replace(base, tp=8), isl=1024, osl=256, graph=graph,
+                              fabric="ib-400g")
+    assert single.nodes == 1 and single.fabric is None          # one node: no network named
+
+
+def test_size_refuses_an_unknown_fabric(capsys):
+    with pytest.raises(jp.JaxpriceError, match=r"field 'fabric', value 'ib-999': unknown fabric \(known: ethernet-100gbe, ib-400g, roce-200g"):
+        jp.size(MODEL, fabric="ib-999", **SMALL)
+    rc = cli.main(["size", MODEL, "--chip", "h200", "--gpus", "4", "--isl", "8", "--osl", "8", "--fabric", "x"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "'fabric', value 'x': unknown fabric (known:" in err

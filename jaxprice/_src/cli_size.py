@@ -35,6 +35,10 @@ def add_parser(subparsers):
     p.add_argument("model", help="a registry model name (e.g. deepseek-v3) or a model graph file")
     p.add_argument("--chip", required=True, help="a registry chip (e.g. h200)")
     p.add_argument("--gpus", required=True, help="GPUs to serve on (replicas = GPUs / (tp x dp))")
+    p.add_argument("--gpus-per-node", default="8", help="GPUs per node (default 8)")
+    p.add_argument("--fabric", default=None,
+                   help="the network joining nodes (a registry fabric: ib-400g, roce-200g, ethernet-100gbe); "
+                        "layouts wider than a node are priced only with it")
     p.add_argument("--isl", required=True, help="input tokens per request")
     p.add_argument("--osl", required=True, help="output tokens per request")
     p.add_argument("--ttft-ms", default=None, help="target on mean TTFT, ms")
@@ -115,6 +119,7 @@ def options(args) -> dict:
     if not 0 < rr <= 1:
         refuse("must be in (0, 1] (1: fixed lengths)", field="--range-ratio", value=args.range_ratio)
     return dict(chip=args.chip, gpus=parse_int(args.gpus, flag="--gpus", minimum=1),
+                gpus_per_node=parse_int(args.gpus_per_node, flag="--gpus-per-node", minimum=1), fabric=args.fabric,
                 isl=parse_int(args.isl, flag="--isl", minimum=1), osl=parse_int(args.osl, flag="--osl", minimum=1),
                 ttft_ms=_targets(args.ttft_ms, "--ttft-ms"), tpot_ms=_targets(args.tpot_ms, "--tpot-ms"),
                 concurrency=parse_int_list(args.concurrency, flag="--concurrency", minimum=1),

@@ -756,7 +756,19 @@ class Registry:
                 f = root / prefix / "networks" / f"{name}.yaml"
                 if f.exists():
                     return load_public_network(f)
-        refuse(f"unknown fabric (no entry under {self._where()})", file=file, field=field, value=name)
+        refuse(f"unknown fabric (known: {', '.join(self.network_names()) or 'none'}; under {self._where()})",
+               file=file, field=field, value=name)
+
+    def network_names(self) -> list:
+        """Every fabric name the registry knows (its chips.yaml networks and networks/*.yaml)."""
+        names = []
+        for root in self.roots:
+            own = root / "chips.yaml"
+            if own.exists():
+                names += list(load_chips(own)[1])
+            for prefix in ("", "catalog"):
+                names += [f.stem for f in sorted((root / prefix / "networks").glob("*.yaml"))]
+        return list(dict.fromkeys(names))
 
     def coefficient_set(self, name, *, file=None, field=None) -> CoefficientSet:
         for cand in self._candidates("coefficients", f"{name}.yaml"):

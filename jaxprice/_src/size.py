@@ -195,12 +195,13 @@ def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
 
 def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int, graph: ModelGraph,
                    gpus_per_node: int = 8, name: str | None = None, gpu_memory_utilization: float = 0.9,
-                   path: str = "<jaxprice size>") -> Scenario:
-    """A Scenario record for one layout, with no scenario file: the six cost-model sets, one
-    node of ``gpus_per_node`` GPUs per engine, an FP8 KV cache unless the weights are served in
+                   path: str = "<jaxprice size>", fabric: str | None = None) -> Scenario:
+    """A Scenario record for one layout, with no scenario file: the six cost-model sets, nodes of
+    ``gpus_per_node`` GPUs (as many as the engine needs), an FP8 KV cache unless the weights are served in
     16 bits, block 16 (64 for sparse-MLA models), the layout's engine settings,
     max_model_len = ISL + OSL + 256, gpu_memory_utilization 0.9: the settings of the bundled
-    vLLM scenarios (testdata/aisimulate)."""
+    vLLM scenarios (testdata/aisimulate). An engine wider than a node spans several, joined by
+    ``fabric`` (a registry network; none: the scenario names none and resolve refuses it)."""
     engine = {"quantization": layout.weights} if layout.weights in QUANT_FLAG else {}
     engine.update({
         "cache_dtype": "auto" if DTYPE_BYTES[layout.weights] >= 2 else "fp8",
@@ -211,7 +212,8 @@ def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int,
         "cudagraph_mode": layout.cudagraph_mode,
         "gpu_memory_utilization": float(gpu_memory_utilization)})
     nodes = max(1, math.ceil(layout.width / gpus_per_node))
-    return Scenario(name=name or scenario_name(model, chip, layout), model=model, hardware=chip, fabric=None,
+    return Scenario(name=name or scenario_name(model, chip, layout), model=model, hardware=chip,
+                    fabric=fabric if nodes > 1 else None,
                     nodes=nodes, gpus_per_node=gpus_per_node, gpus_per_rack=0, coefficient_sets=COEFFICIENT_SETS,
                     engine_version="", pool_nodes=nodes,
                     parallel={"tp": layout.tp, "pp": 1, "dp": layout.dp, "enable_expert_parallel": layout.ep},
@@ -304,9 +306,20 @@ def _engine_key(dep: Deployment, layout: Layout):
             layout.max_num_batched_tokens, layout.dp, layout.tp)
 
 
+def spans_nodes_reason(layout: Layout, gpus_per_node: int, fabrics) -> str:
+    """Why a layout wider than a node is not priced when no fabric is named."""
+    # COVERAGE LIMIT [size-multi-node]: an engine over several nodes is searched as tp x dp over
+    # the named fabric (its launch lines from vllm_command); pipeline parallelism, rack-scale
+    # domains (gpus_per_rack) and a fabric per node pair are not searched
+    nodes = math.ceil(layout.width / gpus_per_node)
+    return (f"spans {nodes} nodes of {gpus_per_node} GPUs: name the network between them "
+            f"(--fabric: {', '.join(fabrics)})")
+
+
 def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, layouts, *, isl: int, osl: int,
-                     registry: Registry, gpus_per_node: int = 8, callback=None) -> list:
-    """Resolve every layout and check its fit; returns Candidates in layout order."""
+                     registry: Registry, gpus_per_node: int = 8, callback=None, fabric: str | None = None) -> list:
+    """Resolve every layout and check its fit; returns Candidates in layout order. A layout wider
+    than a node is rejected with its reason when no ``fabric`` joins the nodes."""
     need = max_model_len(isl, osl, graph.max_model_len)
     out, seen, hopeless = [], {}, {}
     for k, lay in enumerate(layouts):
@@ -315,7 +328,12 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
         if par in hopeless:        # weights alone exceed memory: no engine setting changes that
             out.append(Candidate(lay, replicas, "rejected", hopeless[par][0], memory=dict(hopeless[par][1])))
             continue
-        scen = build_scenario(model, chip_name, lay, isl=isl, osl=osl, graph=graph, gpus_per_node=gpus_per_node)
+        if fabric is None and lay.width > gpus_per_node:
+            out.append(Candidate(lay, replicas, "rejected",
+                                 spans_nodes_reason(lay, gpus_per_node, registry.network_names())))
+            continue
+        scen = build_scenario(model, chip_name, lay, isl=isl, osl=osl, graph=graph, gpus_per_node=gpus_per_node,
+                              fabric=fabric)
         try:
             dep = resolve(scen, registry)
         except JaxpriceError as err:
@@ -955,6 +973,8 @@ def scenario_document(scen: Scenario, note: str = "") -> str:
     first = {"kind": "Scenario", "name": scen.name, "engine_version": scen.engine_version or "", "model": scen.model,
              "coefficients": list(scen.coefficient_sets),
              "cluster": {"hardware": scen.hardware, "nodes": scen.nodes, "gpus_per_node": scen.gpus_per_node}}
+    if scen.fabric:
+        first["cluster"]["fabric"] = scen.fabric
     if not first["engine_version"]:
         del first["engine_version"]
     second = {"kind": "Deployment", "name": scen.name,
@@ -994,9 +1014,28 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
               "--compilation-config '{\"cudagraph_mode\": \"%s\"}'" % e["cudagraph_mode"],
               "--no-enable-prefix-caching"]
     cmd = " ".join(parts)
+    if scen.nodes > 1:
+        cmd += _multi_node_launch(scen, layout)
     if replicas > 1:
         cmd += f"    # x {replicas} replicas, one per {layout.width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer"
     return cmd
+
+
+def _multi_node_launch(scen: Scenario, layout: Layout) -> str:
+    """The flags and the per-node lines of an engine spanning ``scen.nodes`` nodes, as vLLM
+    launches one: data-parallel ranks spread over the nodes (the head serves the API, the others
+    run --headless from their first rank), or a tensor-parallel group wider than a node over a
+    Ray cluster (distributed executor backend ray)."""
+    nodes = scen.nodes
+    if layout.tp <= scen.gpus_per_node and layout.dp % nodes == 0:
+        local = layout.dp // nodes
+        head = (f" --data-parallel-size-local {local} --data-parallel-address HEAD_IP"
+                " --data-parallel-rpc-port 13345")
+        others = "; ".join(f"node {k}: the same with --headless --data-parallel-start-rank {k * local}"
+                           for k in range(1, nodes))
+        return f"{head}    # on the head node ({scen.fabric} between the {nodes} nodes); {others}"
+    return (f" --distributed-executor-backend ray    # on the head of a Ray cluster of {nodes} nodes "
+            f"({scen.fabric} between them; ray start --head, then ray start --address HEAD_IP:6379 on the others)")
 
 
 def pareto(points) -> list:
@@ -1139,8 +1178,8 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
          concurrency=DEFAULT_CONCURRENCY, tp=None, dp=None, ep=None, weights=None,
          max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
          cudagraph_modes=DEFAULT_GRAPH_MODES, range_ratio: float = 0.8, evaluator: str = "auto",
-         num_prompts=None, gpus_per_node: int = 8, mesh=None, registry: Registry | None = None,
-         callback=None, on_candidates=None, workers: int = 2, stacked: bool = True, verify: int = 0,
+         num_prompts=None, gpus_per_node: int = 8, fabric: str | None = None, mesh=None,
+         registry: Registry | None = None, callback=None, on_candidates=None, workers: int = 2, stacked: bool = True, verify: int = 0,
          simulate: int = DEFAULT_SIMULATE, search_prompts=DEFAULT_SEARCH_PROMPTS) -> SizeResult:
     """Search the layouts of ``model`` on ``gpus`` x ``chip`` for a workload of ``isl`` / ``osl``
     tokens (see the module docstring). ``model``: a registry model name or a model graph file.
@@ -1149,7 +1188,9 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     axes (None for tp/dp/ep/weights: all). evaluator: 'steady', 'serve' or 'auto' (serve when
     the serving simulation is installed, else steady). mesh: a 1-D jax.sharding.Mesh the batch
     axis is sharded over (default: all devices when there are several). callback(done, total,
-    **info): progress over the layouts. stacked: price the steady evaluator's layouts on the
+    **info): progress over the layouts. gpus_per_node: GPUs per node; fabric: the registry
+    network joining nodes (ib-400g, roce-200g, ethernet-100gbe), needed for layouts wider than a
+    node (without it they are rejected, with that reason). stacked: price the steady evaluator's layouts on the
     deployment axis (one kernel per model structure; False: one kernel per plan, ``workers``
     threads compiling them). verify: with the steady evaluator, re-run the best (and, for 2,
     the runner-up) layout at its chosen concurrency under the serving simulation where it is
@@ -1200,6 +1241,9 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
         refuse(f"isl + osl = {isl + osl} tokens exceeds the {graph.max_model_len} tokens {graph.name} serves at "
                "(its config's max_position_embeddings, as vLLM derives max_model_len)", field="isl", value=isl)
     chip_obj = registry.chip(chip, field="chip")
+    gpus_per_node = _positive(gpus_per_node, "gpus_per_node", integer=True)
+    if fabric is not None:
+        registry.network(fabric, field="fabric")
     for f in weights or ():
         if f not in DTYPE_BYTES:
             refuse(f"unknown weight format (known: {', '.join(DTYPE_BYTES)})", field="weights", value=f)
@@ -1211,7 +1255,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
         refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field="gpus", value=gpus)
     workload = SizeWorkload(isl, osl, float(range_ratio))
     cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=isl, osl=osl, registry=registry,
-                             gpus_per_node=gpus_per_node)
+                             gpus_per_node=gpus_per_node, fabric=fabric)
     t_resolve = time.perf_counter() - t0
     if on_candidates is not None:
         on_candidates(cands, {"model": graph.name, "model_source": source, "chip": chip, "gpus": gpus,
@@ -1222,6 +1266,10 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
         wider = _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, layouts[-1], gpus_per_node)
         hint = (f"; {gpus} GPUs is not a multiple of any width tp x dp the model fits at ({', '.join(map(str, wider))})"
                 if wider else "")
+        across = [c for c in cands if fabric is None and c.layout.width > gpus_per_node]
+        if across:
+            sample = across[-1]
+            hint += f"; the {len(across)} layouts wider than a node need --fabric"
         refuse(f"no layout of {graph.name} fits on {gpus} x {chip} ({len(cands)} tried; e.g. {sample.layout.label}: "
                f"{sample.reason}){hint}", field="gpus", value=gpus)
     if callback is not None:
