@@ -286,3 +286,27 @@ def test_the_library_client_refuses_runs_past_the_request_cap():
     for make, field, value in cases:
         with pytest.raises(JaxpriceError, match=rf"field '{field}', value {value}: .*cap of {MAX_RUN_REQUESTS} requests"):
             make()
+
+
+def test_a_bundled_config_resolves_by_its_repository_name():
+    """A model with no graph but a bundled config.json (testdata/hf/<org>--<name>) resolves by its
+    name or repository id, case-insensitively, imported from that config: DeepSeek-R1 (V3's
+    architecture, fine-tuned) prices as a deployment; a bundled graph still wins its own name."""
+    from jaxprice import Registry, resolve
+    from jaxprice._src import size as S
+    reg = Registry()
+    r1 = reg.model("deepseek-r1")
+    assert r1.name == "deepseek-r1" and r1.path.endswith("deepseek-ai--DeepSeek-R1/config.json")
+    for alias in ("deepseek-ai/DeepSeek-R1", "DeepSeek-R1"):
+        assert reg.model(alias).path == r1.path
+    v3 = import_result(HF / "deepseek-ai--DeepSeek-V3").doc
+    assert import_result(HF / "deepseek-ai--DeepSeek-R1").doc["layer_kinds"] == v3["layer_kinds"]
+    assert reg.model("deepseek-v3").path.endswith("registry/models/deepseek-v3.yaml")
+    assert reg.model("gpt-oss-20b").hidden_size == 2880
+    lay = S.Layout(tp=8, dp=1, ep=False, weights="fp8", max_num_seqs=64, max_num_batched_tokens=8192,
+                   cudagraph_mode="PIECEWISE")
+    dep = resolve(S.build_scenario("deepseek-r1", "h200", lay, isl=1024, osl=1024, graph=r1), reg)
+    assert dep.plan.memory["kv_capacity_tokens"] > 0
+    assert S.load_model("deepseek-r1")[2] == f"registry model deepseek-r1, imported from {r1.path}"
+    with pytest.raises(JaxpriceError, match=r"unknown model .*no bundled config.json of that name"):
+        reg.model("llama-3.3-70b-instruct")

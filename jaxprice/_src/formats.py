@@ -716,7 +716,7 @@ class Registry:
         return ", ".join(str(r) for r in self.roots)
 
     def model(self, name, *, file=None, field=None) -> ModelGraph:
-        from .hf import hf_config_ref, import_hf_config
+        from .hf import bundled_config, hf_config_ref, import_hf_config
         ref = hf_config_ref(name, file, paths_only=True)   # a config.json path, or a folder holding one
         if ref is not None:
             return import_hf_config(ref)
@@ -729,8 +729,11 @@ class Registry:
         ref = hf_config_ref(name, file)
         if ref is not None:
             return import_hf_config(ref)
-        refuse(f"unknown model (no graph under {self._where()}, and not a config.json or a folder "
-               f"holding one)", file=file, field=field, value=name)
+        ref = bundled_config(name)        # a model whose config.json is bundled (testdata/hf): imported
+        if ref is not None:
+            return import_hf_config(ref)
+        refuse(f"unknown model (no graph under {self._where()}, no bundled config.json of that name in "
+               f"testdata/hf, and not a config.json or a folder holding one)", file=file, field=field, value=name)
 
     def chip(self, name, *, file=None, field=None) -> Chip:
         for root in self.roots:

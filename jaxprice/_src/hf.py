@@ -1232,6 +1232,29 @@ def graph_yaml(res: Imported) -> str:
     return "\n".join(lines) + "\n"
 
 
+BUNDLED_CONFIGS = Path(__file__).resolve().parents[2] / "testdata" / "hf"
+
+
+def bundled_config(name):
+    """The bundled config folder (testdata/hf/<org>--<name>/, SOURCES.md there) that a model name
+    or a Hugging Face repository id names, case-insensitively: 'deepseek-r1' and
+    'deepseek-ai/DeepSeek-R1' both name deepseek-ai--DeepSeek-R1. None if none does."""
+    want = str(name).strip().lower()
+    if not want:
+        return None
+    for folder in sorted(BUNDLED_CONFIGS.glob("*--*")):
+        org, _, repo = folder.name.partition("--")
+        if want in (repo.lower(), f"{org}/{repo}".lower()) and (folder / "config.json").exists():
+            return folder
+    return None
+
+
+def bundled_config_names() -> list:
+    """The model names bundled_config resolves (the repository part, lower case)."""
+    return sorted(f.name.partition("--")[2].lower() for f in BUNDLED_CONFIGS.glob("*--*")
+                  if (f / "config.json").exists())
+
+
 def hf_config_ref(name, relative_to=None, *, paths_only=False):
     """The config.json (or folder) a model reference names, or None. A reference is looked up as
     given, then next to ``relative_to`` (the scenario file naming it). With ``paths_only`` only

@@ -252,6 +252,8 @@ def load_model(model, registry: Registry | None = None) -> tuple[ModelGraph, Reg
     if p.suffix in (".yaml", ".yml", ".json"):
         refuse("no such model file", file=text)
     graph = registry.model(text, field="model")
+    if str(graph.path).endswith(".json"):      # no graph of that name: its bundled config.json, imported
+        return graph, registry, f"registry model {text}, imported from {graph.path}"
     return graph, registry, f"registry model {text}"
 
 
