@@ -454,3 +454,16 @@ def test_size_refuses_an_unknown_fabric(capsys):
     rc = cli.main(["size", MODEL, "--chip", "h200", "--gpus", "4", "--isl", "8", "--osl", "8", "--fabric", "x"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "'fabric', value 'x': unknown fabric (known:" in err
+
+
+def test_vllm_line_says_a_four_bit_format_needs_a_prequantized_checkpoint():
+    """FP8 from a bf16 checkpoint is vLLM's online quantization; NVFP4 is not: the line says to
+    serve a published NVFP4 checkpoint instead of implying --quantization converts the bf16 one."""
+    graph = jp.Registry().model(MODEL)
+    lay = S.Layout(tp=2, dp=1, ep=False, weights="nvfp4", max_num_seqs=64, max_num_batched_tokens=8192,
+                   cudagraph_mode="PIECEWISE")
+    text = S.vllm_command(S.build_scenario(MODEL, "b200", lay, isl=1024, osl=256, graph=graph), lay, graph)
+    assert "--quantization modelopt_fp4" in text and "vLLM does not quantize to it online" in text
+    fp8 = dataclasses.replace(lay, weights="fp8")
+    text = S.vllm_command(S.build_scenario(MODEL, "b200", fp8, isl=1024, osl=256, graph=graph), fp8, graph)
+    assert "--quantization fp8" in text and "online" not in text

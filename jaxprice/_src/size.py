@@ -109,6 +109,8 @@ DEFAULT_SEARCH_PROMPTS = 2     # 'serve': prompts per client of the search over 
 EVALUATORS = ("auto", "serve", "steady")
 DECODE_THRESHOLD = 8
 QUANT_FLAG = {"fp8": "fp8", "nvfp4": "modelopt_fp4", "mxfp4": "mxfp4"}
+# Formats vLLM serves only from a checkpoint quantized ahead of time (FP8 it also quantizes online).
+PREQUANTIZED = ("nvfp4", "mxfp4")
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -1016,6 +1018,9 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
               "--compilation-config '{\"cudagraph_mode\": \"%s\"}'" % e["cudagraph_mode"],
               "--no-enable-prefix-caching"]
     cmd = " ".join(parts)
+    if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
+        cmd += (f"    # {e['quantization']}: vLLM does not quantize to it online: serve a published "
+                f"{e['quantization']} checkpoint of this model in its place (ModelOpt's, e.g. nvidia/...-FP4)")
     if scen.nodes > 1:
         cmd += _multi_node_launch(scen, layout)
     if replicas > 1:
