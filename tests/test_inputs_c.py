@@ -284,7 +284,8 @@ def test_the_library_client_refuses_runs_past_the_request_cap():
              (lambda: Trace([0.0] * (MAX_RUN_REQUESTS + 1), [8] * (MAX_RUN_REQUESTS + 1),
                             [8] * (MAX_RUN_REQUESTS + 1)), "Trace", MAX_RUN_REQUESTS + 1)]
     for make, field, value in cases:
-        with pytest.raises(JaxpriceError, match=rf"field '{field}', value {value}: .*cap of {MAX_RUN_REQUESTS} requests"):
+        with pytest.raises(JaxpriceError,
+                           match=rf"field '{field}', value {value}: .*cap of {MAX_RUN_REQUESTS} requests"):
             make()
 
 

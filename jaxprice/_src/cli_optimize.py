@@ -16,7 +16,8 @@ import json
 import sys
 import time
 
-from .cli_price import UNITS, add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float, parse_int
+from .cli_price import (UNITS, add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float,
+                        parse_int)
 from .errors import JaxpriceError
 from .plan import RESOURCES
 from .progress import Progress

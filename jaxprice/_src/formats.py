@@ -606,7 +606,8 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
             roles = ", ".join(str(p.get("role", "colocated")) if isinstance(p, dict) else "?" for p in pools)
             refuse(f"COVERAGE LIMIT [one-pool]: the deployment has {len(pools)} pools ({roles}) and jaxprice "
                    f"prices one pool's step at a time, not the deployment as a whole: write one scenario per "
-                   f"pool, or pick one (the commands' --pool 0..{len(pools) - 1}; load_deployment(path, pool_index=i))", file=file,
+                   f"pool, or pick one (the commands' --pool 0..{len(pools) - 1}; "
+                   "load_deployment(path, pool_index=i))", file=file,
                    field="Deployment.pools", value=len(pools))
         pool_index = 0
     if not 0 <= pool_index < len(pools):

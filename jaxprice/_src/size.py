@@ -880,8 +880,8 @@ class SizeResult:
     concurrency index) pairs, by tokens/s per user ascending; ``best``: such a pair or None;
     ``runner_up``: the best point of any other layout meeting the targets whose numbers differ from
     the best's (None if none); ``tied``: result indices of layouts with the best's very numbers
-    (settings that do not bind at that load); ``margin``: best / runner-up tokens/s per GPU - 1; ``miss``: the message when no point meets
-    the targets; ``info``: search statistics (layouts, compiles, steps, seconds, evaluator)."""
+    (settings that do not bind at that load); ``margin``: best / runner-up tokens/s per GPU - 1;
+    ``miss``: the message when no point meets the targets; ``info``: search statistics (layouts, compiles, steps, seconds, evaluator)."""
     model: str
     chip: str
     gpus: int
@@ -1084,8 +1084,7 @@ def _same_point(results, a, b) -> bool:
     """Two layouts' points give the same numbers (e.g. a max_num_seqs above the concurrency, or a
     token budget no step reaches: a setting that does not bind at that load)."""
     ra, rb = results[a[0]], results[b[0]]
-    pair = [(ra.tps_per_gpu[a[1]], rb.tps_per_gpu[b[1]]), (ra.ttft[a[1]], rb.ttft[b[1]]), (ra.tpot[a[1]], rb.tpot[b[1]]),
-            (ra.concurrency[a[1]], rb.concurrency[b[1]])]
+    pair = [(getattr(ra, k)[a[1]], getattr(rb, k)[b[1]]) for k in ("tps_per_gpu", "ttft", "tpot", "concurrency")]
     return all(abs(float(x) - float(y)) <= 1e-9 * max(abs(float(x)), abs(float(y))) for x, y in pair)
 
 
@@ -1186,7 +1185,8 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
          max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
          cudagraph_modes=DEFAULT_GRAPH_MODES, range_ratio: float = 0.8, evaluator: str = "auto",
          num_prompts=None, gpus_per_node: int = 8, fabric: str | None = None, mesh=None,
-         registry: Registry | None = None, callback=None, on_candidates=None, workers: int = 2, stacked: bool = True, verify: int = 0,
+         registry: Registry | None = None, callback=None, on_candidates=None, workers: int = 2, stacked: bool = True,
+         verify: int = 0,
          simulate: int = DEFAULT_SIMULATE, search_prompts=DEFAULT_SEARCH_PROMPTS) -> SizeResult:
     """Search the layouts of ``model`` on ``gpus`` x ``chip`` for a workload of ``isl`` / ``osl``
     tokens (see the module docstring). ``model``: a registry model name or a model graph file.
@@ -1197,9 +1197,9 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     axis is sharded over (default: all devices when there are several). callback(done, total,
     **info): progress over the layouts. gpus_per_node: GPUs per node; fabric: the registry
     network joining nodes (ib-400g, roce-200g, ethernet-100gbe), needed for layouts wider than a
-    node (without it they are rejected, with that reason). stacked: price the steady evaluator's layouts on the
-    deployment axis (one kernel per model structure; False: one kernel per plan, ``workers``
-    threads compiling them). verify: with the steady evaluator, re-run the best (and, for 2,
+    node (without it they are rejected, with that reason). stacked: price the steady
+    evaluator's layouts on the deployment axis (one kernel per model structure; False: one
+    kernel per plan, ``workers`` threads compiling them). verify: with the steady evaluator, re-run the best (and, for 2,
     the runner-up) layout at its chosen concurrency under the serving simulation where it is
     installed (``SizeResult.verification``). simulate: 'auto' and 'serve': the layouts on the
     frontier, the best and the runner-up are re-run under the serving simulation at the
