@@ -255,3 +255,5 @@ def test_pool_picks_the_pool(tmp_path):
     prefill = cli_price.load_scenario_deployment(path, "0")
     assert prefill.resolution["tp"] == 8
     assert decode.resolution == jp.load_deployment(path, pool_index=1).resolution
+    assert "(pool 1 of 2, decode), tp4" in cli_price.describe_deployment(decode)
+    assert "pool" not in cli_price.describe_deployment(jp.load_deployment(S))

@@ -155,7 +155,8 @@ def describe_deployment(dep) -> str:
     used = r["tp"] * r["dp"] * int((s.parallel or {}).get("pp", 1) or 1)
     per_node = s.gpus_per_node or dep.chip.gpus_per_node       # unstated in the scenario: the chip's
     of = f" (of {s.nodes} node{'s' if s.nodes != 1 else ''} x {per_node})" if per_node else ""
-    return (f"{s.model} on {used} x {s.hardware}{of}, tp{r['tp']} dp{r['dp']} ep{r['ep']}, "
+    pool = f" (pool {s.pool_index} of {s.pools}, {s.pool_role})" if s.pools > 1 else ""
+    return (f"{s.model} on {used} x {s.hardware}{of}{pool}, tp{r['tp']} dp{r['dp']} ep{r['ep']}, "
             f"{r['served_dtype']} weights, {r['cache_dtype']} cache, {r['cudagraph_mode']} graphs")
 
 

@@ -547,6 +547,8 @@ class Scenario:
     engine: dict
     path: str
     pool_index: int = 0        # which of the Deployment's pools this is (for field paths in messages)
+    pool_role: str = "colocated"   # its role (prefill, decode, colocated), as the file states it
+    pools: int = 1             # how many pools the Deployment has
 
     @property
     def pool_field(self) -> str:
@@ -668,7 +670,8 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
         fabric=cluster.get("fabric"), nodes=nodes, gpus_per_node=per_node,
         gpus_per_rack=per_rack, coefficient_sets=tuple(sets),
         engine_version=str(scen.get("engine_version", "")),
-        pool_nodes=pool_nodes, parallel=parallel, engine=engine, path=file, pool_index=pool_index)
+        pool_nodes=pool_nodes, parallel=parallel, engine=engine, path=file, pool_index=pool_index,
+        pool_role=str(pool.get("role", "colocated")), pools=len(pools))
 
 
 # ----------------------------------------------------------------------------- registry lookup
