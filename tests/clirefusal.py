@@ -22,7 +22,9 @@ def share_deployment(monkeypatch, name, dep, modules):
     from jaxprice._src import cli_price
     original = cli_price.load_scenario_deployment
 
-    def cached(scenario, pool=None):
-        return dep if scenario == name and pool is None else original(scenario, pool)
+    def cached(scenario, pool=None, args=None):
+        flags = ("chip",) + cli_price.LAYOUT_FLAGS       # a layout flag: the loader decides (builds or refuses)
+        plain = args is None or all(getattr(args, k, None) is None for k in flags)
+        return dep if scenario == name and pool is None and plain else original(scenario, pool, args)
     for mod in modules:
         monkeypatch.setattr(mod, "load_scenario_deployment", cached)

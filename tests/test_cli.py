@@ -89,6 +89,23 @@ def test_issue3_example_table_and_plot(capsys, tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
 
+def test_a_model_and_a_chip_price_without_a_scenario_file(capsys):
+    """price MODEL --chip CHIP --tp N prices the deployment load_scenario_deployment builds,
+    the same numbers as price() on it."""
+    import argparse
+
+    from jaxprice._src import cli_price
+    rc, out, _ = run(capsys, "price", "llama-3.1-8b-instruct", "--chip", "h200", "--tp", "2", "--decode", "1,8",
+                     "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["scenario"] == "llama-3.1-8b-instruct-h200-bf16-tp2" and "tp2 dp1" in doc["deployment"]
+    built = cli_price.load_scenario_deployment("llama-3.1-8b-instruct", None, argparse.Namespace(
+        chip="h200", tp="2", dp=None, ep=None, weights=None, gpus_per_node=None, fabric=None))
+    for s in doc["steps"]:
+        assert_step(s, price(built, [1] * s["decode"], [4095] * s["decode"]))
+
+
 def test_json_equals_price_exact_and_smooth(capsys, dep):
     rc, out, _ = run(capsys, "price", S, "--decode", "1,32,128,256", "--json")
     assert rc == 0

@@ -257,3 +257,48 @@ def test_pool_picks_the_pool(tmp_path):
     assert decode.resolution == jp.load_deployment(path, pool_index=1).resolution
     assert "(pool 1 of 2, decode), tp4" in cli_price.describe_deployment(decode)
     assert "pool" not in cli_price.describe_deployment(jp.load_deployment(S))
+
+
+MODEL = "llama-3.1-8b-instruct"
+
+
+@pytest.mark.parametrize("argv,words", [
+    (("price", S, "--tp", "2", "--decode", "1"), ("'--tp'", "needs --chip")),
+    (("serve", S, "--weights", "fp8"), ("'--weights'", "needs --chip")),
+    (("price", MODEL, "--chip", "h999", "--decode", "1"), ("'--chip'", "h999", "unknown chip")),
+    (("serve", MODEL, "--chip", "h200", "--weights", "nvfp4"),
+     ("'--weights'", "nvfp4", "not a format vLLM serves llama-3.1-8b-instruct in on h200", "bf16, fp8")),
+    (("sweep", MODEL, "--chip", "h200", "--tp", "16"), ("'--tp'", "spans 2 nodes of 8 GPUs", "--fabric")),
+    (("optimize", MODEL, "--chip", "h200", "--tp", "0", "--itl-ms", "50"), ("'--tp'", "at least 1")),
+    (("serve", MODEL, "--chip", "h200", "--pool", "1"), ("'--pool'", "one pool")),
+    (("price", MODEL, "--chip", "h200", "--fabric", "x", "--decode", "1"), ("'--fabric'", "unknown fabric")),
+    (("price", "no-such-model", "--chip", "h200", "--decode", "1"), ("'model'", "no bundled config.json")),
+])
+def test_a_deployment_from_a_model_refuses_bad_layouts(capsys, tmp_path, argv, words):
+    refused(capsys, tmp_path, argv, *words)
+
+
+def test_a_model_and_a_chip_build_the_deployment_size_would():
+    """--chip reads SCENARIO as a model and builds the deployment as size builds a candidate; the
+    engine settings size searches are left to vLLM's defaults (resolve's, stated by serve)."""
+    import argparse
+    from jaxprice._src import size as S_
+    args = argparse.Namespace(chip="h200", tp="2", dp=None, ep=None, weights="fp8", gpus_per_node=None, fabric=None)
+    dep = cli_price.load_scenario_deployment(MODEL, None, args)
+    assert (dep.resolution["tp"], dep.resolution["dp"]) == (2, 1) and dep.resolution["served_dtype"] == "fp8"
+    assert dep.scenario.name == "llama-3.1-8b-instruct-h200-fp8-tp2" and dep.scenario.engine["cache_dtype"] == "fp8"
+    assert not {"max_num_seqs", "max_num_batched_tokens", "max_model_len"} & set(dep.scenario.engine)
+    graph = jp.Registry().model(MODEL)
+    lay = S_.Layout(tp=2, dp=1, ep=False, weights="fp8", max_num_seqs=1, max_num_batched_tokens=1,
+                    cudagraph_mode="FULL_AND_PIECEWISE")
+    cand = jp.resolve(S_.build_scenario(MODEL, "h200", lay, isl=1, osl=1, graph=graph), jp.Registry())
+    for k in ("weights_bytes", "kv_bytes_per_token"):        # the same weights and cache as size's candidate
+        assert dep.plan.memory[k] == cand.plan.memory[k], k
+    bf16 = cli_price.load_scenario_deployment(MODEL, None, dict_args(chip="h200"))
+    assert bf16.resolution["served_dtype"] == "bf16" and bf16.scenario.engine["cache_dtype"] == "auto"
+
+
+def dict_args(**kw):
+    import argparse
+    base = dict(chip=None, tp=None, dp=None, ep=None, weights=None, gpus_per_node=None, fabric=None)
+    return argparse.Namespace(**{**base, **kw})

@@ -145,7 +145,7 @@ def _table(rows, k, units) -> str:
 def run(args) -> int:
     from .search import grid_search, make_limits, optimize_batch
     limits, search = _options(args)
-    dep = load_scenario_deployment(args.scenario, args.pool)
+    dep = load_scenario_deployment(args.scenario, args.pool, args)
     try:
         make_limits(dep, **limits)
         bar = Progress(2, "optimize", enabled=not args.json or sys.stderr.isatty())

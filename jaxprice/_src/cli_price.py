@@ -13,6 +13,7 @@ engine limits check.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -136,18 +137,75 @@ def find_scenario(name) -> Path:
 
 
 def add_scenario_argument(p, help="a bundled scenario name (testdata/aisimulate/<name>.yaml) or a scenario file"):
-    """The SCENARIO positional and --pool, which every command that prices one deployment takes."""
-    p.add_argument("scenario", metavar="SCENARIO", help=help)
+    """The SCENARIO positional and --pool, which every command that prices one deployment takes,
+    and the flags that build a deployment from a model and a chip instead (no scenario file)."""
+    p.add_argument("scenario", metavar="SCENARIO",
+                   help=help + "; with --chip, a model instead (registry name, graph file or config.json)")
     p.add_argument("--pool", metavar="I", default=None,
                    help="which pool of a deployment with several (e.g. disaggregated prefill and decode) to "
                         "price, by its index in Deployment.pools, 0-based; needed only then")
+    g = p.add_argument_group("a deployment with no scenario file (SCENARIO names a model)")
+    g.add_argument("--chip", default=None,
+                   help="the chip: build the deployment from the model, as `jaxprice size` builds its candidates "
+                        "(vLLM, FP8 KV cache unless the weights are 16-bit, vLLM's defaults for the rest)")
+    g.add_argument("--tp", default=None, help="tensor-parallel width (default 1)")
+    g.add_argument("--dp", default=None, help="data-parallel attention ranks, MoE models (default 1)")
+    g.add_argument("--ep", action="store_true", default=None, help="expert parallelism (MoE models)")
+    g.add_argument("--weights", default=None, help="served weight format (default: the checkpoint's)")
+    g.add_argument("--gpus-per-node", default=None, help="GPUs per node (default 8)")
+    g.add_argument("--fabric", default=None, help="the network joining nodes, for an engine wider than a node")
 
 
-def load_scenario_deployment(name, pool=None):
-    """The deployment a command prices: the scenario's only pool, or pool number `pool` (--pool)."""
+LAYOUT_FLAGS = ("tp", "dp", "ep", "weights", "gpus_per_node", "fabric")
+
+
+def load_scenario_deployment(name, pool=None, args=None):
+    """The deployment a command prices: the scenario's only pool, or pool number `pool` (--pool);
+    with --chip (``args``), one built from the model SCENARIO names (``model_deployment``)."""
     from .resolve import load_deployment
+    if args is not None and getattr(args, "chip", None) is not None:
+        if pool is not None:
+            refuse("a deployment built from a model has one pool", field="--pool", value=pool)
+        return model_deployment(name, args)
+    if args is not None:
+        given = [f"--{k.replace('_', '-')}" for k in LAYOUT_FLAGS if getattr(args, k, None) is not None]
+        if given:
+            refuse(f"{given[0]} builds a deployment from a model: it needs --chip (a scenario states its own)",
+                   field=given[0])
     index = None if pool is None else parse_int(pool, flag="--pool", minimum=0)
     return load_deployment(find_scenario(name), pool_index=index)
+
+
+def model_deployment(model, args):
+    """A deployment of ``model`` on ``args.chip`` at the layout the flags give, built as `jaxprice
+    size` builds a candidate (size.build_scenario), without the engine settings size searches:
+    max_num_seqs, max_num_batched_tokens, max_model_len and the graph mode are left to vLLM's
+    defaults (and to serve's isl + osl + 256), which the commands state where they use them."""
+    from .resolve import resolve
+    from .size import Layout, build_scenario, load_model, spans_nodes_reason, weight_formats
+    graph, registry, source = load_model(model)
+    chip = registry.chip(args.chip, field="--chip")
+    tp = parse_int(args.tp or 1, flag="--tp", minimum=1)
+    dp = parse_int(args.dp or 1, flag="--dp", minimum=1)
+    weights = args.weights or graph.weight_dtype
+    allowed = weight_formats(graph, chip)
+    if weights not in allowed:
+        refuse(f"not a format vLLM serves {graph.name} in on {chip.name} (from its {graph.weight_dtype} checkpoint: "
+               f"{', '.join(allowed)})", field="--weights", value=weights)
+    layout = Layout(tp=tp, dp=dp, ep=bool(args.ep), weights=weights, max_num_seqs=1, max_num_batched_tokens=1,
+                    cudagraph_mode="FULL_AND_PIECEWISE")
+    per_node = parse_int(args.gpus_per_node or 8, flag="--gpus-per-node", minimum=1)
+    if args.fabric is not None:
+        registry.network(args.fabric, field="--fabric")
+    elif layout.width > per_node:
+        refuse(f"tp x dp = {layout.width}: " + spans_nodes_reason(layout, per_node, registry.network_names()),
+               field="--tp")
+    name = f"{graph.name}-{args.chip}-{weights}-tp{tp}" + (f"-dp{dp}" if dp > 1 else "") + ("-ep" if args.ep else "")
+    scen = build_scenario(graph.name, args.chip, layout, isl=1, osl=1, graph=graph, gpus_per_node=per_node,
+                          name=name, path=f"<{source} on {args.chip}>", fabric=args.fabric)
+    engine = {k: v for k, v in scen.engine.items()
+              if k not in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "cudagraph_mode")}
+    return resolve(dataclasses.replace(scen, engine=engine), registry)
 
 
 def describe_deployment(dep) -> str:
@@ -373,7 +431,7 @@ def format_breakdown(dep, label, rec, layers, units) -> str:
 def run(args) -> int:
     check_image(args.plot, "--plot")
     threshold, temperature = common_options(args)
-    dep = load_scenario_deployment(args.scenario, args.pool)
+    dep = load_scenario_deployment(args.scenario, args.pool, args)
     specs = build_batches(args, dep, threshold)
     if args.batch:
         rows = common_pad([s[2].size for s in specs]) * len(specs)

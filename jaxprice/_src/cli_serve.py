@@ -181,7 +181,7 @@ def run(args) -> int:
             if c > MAX_CONCURRENCY:
                 refuse(f"must be at most {MAX_CONCURRENCY} (jaxprice's cap on closed-loop clients; 10 x that "
                        f"is the cap of {MAX_RUN_REQUESTS} requests per run)", field="--concurrency", value=c)
-    dep = load_scenario_deployment(args.scenario, args.pool)
+    dep = load_scenario_deployment(args.scenario, args.pool, args)
     quiet = args.json
     if args.trace is not None:
         label, loads = "trace", [Path(args.trace).name]

@@ -195,7 +195,7 @@ def run(args) -> int:
     check_image(args.heatmap, "--heatmap")
     if args.out not in (None, "-"):
         check_output_file(args.out, flag="--out", what="CSV")
-    dep = load_scenario_deployment(args.scenario, args.pool)
+    dep = load_scenario_deployment(args.scenario, args.pool, args)
     decode, context, prefill = grid_axes(args, dep)
     pad = max(1, max(decode) + (1 if max(prefill) > 0 else 0))
     if min(chunk, len(decode) * len(context) * len(prefill)) * pad > MAX_CALL_ROWS:
