@@ -273,6 +273,9 @@ MODEL = "llama-3.1-8b-instruct"
     (("serve", MODEL, "--chip", "h200", "--pool", "1"), ("'--pool'", "one pool")),
     (("price", MODEL, "--chip", "h200", "--fabric", "x", "--decode", "1"), ("'--fabric'", "unknown fabric")),
     (("price", "no-such-model", "--chip", "h200", "--decode", "1"), ("'model'", "no bundled config.json")),
+    (("price", MODEL, "--chip", "h200", "--weights", "", "--decode", "1"), ("'--weights'", "not a format")),
+    (("price", MODEL, "--chip", "h200", "--ep", "--tp", "2", "--decode", "1"), ("'--ep'", "has no MoE layer")),
+    (("price", "gpt-oss-120b", "--chip", "h200", "--ep", "--decode", "1"), ("'--ep'", "over one GPU")),
 ])
 def test_a_deployment_from_a_model_refuses_bad_layouts(capsys, tmp_path, argv, words):
     refused(capsys, tmp_path, argv, *words)

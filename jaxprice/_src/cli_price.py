@@ -182,16 +182,20 @@ def model_deployment(model, args):
     max_num_seqs, max_num_batched_tokens, max_model_len and the graph mode are left to vLLM's
     defaults (and to serve's isl + osl + 256), which the commands state where they use them."""
     from .resolve import resolve
-    from .size import Layout, build_scenario, load_model, spans_nodes_reason, weight_formats
+    from .size import Layout, build_scenario, is_moe, load_model, spans_nodes_reason, weight_formats
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
     tp = parse_int(args.tp or 1, flag="--tp", minimum=1)
     dp = parse_int(args.dp or 1, flag="--dp", minimum=1)
-    weights = args.weights or graph.weight_dtype
+    weights = graph.weight_dtype if args.weights is None else args.weights
     allowed = weight_formats(graph, chip)
     if weights not in allowed:
         refuse(f"not a format vLLM serves {graph.name} in on {chip.name} (from its {graph.weight_dtype} checkpoint: "
                f"{', '.join(allowed)})", field="--weights", value=weights)
+    if args.ep and not is_moe(graph):
+        refuse(f"expert parallelism needs experts: {graph.name} has no MoE layer", field="--ep")
+    if args.ep and tp * dp == 1:
+        refuse("expert parallelism over one GPU is none: give --tp or --dp above 1", field="--ep")
     layout = Layout(tp=tp, dp=dp, ep=bool(args.ep), weights=weights, max_num_seqs=1, max_num_batched_tokens=1,
                     cudagraph_mode="FULL_AND_PIECEWISE")
     per_node = parse_int(args.gpus_per_node or 8, flag="--gpus-per-node", minimum=1)

@@ -165,7 +165,7 @@ class Candidate:
         return out
 
 
-def _is_moe(graph: ModelGraph) -> bool:
+def is_moe(graph: ModelGraph) -> bool:
     return any(n["op"] == "GroupedGEMM" and n["top_k"] > 0 for nodes in graph.layer_kinds.values() for n in nodes)
 
 
@@ -274,7 +274,7 @@ def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=
     """Every Layout to try (before the fit check), in a stable order. tp, dp, ep, weights: lists
     restricting those axes (None: all). dp > 1 only for MoE models (data-parallel attention; a
     dense model's replicas are separate engines already); ep only for MoE and tp x dp > 1."""
-    moe = _is_moe(graph)
+    moe = is_moe(graph)
     tps = [w for w in WIDTHS if w <= gpus] if tp is None else sorted(set(tp))
     dps = ([w for w in WIDTHS if w <= gpus] if moe else [1]) if dp is None else sorted(set(dp))
     eps = ([False, True] if moe else [False]) if ep is None else sorted(set(ep))
@@ -1148,7 +1148,7 @@ def _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, template: L
     """Widths tp x dp (not dividing ``gpus``) at which some layout of the model fits: for the
     message when nothing that divides the GPU count fits."""
     out = []
-    moe = _is_moe(graph)
+    moe = is_moe(graph)
     for w in WIDTHS:
         if gpus % w == 0 or w > 16:
             continue
