@@ -356,7 +356,8 @@ def _model_len(repo, sha):
     cfg_path = HF_CONFIGS / repo.replace("/", "--") / "config.json"
     if not cfg_path.exists():
         return None
-    sys.path.insert(0, str(REPO))
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
     from jaxprice._src.hf import _derived_max_len
     raw = cfg_path.read_bytes()
     cfg = json.loads(raw)

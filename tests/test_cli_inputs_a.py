@@ -274,6 +274,7 @@ MODEL = "llama-3.1-8b-instruct"
     (("price", MODEL, "--chip", "h200", "--fabric", "x", "--decode", "1"), ("'--fabric'", "unknown fabric")),
     (("price", "no-such-model", "--chip", "h200", "--decode", "1"), ("'model'", "no bundled config.json")),
     (("price", MODEL, "--chip", "h200", "--weights", "", "--decode", "1"), ("'--weights'", "not a format")),
+    (("price", MODEL, "--chip", "h200", "--tp", "", "--decode", "1"), ("'--tp'", "expected an integer")),
     (("price", MODEL, "--chip", "h200", "--ep", "--tp", "2", "--decode", "1"), ("'--ep'", "has no MoE layer")),
     (("price", "gpt-oss-120b", "--chip", "h200", "--ep", "--decode", "1"), ("'--ep'", "over one GPU")),
 ])

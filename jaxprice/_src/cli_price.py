@@ -185,8 +185,8 @@ def model_deployment(model, args):
     from .size import Layout, build_scenario, is_moe, load_model, spans_nodes_reason, weight_formats
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
-    tp = parse_int(args.tp or 1, flag="--tp", minimum=1)
-    dp = parse_int(args.dp or 1, flag="--dp", minimum=1)
+    tp = parse_int(1 if args.tp is None else args.tp, flag="--tp", minimum=1)
+    dp = parse_int(1 if args.dp is None else args.dp, flag="--dp", minimum=1)
     weights = graph.weight_dtype if args.weights is None else args.weights
     allowed = weight_formats(graph, chip)
     if weights not in allowed:
@@ -198,7 +198,8 @@ def model_deployment(model, args):
         refuse("expert parallelism over one GPU is none: give --tp or --dp above 1", field="--ep")
     layout = Layout(tp=tp, dp=dp, ep=bool(args.ep), weights=weights, max_num_seqs=1, max_num_batched_tokens=1,
                     cudagraph_mode="FULL_AND_PIECEWISE")
-    per_node = parse_int(args.gpus_per_node or 8, flag="--gpus-per-node", minimum=1)
+    per_node = parse_int(8 if args.gpus_per_node is None else args.gpus_per_node, flag="--gpus-per-node",
+                         minimum=1)
     if args.fabric is not None:
         registry.network(args.fabric, field="--fabric")
     elif layout.width > per_node:

@@ -14,6 +14,7 @@ names the file, the field and the value. Nothing here touches JAX.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import math
 import os
@@ -720,7 +721,7 @@ class Registry:
         return ", ".join(str(r) for r in self.roots)
 
     def model(self, name, *, file=None, field=None) -> ModelGraph:
-        from .hf import bundled_config, hf_config_ref, import_hf_config
+        from .hf import bundled_config, bundled_config_names, hf_config_ref, import_hf_config
         ref = hf_config_ref(name, file, paths_only=True)   # a config.json path, or a folder holding one
         if ref is not None:
             return import_hf_config(ref)
@@ -736,8 +737,12 @@ class Registry:
         ref = bundled_config(name)        # a model whose config.json is bundled (testdata/hf): imported
         if ref is not None:
             return import_hf_config(ref)
+        names = [f.stem for root in self.roots for prefix in ("", "catalog", "registry")
+                 for f in sorted((root / prefix / "models").glob("*.yaml"))] + bundled_config_names()
+        near = difflib.get_close_matches(str(name).lower(), list(dict.fromkeys(names)), n=3, cutoff=0.6)
         refuse(f"unknown model (no graph under {self._where()}, no bundled config.json of that name in "
-               f"testdata/hf, and not a config.json or a folder holding one)", file=file, field=field, value=name)
+               f"testdata/hf, and not a config.json or a folder holding one)"
+               + (f"; near matches: {', '.join(near)}" if near else ""), file=file, field=field, value=name)
 
     def chip(self, name, *, file=None, field=None) -> Chip:
         for root in self.roots:
