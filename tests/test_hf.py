@@ -394,7 +394,11 @@ def test_import_model_writes_a_graph_that_loads_back(tmp_path, capsys):
         assert getattr(g, f) == getattr(h, f), f
     assert load_model_graph(HF / "zai-org--GLM-5-FP8").layer_kinds == h.layer_kinds   # a folder, as a graph
     assert main(["import-model", str(HF / "openai--gpt-oss-20b")]) == 0              # stdout
-    assert capsys.readouterr().out.startswith("# Imported by `jaxprice import-model`")
+    by_path = capsys.readouterr().out
+    assert by_path.startswith("# Imported by `jaxprice import-model`")
+    assert main(["import-model", "openai/gpt-oss-20b"]) == 0                          # a bundled one by name
+    by_name = capsys.readouterr().out
+    assert by_name.split("\n", 1)[1] == by_path.split("\n", 1)[1]     # the same graph (the paths differ)
 
 
 def test_a_scenario_names_a_config_relative_to_itself(tmp_path):

@@ -4,7 +4,8 @@
     jaxprice import-model config.json --quant-config hf_quant_config.json --out graph.yaml
 
 CONFIG is a config.json or a folder holding one (an hf_quant_config.json beside it is read
-too, unless --quant-config names another). The graph is written in the project format
+too, unless --quant-config names another), or the name or repository id of a bundled one
+(testdata/hf: ``jaxprice import-model deepseek-ai/DeepSeek-R1``). The graph is written in the project format
 (``format: jaxprice-model/1``) with the config's sha256, its hf_repo and, as comments, what was
 inferred (defaults taken, modules left unquantized, what is not priced). Without --out the
 graph goes to stdout. A config.json path or folder is also accepted wherever a model graph
@@ -20,7 +21,8 @@ from pathlib import Path
 def add_parser(sub):
     p = sub.add_parser("import-model", help="write a Hugging Face config.json as a model graph",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("config", metavar="CONFIG.json", help="a config.json, or a folder holding one")
+    p.add_argument("config", metavar="CONFIG.json",
+                   help="a config.json, a folder holding one, or a bundled config's model name or repository id")
     p.add_argument("--quant-config", metavar="hf_quant_config.json", default=None,
                    help="the checkpoint's ModelOpt quantization file (default: one beside the config)")
     p.add_argument("--out", metavar="graph.yaml", default=None, help="where to write the graph (default stdout)")
@@ -39,7 +41,11 @@ def run(args) -> int:
                    value=value, has_value=True)
     if args.out is not None:
         check_output_file(args.out, flag="--out", what="model graph")
-    res = import_result(args.config, args.quant_config, name=args.name, hf_repo=args.hf_repo)
+    from .hf import bundled_config
+    config = args.config
+    if not Path(config).exists() and bundled_config(config) is not None:     # a bundled config by name
+        config = bundled_config(config)
+    res = import_result(config, args.quant_config, name=args.name, hf_repo=args.hf_repo)
     graph_from_doc(res.doc, res.config_path)          # validated as a graph file is
     text = graph_yaml(res)
     if args.out is None:
