@@ -232,6 +232,18 @@ def test_the_layout_of_a_measured_deployment(tp, ep, dp, rank, gpus):
         acc.rank_tp(_point("d", "minimax-m2.5", "b200", "fp4", tp=3, ep=4, dp=2))
 
 
+def test_a_measured_model_with_only_a_bundled_config_builds_from_the_columns():
+    """A point naming a model with no graph but a bundled config.json (deepseek-r1) resolves from
+    the columns through that config, served in its checkpoint's format, with the engine's
+    scheduler (it was refused as an unknown model)."""
+    p = _point("deepseek-r1-b200-fp8-sglang-tp8", "deepseek-r1", "b200", "fp8", tp=8, engine="sglang")
+    dep, where = acc.build_deployment(p)
+    assert where == "columns" and dep.graph.name == "deepseek-r1"
+    assert dep.graph.path.endswith("deepseek-ai--DeepSeek-R1/config.json")
+    assert (dep.resolution["tp"], dep.resolution["served_dtype"]) == (8, "fp8")
+    assert acc.engine_assumptions(p)["scheduler"][0] == "sglang"
+
+
 def test_int4_kimi_is_served_in_its_checkpoint_format():
     points, _ = acc.read_measurements(EXCERPT)
     p = next(p for p in points if p.deployment == KIMI_INT4)
