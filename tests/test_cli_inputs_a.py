@@ -282,22 +282,18 @@ def test_a_deployment_from_a_model_refuses_bad_layouts(capsys, tmp_path, argv, w
     refused(capsys, tmp_path, argv, *words)
 
 
-def test_a_model_and_a_chip_build_the_deployment_size_would():
-    """--chip reads SCENARIO as a model and builds the deployment as size builds a candidate; the
-    engine settings size searches are left to vLLM's defaults (resolve's, stated by serve)."""
-    import argparse
-    from jaxprice._src import size as S_
-    args = argparse.Namespace(chip="h200", tp="2", dp=None, ep=None, weights="fp8", gpus_per_node=None, fabric=None)
-    dep = cli_price.load_scenario_deployment(MODEL, None, args)
+def test_a_model_and_a_chip_build_the_deployment_a_scenario_states():
+    """--chip reads SCENARIO as a model and builds the deployment as size builds a candidate: the
+    same weights and KV cache per GPU as the bundled scenario of that layout (Llama-3.1-70B, fp8,
+    tp2 on H200, fp8 cache); the engine settings size searches are left to vLLM's defaults."""
+    dep = cli_price.load_scenario_deployment("llama-3.1-70b-instruct", None,
+                                             dict_args(chip="h200", tp="2", weights="fp8"))
     assert (dep.resolution["tp"], dep.resolution["dp"]) == (2, 1) and dep.resolution["served_dtype"] == "fp8"
-    assert dep.scenario.name == "llama-3.1-8b-instruct-h200-fp8-tp2" and dep.scenario.engine["cache_dtype"] == "fp8"
-    assert not {"max_num_seqs", "max_num_batched_tokens", "max_model_len"} & set(dep.scenario.engine)
-    graph = jp.Registry().model(MODEL)
-    lay = S_.Layout(tp=2, dp=1, ep=False, weights="fp8", max_num_seqs=1, max_num_batched_tokens=1,
-                    cudagraph_mode="FULL_AND_PIECEWISE")
-    cand = jp.resolve(S_.build_scenario(MODEL, "h200", lay, isl=1, osl=1, graph=graph), jp.Registry())
-    for k in ("weights_bytes", "kv_bytes_per_token"):        # the same weights and cache as size's candidate
-        assert dep.plan.memory[k] == cand.plan.memory[k], k
+    assert dep.scenario.name == "llama-3.1-70b-instruct-h200-fp8-tp2" and dep.scenario.engine["cache_dtype"] == "fp8"
+    assert not {"max_num_seqs", "max_num_batched_tokens", "max_model_len", "cudagraph_mode"} & set(dep.scenario.engine)
+    bundled = jp.load_deployment("llama-3.1-70b-instruct-h200-fp8-vllm-tp2")
+    for k in ("weights_bytes", "kv_bytes_per_token"):
+        assert dep.plan.memory[k] == bundled.plan.memory[k], k
     bf16 = cli_price.load_scenario_deployment(MODEL, None, dict_args(chip="h200"))
     assert bf16.resolution["served_dtype"] == "bf16" and bf16.scenario.engine["cache_dtype"] == "auto"
 

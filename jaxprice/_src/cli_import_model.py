@@ -42,9 +42,8 @@ def run(args) -> int:
     if args.out is not None:
         check_output_file(args.out, flag="--out", what="model graph")
     from .hf import bundled_config
-    config = args.config
-    if not Path(config).exists() and bundled_config(config) is not None:     # a bundled config by name
-        config = bundled_config(config)
+    bundled = None if Path(args.config).exists() else bundled_config(args.config)   # a bundled one by name
+    config = bundled or args.config
     res = import_result(config, args.quant_config, name=args.name, hf_repo=args.hf_repo)
     graph_from_doc(res.doc, res.config_path)          # validated as a graph file is
     text = graph_yaml(res)

@@ -13,7 +13,6 @@ engine limits check.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import sys
@@ -178,11 +177,11 @@ def load_scenario_deployment(name, pool=None, args=None):
 
 def model_deployment(model, args):
     """A deployment of ``model`` on ``args.chip`` at the layout the flags give, built as `jaxprice
-    size` builds a candidate (size.build_scenario), without the engine settings size searches:
+    size` builds a candidate (size.base_scenario) but without the engine settings size searches:
     max_num_seqs, max_num_batched_tokens, max_model_len and the graph mode are left to vLLM's
     defaults (and to serve's isl + osl + 256), which the commands state where they use them."""
     from .resolve import resolve
-    from .size import Layout, build_scenario, is_moe, load_model, spans_nodes_reason, weight_formats
+    from .size import base_scenario, is_moe, load_model, spans_nodes_reason, weight_formats
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
     tp = parse_int(1 if args.tp is None else args.tp, flag="--tp", minimum=1)
@@ -194,23 +193,19 @@ def model_deployment(model, args):
                f"{', '.join(allowed)})", field="--weights", value=weights)
     if args.ep and not is_moe(graph):
         refuse(f"expert parallelism needs experts: {graph.name} has no MoE layer", field="--ep")
-    if args.ep and tp * dp == 1:
+    width = tp * dp
+    if args.ep and width == 1:
         refuse("expert parallelism over one GPU is none: give --tp or --dp above 1", field="--ep")
-    layout = Layout(tp=tp, dp=dp, ep=bool(args.ep), weights=weights, max_num_seqs=1, max_num_batched_tokens=1,
-                    cudagraph_mode="FULL_AND_PIECEWISE")
     per_node = parse_int(8 if args.gpus_per_node is None else args.gpus_per_node, flag="--gpus-per-node",
                          minimum=1)
     if args.fabric is not None:
         registry.network(args.fabric, field="--fabric")
-    elif layout.width > per_node:
-        refuse(f"tp x dp = {layout.width}: " + spans_nodes_reason(layout, per_node, registry.network_names()),
-               field="--tp")
+    elif width > per_node:
+        refuse(f"tp x dp = {width}: " + spans_nodes_reason(width, per_node, registry.network_names()), field="--tp")
     name = f"{graph.name}-{args.chip}-{weights}-tp{tp}" + (f"-dp{dp}" if dp > 1 else "") + ("-ep" if args.ep else "")
-    scen = build_scenario(graph.name, args.chip, layout, isl=1, osl=1, graph=graph, gpus_per_node=per_node,
-                          name=name, path=f"<{source} on {args.chip}>", fabric=args.fabric)
-    engine = {k: v for k, v in scen.engine.items()
-              if k not in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "cudagraph_mode")}
-    return resolve(dataclasses.replace(scen, engine=engine), registry)
+    scen = base_scenario(graph.name, args.chip, tp=tp, dp=dp, ep=bool(args.ep), weights=weights, graph=graph,
+                         name=name, gpus_per_node=per_node, path=f"<{source} on {args.chip}>", fabric=args.fabric)
+    return resolve(scen, registry)
 
 
 def describe_deployment(dep) -> str:

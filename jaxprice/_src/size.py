@@ -195,31 +195,42 @@ def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
     return want if limit is None else min(want, int(limit))
 
 
+def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights: str, graph: ModelGraph,
+                  name: str, gpus_per_node: int = 8, gpu_memory_utilization: float = 0.9,
+                  path: str = "<jaxprice size>", fabric: str | None = None, searched: dict | None = None) -> Scenario:
+    """A Scenario record for a parallel layout, with no scenario file: the six cost-model sets,
+    nodes of ``gpus_per_node`` GPUs (as many as the engine needs), an FP8 KV cache unless the
+    weights are served in 16 bits, block 16 (64 for sparse-MLA models), gpu_memory_utilization
+    0.9: the settings of the bundled vLLM scenarios (testdata/aisimulate). ``searched``: the
+    engine settings size searches (max_num_batched_tokens, max_num_seqs, max_model_len,
+    cudagraph_mode); None leaves them to vLLM's defaults. An engine wider than a node spans
+    several, joined by ``fabric`` (a registry network; none: the scenario names none and resolve
+    refuses it)."""
+    engine = {"quantization": weights} if weights in QUANT_FLAG else {}
+    engine.update({"cache_dtype": "auto" if DTYPE_BYTES[weights] >= 2 else "fp8",
+                   "block_size": 64 if _is_dsa(graph) else 16})
+    engine.update(searched or {})
+    engine["gpu_memory_utilization"] = float(gpu_memory_utilization)
+    nodes = max(1, math.ceil(tp * dp / gpus_per_node))
+    return Scenario(name=name, model=model, hardware=chip, fabric=fabric if nodes > 1 else None,
+                    nodes=nodes, gpus_per_node=gpus_per_node, gpus_per_rack=0, coefficient_sets=COEFFICIENT_SETS,
+                    engine_version="", pool_nodes=nodes,
+                    parallel={"tp": tp, "pp": 1, "dp": dp, "enable_expert_parallel": ep},
+                    engine=engine, path=path)
+
+
 def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int, graph: ModelGraph,
                    gpus_per_node: int = 8, name: str | None = None, gpu_memory_utilization: float = 0.9,
                    path: str = "<jaxprice size>", fabric: str | None = None) -> Scenario:
-    """A Scenario record for one layout, with no scenario file: the six cost-model sets, nodes of
-    ``gpus_per_node`` GPUs (as many as the engine needs), an FP8 KV cache unless the weights are served in
-    16 bits, block 16 (64 for sparse-MLA models), the layout's engine settings,
-    max_model_len = ISL + OSL + 256, gpu_memory_utilization 0.9: the settings of the bundled
-    vLLM scenarios (testdata/aisimulate). An engine wider than a node spans several, joined by
-    ``fabric`` (a registry network; none: the scenario names none and resolve refuses it)."""
-    engine = {"quantization": layout.weights} if layout.weights in QUANT_FLAG else {}
-    engine.update({
-        "cache_dtype": "auto" if DTYPE_BYTES[layout.weights] >= 2 else "fp8",
-        "block_size": 64 if _is_dsa(graph) else 16,
-        "max_num_batched_tokens": int(layout.max_num_batched_tokens),
-        "max_num_seqs": int(layout.max_num_seqs),
-        "max_model_len": max_model_len(isl, osl, graph.max_model_len),
-        "cudagraph_mode": layout.cudagraph_mode,
-        "gpu_memory_utilization": float(gpu_memory_utilization)})
-    nodes = max(1, math.ceil(layout.width / gpus_per_node))
-    return Scenario(name=name or scenario_name(model, chip, layout), model=model, hardware=chip,
-                    fabric=fabric if nodes > 1 else None,
-                    nodes=nodes, gpus_per_node=gpus_per_node, gpus_per_rack=0, coefficient_sets=COEFFICIENT_SETS,
-                    engine_version="", pool_nodes=nodes,
-                    parallel={"tp": layout.tp, "pp": 1, "dp": layout.dp, "enable_expert_parallel": layout.ep},
-                    engine=engine, path=path)
+    """One candidate's Scenario (base_scenario) with the layout's engine settings and
+    max_model_len = ISL + OSL + 256 (capped at the model's own)."""
+    searched = {"max_num_batched_tokens": int(layout.max_num_batched_tokens),
+                "max_num_seqs": int(layout.max_num_seqs),
+                "max_model_len": max_model_len(isl, osl, graph.max_model_len),
+                "cudagraph_mode": layout.cudagraph_mode}
+    return base_scenario(model, chip, tp=layout.tp, dp=layout.dp, ep=layout.ep, weights=layout.weights, graph=graph,
+                         name=name or scenario_name(model, chip, layout), gpus_per_node=gpus_per_node,
+                         gpu_memory_utilization=gpu_memory_utilization, path=path, fabric=fabric, searched=searched)
 
 
 def scenario_name(model: str, chip: str, layout: Layout) -> str:
@@ -310,12 +321,12 @@ def _engine_key(dep: Deployment, layout: Layout):
             layout.max_num_batched_tokens, layout.dp, layout.tp)
 
 
-def spans_nodes_reason(layout: Layout, gpus_per_node: int, fabrics) -> str:
-    """Why a layout wider than a node is not priced when no fabric is named."""
+def spans_nodes_reason(width: int, gpus_per_node: int, fabrics) -> str:
+    """Why an engine of ``width`` GPUs, wider than a node, is not priced when no fabric is named."""
     # COVERAGE LIMIT [size-multi-node]: an engine over several nodes is searched as tp x dp over
     # the named fabric (its launch lines from vllm_command); pipeline parallelism, rack-scale
     # domains (gpus_per_rack) and a fabric per node pair are not searched
-    nodes = math.ceil(layout.width / gpus_per_node)
+    nodes = math.ceil(width / gpus_per_node)
     return (f"spans {nodes} nodes of {gpus_per_node} GPUs: name the network between them "
             f"(--fabric: {', '.join(fabrics)})")
 
@@ -334,7 +345,7 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
             continue
         if fabric is None and lay.width > gpus_per_node:
             out.append(Candidate(lay, replicas, "rejected",
-                                 spans_nodes_reason(lay, gpus_per_node, registry.network_names())))
+                                 spans_nodes_reason(lay.width, gpus_per_node, registry.network_names())))
             continue
         scen = build_scenario(model, chip_name, lay, isl=isl, osl=osl, graph=graph, gpus_per_node=gpus_per_node,
                               fabric=fabric)
