@@ -447,3 +447,39 @@ def test_a_lane_out_of_records_is_run_again_alone(dep, monkeypatch):
     for k in ("tokens", "n_decode", "reads", "finishes"):
         np.testing.assert_array_equal(got.sums[k], want.sums[k])
     np.testing.assert_array_equal(got.requests["finish_step"], want.requests["finish_step"])
+
+
+def test_record_estimate_is_bounded_when_decodes_fill_the_budget(dep):
+    """A 512-token budget with max_num_seqs 512 (deepseek-v4-pro on h200, as InferenceX ran it):
+    at C = 64 the resident decodes leave 448 tokens a step, so 64 x 10 prompts of 8192 tokens
+    take 10 x 64 x ceil(8192 / 448) = 11,840 chunks: the estimate is 4 n + 2 chunks + 2 n + 64
+    (one read law), not one record per prompt token (sized by max_num_seqs alone: 10.5 million
+    records, gigabytes). Where the decodes take the whole budget, a chunk counts as 1/8 of it."""
+    settings = {"max_num_batched_tokens": 512, "max_num_seqs": 512, "num_spec_tokens": 0}
+    lane = {"n": 640, "concurrency": 64, "plen": np.full(640, 8192)}
+    assert serve._record_estimate(lane, settings, 1) == 4 * 640 + 2 * 640 * 19 + 2 * 640 + 64
+    lane = dict(lane, concurrency=512)
+    assert serve._record_estimate(lane, settings, 1) == 4 * 640 + 2 * 640 * 128 + 2 * 640 + 64
+
+
+def test_lane_states_keep_only_the_records_written(dep):
+    """The per-lane states of a scheduler call are cut to the records the lane wrote (copies,
+    not views of the call's buffers, which are sized for the worst case)."""
+    w = jp.Workload(32, 16, 0.5, seed=2)
+    lanes = []
+    real = serve._run_closed
+
+    def spy(ls, st):
+        per, over = real(ls, st)
+        lanes.append((st, per))
+        return per, over
+    import unittest.mock as mock
+    with mock.patch.object(serve, "_run_closed", spy):
+        sc = serve.build_schedules_batched([(dep, [(w, jp.ClosedLoop(4, 40))], SYNC)])[0][0]
+    (st, per), = lanes
+    for state in per[:1]:
+        used = int(state["it"])
+        assert 0 < used < st.records
+        for k in serve.REC_KEYS:
+            assert state[k].shape[0] == used and state[k].base is None
+    assert sc.steps > 0

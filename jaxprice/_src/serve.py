@@ -293,8 +293,18 @@ def _split(settings, arrival, ins, outs, concurrency):
 
 
 def _record_estimate(lane, settings, n_laws):
+    """Records a lane's run is sized for: 4 per request, 2 per prompt chunk, 2 per request and
+    read law, 64 spare. A chunk is the budget less the resident decodes' tokens (resident: at
+    most min(C, max_num_seqs) requests), taken as at least 1/8 of the budget: where decodes
+    fill the budget, prefill waits for finishes rather than running in 1-token chunks (an
+    estimate only: a lane that runs out is run again with more, ``_rerun_alone``; sized by
+    max_num_seqs alone, a 512-token budget with 512 sequences asked for a record per prompt
+    token, gigabytes)."""
     n = max(int(lane["n"]), 1)
-    b_eff = max(settings["max_num_batched_tokens"] - min(settings["max_num_seqs"], n) * (1 + settings["num_spec_tokens"]), 1)
+    clients = int(lane.get("concurrency") or 0)
+    resident = min(settings["max_num_seqs"], n, clients if clients > 0 else n)
+    budget = settings["max_num_batched_tokens"]
+    b_eff = max(budget - resident * (1 + settings["num_spec_tokens"]), budget // 8, 1)
     chunks = int(np.sum(-(-np.asarray(lane["plen"][:n]) // b_eff)))
     return 4 * n + 2 * chunks + 2 * n * n_laws + 64
 
@@ -559,8 +569,19 @@ def _run_closed(lanes, st):
     again). Lanes may come from different deployments: the plan enters only through the
     lanes' read-law arrays."""
     states = jax.tree_util.tree_map(np.asarray, S.run_closed(st, _stack_lanes(lanes, st.requests)))
-    per_lane = [{k: v[i] for k, v in states.items()} for i in range(len(lanes))]
+    per_lane = [_lane_state(states, i) for i in range(len(lanes))]
     return per_lane, np.flatnonzero(_overflowed(states, st, lanes)).tolist()
+
+
+REC_KEYS = ("rec", "rec_reads", "rec_pairs", "rec_slope", "rec_floor")
+
+
+def _lane_state(states, i):
+    """Lane ``i``'s NumPy states, its record arrays cut to the records it wrote (copies: a view
+    would keep the call's whole [lanes, records, ...] buffers alive while every other run of an
+    accuracy file is scheduled; sized for the worst case, those ran to gigabytes)."""
+    used = int(states["it"][i])
+    return {k: (v[i, :used].copy() if k in REC_KEYS else v[i].copy()) for k, v in states.items()}
 
 
 def _overflowed(states, st, lanes):
