@@ -29,6 +29,7 @@ from jaxprice._src.accuracy import (CONCURRENCY_BUCKETS, IX_RECIPES, STATIC_BATC
                                     assumptions_text, concurrency_bucket, engine_assumptions, format_assumptions,
                                     format_breakdowns, gpus_of, rank_tp, recipe_deployment, repeat_spread,
                                     simulate_points)
+from jaxprice._src.accuracy import STATED_FIELDS, STATED_SOURCE, stated_settings
 
 __all__ = [
     "BATCH_RULES", "DECODE_THRESHOLD", "ESTIMATES",
@@ -41,4 +42,5 @@ __all__ = [
     "STATIC_BATCH_RULES", "CONCURRENCY_BUCKETS", "IX_RECIPES", "SimulatedPoints", "engine_assumptions",
     "assumptions_text", "recipe_deployment", "simulate_points", "concurrency_bucket", "format_breakdowns",
     "format_assumptions", "rank_tp", "gpus_of", "repeat_spread",
+    "STATED_FIELDS", "STATED_SOURCE", "stated_settings",
 ]

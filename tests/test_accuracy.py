@@ -754,6 +754,63 @@ def test_engine_assumptions_follow_the_published_recipes():
     assert acc.scenario_from_columns(_point("glm", "glm-5", "b200", "fp8", tp=8)).engine["block_size"] == 64
 
 
+def _run_point(scenario, model, hardware, dtype, workload, c, config_id, run_date, tp=1, ep=1, dp=1):
+    isl, osl = {"1k1k": (1024, 1024), "8k1k": (8192, 1024), "1k8k": (1024, 8192)}[workload]
+    return acc.Point(row=2, scenario=scenario, deployment=scenario.split("-cfg")[0], model=model, hardware=hardware,
+                     dtype=dtype, engine="vllm", tp=tp, ep=ep, dp=dp, workload=workload, isl=isl, osl=osl,
+                     concurrency=c, measured=1e-2, anchor_concurrency=4, config_id=config_id, run_date=run_date)
+
+
+def test_a_run_gets_the_flags_it_states():
+    """The bundled table (testdata/measured/inferencex_settings.csv) gives the flags each measured
+    run passed, by scenario, workload and C; a null there is unrecorded (the recipe's value
+    stands); a row of another run (config id, date, chip, engine) or an unknown C gives none."""
+    p = _run_point("gpt-oss-120b-b200-fp4-vllm-tp4-cfg1.yaml", "gpt-oss-120b", "b200", "fp4", "1k1k", 4, "114",
+                   "2026-02-25", tp=4)
+    assert acc.stated_settings(p) == {"max_num_seqs": 512, "max_num_batched_tokens": 8192, "max_model_len": 2068,
+                                      "enable_prefix_caching": False}
+    for other in (dict(config_id="999"), dict(run_date="2026-02-26"), dict(hardware="h200"), dict(engine="sglang"),
+                  dict(concurrency=3), dict(workload="8k1k")):
+        assert acc.stated_settings(dataclasses.replace(p, **other)) == {}
+    assert acc.stated_settings(dataclasses.replace(p, config_id="", run_date="")) != {}   # columns absent: by name
+    a = acc.engine_assumptions(p)
+    assert a["max_model_len"] == (2068, acc.STATED_SOURCE)              # the recipe's rule gives 1024 + 1024 + 20
+    assert a["gpu_memory_utilization"][0] == 0.9 and a["gpu_memory_utilization"][1] != acc.STATED_SOURCE
+    # deepseek-v4-pro on b200 (no recipe here): block 256, gmu 0.95, a budget of 8192 up to C = 128 and 2048 from 256
+    d = [_run_point("deepseek-v4-pro-b200-fp4-vllm-tp8-cfg7.yaml", "deepseek-v4-pro", "b200", "fp4", "8k1k", c, "909",
+                    "2026-09-03", tp=8) for c in (4, 128, 256)]
+    got = [{k: acc.engine_assumptions(q)[k][0] for k in ("block_size", "gpu_memory_utilization",
+                                                           "max_num_batched_tokens", "max_num_seqs")} for q in d]
+    assert got == [dict(block_size=256, gpu_memory_utilization=0.95, max_num_batched_tokens=b, max_num_seqs=1024)
+                   for b in (8192, 8192, 2048)]
+    # one simulated engine per distinct setting: C = 4 and 128 share one, C = 256 runs its own
+    keys = [acc_src().run_settings_key(q) for q in d]
+    assert keys[0] == keys[1] != keys[2]
+
+
+def test_the_flags_a_run_states_pick_the_recipe_version_it_ran():
+    """minimax-m2.5 on h200: the runs that state max_num_seqs 512 and a 32768-token budget ran the
+    later recipe, which also passes kv-cache-dtype fp8; the March runs state neither and keep the
+    first recipe's bf16 cache and vLLM's 8192 budget. On b200 (fp8), a run stating gmu 0.95 ran
+    the @07e171a version: no kv-cache-dtype or budget flag (the later recipe: fp8 and 2 x isl)."""
+    late = acc.engine_assumptions(_run_point("minimax-m2.5-h200-fp8-vllm-tp4-cfg6.yaml", "minimax-m2.5", "h200",
+                                             "fp8", "8k1k", 256, "606", "2026-05-26", tp=4))
+    early = acc.engine_assumptions(_run_point("minimax-m2.5-h200-fp8-vllm-tp4-cfg5.yaml", "minimax-m2.5", "h200",
+                                              "fp8", "8k1k", 4, "606", "2026-03-01", tp=4))
+    assert (late["cache_dtype"][0], late["max_num_batched_tokens"][0], late["max_num_seqs"][0]) == ("fp8", 32768, 512)
+    assert "HEAD" in late["cache_dtype"][1] and "in sample" in late["cache_dtype"][1]
+    assert (early["cache_dtype"][0], early["max_num_batched_tokens"][0], early["max_num_seqs"][0]) == (
+        "auto", 8192, 1024)
+    b200 = acc.engine_assumptions(_run_point("minimax-m2.5-b200-fp8-vllm-tp2-cfg1.yaml", "minimax-m2.5", "b200",
+                                             "fp8", "1k1k", 8, "633", "2026-03-28", tp=2))
+    assert (b200["cache_dtype"][0], b200["max_num_batched_tokens"][0], b200["block_size"][0]) == ("auto", 8192, 32)
+    assert "@07e171a" in b200["cache_dtype"][1]
+    recipe = {"cache_dtype": "fp8", "source": "r", "variants": (dict(when={"a": 1}, set={"cache_dtype": "x"},
+                                                                      source="v"),)}
+    assert acc_src().recipe_variant(recipe, {"a": 1, "b": 2})["cache_dtype"] == "x"
+    assert acc_src().recipe_variant(recipe, {"a": 2}) is recipe and acc_src().recipe_variant(None, {}) is None
+
+
 # ----------------------------------------------------------------------------- batch rule simulate
 
 
@@ -871,8 +928,9 @@ def test_simulate_gives_each_deployment_its_recipe_engine():
     g = first[GPT]
     assert [it[1].concurrency for it in g["items"]] == [4, 8, 16, 32, 64]
     assert [it[1].num_prompts for it in g["items"]] == [None] * 5            # 10 x C
+    # max_model_len: the 9416 both runs state (testdata/measured/inferencex_settings.csv), not the recipe's 9472
     assert (g["engine"]["max_num_seqs"], g["engine"]["max_num_batched_tokens"], g["engine"]["max_model_len"]) == (
-        64, 8192, 9472)
+        64, 8192, 9416)
     dep = g["deployment"]
     assert dep.scenario.engine["cache_dtype"] == "auto"
     points, _ = acc.read_measurements(EXCERPT)
@@ -889,9 +947,14 @@ def test_simulate_gives_each_deployment_its_recipe_engine():
 def test_a_run_the_simulation_refuses_is_a_refused_point_with_its_reason(tmp_path):
     rows = [r for r in rows_of() if r["deployment"] == MINIMAX and r["concurrency"] == "16"]
     for r in rows:
-        r["isl"] = "150000"               # a prompt the KV cache cannot hold (refused before any step runs)
-    rep = acc.evaluate_accuracy(write_rows(tmp_path / "big.csv", rows), batch_rule="simulate")
+        r["isl"] = "150000"               # past the max_model_len the measured run states (9472)
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "stated.csv", rows), batch_rule="simulate")
     (bad,) = rep.refused
+    assert bad["reason"].startswith("the simulation refuses the run: ") and "exceeds max_model_len 9472" in bad["reason"]
+    for r in rows:                        # a run the settings table does not know: the recipe's isl + osl + 256
+        r["scenario"] = r["scenario"].replace("-cfg1", "-cfg99")
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "big.csv", rows), batch_rule="simulate")
+    (bad,) = rep.refused                  # a prompt the KV cache cannot hold (refused before any step runs)
     assert bad["concurrency"] == 16 and bad["reason"].startswith("the simulation refuses the run: ")
     assert "KV cache" in bad["reason"]
     for r in rows:
@@ -902,7 +965,7 @@ def test_a_run_the_simulation_refuses_is_a_refused_point_with_its_reason(tmp_pat
     assert "vLLM would not start: more than the 196608 tokens minimax-m2.5 serves at" in bad["reason"]
     s = rep.summary["no_overlap"]["all"]
     assert (s["points"], s["priced"], s["refused"]) == (1, 0, 1)
-    assert record(rep, MINIMAX, 16)["status"] == "refused"
+    assert record(rep, MINIMAX, 16, "cfg99.yaml")["status"] == "refused"
 
 
 def test_cli_simulate_json_has_ttft_buckets_and_split(simulated, capsys, tmp_path):

@@ -174,6 +174,7 @@ class Point:
     anchor_concurrency: int | None
     measured_ttft: float = math.nan      # seconds: the point's mean-TTFT row (NaN when the file has none)
     run_date: str = ""                   # source_run_date (where the file has it)
+    config_id: str = ""                  # source_config_id (where the file has it)
     spec_decode: str = "none"            # the spec_decode column (where the file has it)
 
     @property
@@ -304,6 +305,7 @@ def _row_point(r, line, where, seconds) -> Point:
         measured=seconds,
         anchor_concurrency=_int(anchor, where=where, field="anchor_concurrency") if anchor else None,
         run_date=(r.get("source_run_date") or "").strip(),
+        config_id=(r.get("source_config_id") or "").strip(),
         spec_decode=(r.get("spec_decode") or "").strip().lower() or "none")
 
 
@@ -458,7 +460,11 @@ IX_RECIPES = {
         max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.95, cache_dtype="auto",
         block_size=None, num_prompts="10*C",
         source=f"{REF5}: minimax-m2.5 fp8 H200 (IX-may): gmu 0.95, no prefix caching, no max-num-seqs, "
-               "batched-token or kv-cache-dtype flag (HEAD later adds kv fp8, 512 seqs, 16384-32768 tokens)"),
+               "batched-token or kv-cache-dtype flag (HEAD later adds kv fp8, 512 seqs, 16384-32768 tokens)",
+        variants=(dict(when=dict(max_num_seqs=512, max_num_batched_tokens=32768), set=dict(cache_dtype="fp8"),
+                       source=f"{REF5}: minimax-m2.5 fp8 H200, HEAD: kv-cache-dtype fp8 with MAX_NUM_SEQS 512 and "
+                              "MAX_NUM_BATCHED_TOKENS 32768, the flags this run states (in sample: read after its "
+                              "TTFT error was seen)"),)),
     ("minimax-m2.5", ("h100",), "fp8"): dict(
         max_num_seqs=256, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="auto",
         block_size=None, num_prompts="10*C",
@@ -469,7 +475,11 @@ IX_RECIPES = {
         block_size=32, num_prompts="10*C",
         source=f"{IX} benchmarks/single_node/fixed_seq_len/minimaxm2.5_fp8_b200.sh@8eec0d4: gmu 0.90, block 32, "
                "kv fp8, --max-num-batched-tokens 2*ISL, no max-num-seqs (an earlier version, @07e171a, had gmu "
-               "0.95 and the default budget)"),
+               "0.95 and the default budget)",
+        variants=(dict(when=dict(gpu_memory_utilization=0.95), set=dict(max_num_batched_tokens=None,
+                                                                       cache_dtype="auto"),
+                       source=f"{IX} benchmarks/single_node/minimaxm2.5_fp8_b200.sh@07e171a, the version whose gmu "
+                              "0.95 this run states: block 32, no kv-cache-dtype or batched-token flag"),)),
     ("minimax-m2.5", ("b300",), "fp8"): dict(
         max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.9, cache_dtype="fp8",
         block_size=32, num_prompts="10*C",
@@ -507,8 +517,41 @@ BLOCK_SIZE_SOURCE = {
     DSA_BLOCK_SIZE: "64: sparse MLA (DSA) needs 64-token blocks (not set by the recipe; the bundled glm-5 "
                     "scenarios' own comment)"}
 RANGE_RATIO = 0.8
+# The engine flags each measured run passed, as the InferenceX database states them per scenario
+# and concurrency (testdata/measured/inferencex_settings.csv; its README gives the provenance).
+STATED_SETTINGS_FILE = "inferencex_settings.csv"
+STATED_SOURCE = ("stated by the run (InferenceX database, as transcribed in inference-sim/blis-latency-kernel "
+                 "testdata/measurements/inferencex_direct_settings.json@a8e879e; "
+                 "testdata/measured/inferencex_settings.csv)")
+STATED_FIELDS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
 # choices made after looking at the development set's errors (reported as in sample); none so far
 IN_SAMPLE_CHOICES: dict = {}
+
+
+@functools.lru_cache(maxsize=4)
+def _stated_table(path: str) -> dict:
+    """{(scenario, workload label, concurrency): row} of a stated-settings CSV."""
+    with open(path, newline="") as fh:
+        return {(r["scenario"], r["label"], int(r["concurrency"])): r for r in csv.DictReader(fh)}
+
+
+def stated_settings(p: Point, path=None) -> dict:
+    """The engine flags the point's own run passed, where the bundled table states them:
+    {field: value} for the ``STATED_FIELDS`` it gives (a null there is a flag the database
+    does not record, not one the run left unset: the recipe's value stands for it) and
+    ``enable_prefix_caching`` when recorded. Empty when the table has no row for the point's
+    scenario, workload and concurrency, or when the row's run (config id, run date, chip)
+    differs from the point's: a different run with the same scenario name."""
+    table = _stated_table(str(path or testdata_root() / "measured" / STATED_SETTINGS_FILE))
+    row = table.get((p.scenario, p.workload, int(p.concurrency)))
+    if row is None or row["gpu"] != p.hardware or row["framework"] != p.engine:
+        return {}
+    if (p.config_id and row["source_config_id"] != p.config_id) or (p.run_date and row["source_run_date"] != p.run_date):
+        return {}
+    out = {k: (float(row[k]) if k == "gpu_memory_utilization" else int(row[k])) for k in STATED_FIELDS if row[k]}
+    if row["enable_prefix_caching"]:
+        out["enable_prefix_caching"] = row["enable_prefix_caching"] == "true"
+    return out
 
 
 def default_block_size(model: str) -> int:
@@ -522,6 +565,16 @@ def recipe_for(p: Point):
         if p.engine == "vllm" and p.model == model and p.hardware in chips and p.dtype == dtype:
             return rec, (model, chips, dtype)
     return None, None
+
+
+def recipe_variant(rec, stated: dict):
+    """The recipe as the run used it: where the flags the run states (``stated_settings``) are
+    those of a known version of the recipe (its ``variants``: ``when`` = the stated flags that
+    identify it), that version's other flags (``set``) replace the recipe's, with its source."""
+    for v in (rec or {}).get("variants", ()):
+        if all(stated.get(k) == val for k, val in v["when"].items()):
+            return {**rec, **v["set"], "source": v["source"]}
+    return rec
 
 
 def _sglang_budget(chip):
@@ -555,6 +608,8 @@ def engine_assumptions(p: Point) -> dict:
     these is tuned to the data; any that is gets "in sample" in its source
     (``IN_SAMPLE_CHOICES``)."""
     rec, key = recipe_for(p)
+    stated = stated_settings(p)
+    rec = recipe_variant(rec, stated)
     C, isl, osl = int(p.concurrency), int(p.isl), int(p.osl)
     scheduler = ENGINE_SCHEDULER.get(p.engine, "vllm")       # an unknown engine is refused by build_deployment
     if rec is None:
@@ -607,6 +662,13 @@ def engine_assumptions(p: Point) -> dict:
                                       "async scheduling (its internals not read: serving-reference §7.7)"))
     out["dp_spread"] = (int(p.dp), "each data-parallel rank its own scheduler, queue, max_num_seqs and budget "
                                    "(serving-reference §2.1); how requests are spread: the simulation's own")
+    for k in STATED_FIELDS:
+        if k in stated:
+            out[k] = (stated[k], STATED_SOURCE)
+    if stated.get("enable_prefix_caching"):
+        out["prefix_caching"] = (True, f"{STATED_SOURCE}: COVERAGE LIMIT [prefix-cache]: the simulation keeps no "
+                                       "prefix cache; the random dataset's prompts share no prefix, so it gets "
+                                       "no hits")
     for k, why in IN_SAMPLE_CHOICES.items():
         if k in out:
             out[k] = (out[k][0], out[k][1] + f" [in sample: {why}]")
@@ -930,6 +992,17 @@ def _run_engine(points, widx, a0, kv):
     return engine
 
 
+def run_settings_key(p: Point) -> tuple:
+    """What separates one simulated engine from another among a deployment's points of one
+    workload: the settings that size or schedule it (``engine_assumptions``). max_num_seqs
+    counts only where it binds (below C): a closed loop at C runs the same with any limit >= C."""
+    a = engine_assumptions(p)
+    seqs = a["max_num_seqs"][0]
+    return (a["max_num_batched_tokens"][0], a["gpu_memory_utilization"][0], a["cache_dtype"][0], a["block_size"][0],
+            a["max_model_len"][0], a["num_prompts"][0] // max(int(p.concurrency), 1),
+            seqs if seqs < p.concurrency else None)
+
+
 def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coefficient_files, source):
     """Stage 1 of the ``simulate`` rule: one SimulatedRun per deployment-workload, resolved under
     the recipe's settings (no schedule yet). A deployment or recipe that does not resolve
@@ -939,7 +1012,7 @@ def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coeffi
                                                  extra_coefficient_files=extra_coefficient_files, source=source):
         by_workload: dict = {}
         for i in idx:
-            by_workload.setdefault((points[i].isl, points[i].osl), []).append(i)
+            by_workload.setdefault((points[i].isl, points[i].osl, run_settings_key(points[i])), []).append(i)
         for widx in by_workload.values():
             run = SimulatedRun(name, base, where, widx)
             a0 = engine_assumptions(points[widx[0]])
@@ -1037,6 +1110,7 @@ def _point_assumptions(p: Point, run: SimulatedRun) -> dict:
         if key not in a:
             a[key] = tuple(val) if isinstance(val, (tuple, list)) and len(val) == 2 else (val, "serve")
     a["workload"] = (p.workload, "the CSV row")
+    a["concurrency"] = (int(p.concurrency), "the CSV row")
     return a
 
 
@@ -1112,10 +1186,29 @@ def deployment_assumptions(groups) -> list:
             continue
         seen = {}
         for a in g.assumptions:
-            seen.setdefault(a["workload"][0], a)
-        for w, a in seen.items():
+            seen.setdefault((a["workload"][0], _settings_signature(a)), a)
+        for a in seen.values():
             rows.append({"deployment": g.name, **a})
     return rows
+
+
+ASSUMPTION_KEYS = ("scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype",
+                   "block_size", "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio", "dp_spread")
+
+
+def _settings_value(a: dict, k: str):
+    """A setting as the report's table shows it: max_num_seqs 'C' where it is the concurrency."""
+    v, src = a[k]
+    if k == "max_num_seqs" and ("client concurrency" in src or v == a.get("concurrency", (None,))[0]):
+        return "C"
+    if k == "num_prompts":
+        return "10 x C" if src.startswith("10 x C") else "C"
+    return v
+
+
+def _settings_signature(a: dict) -> tuple:
+    """What tells one run's settings from another's in the report (values and sources)."""
+    return tuple((k, _settings_value(a, k), a[k][1]) for k in ASSUMPTION_KEYS if k in a)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -1588,8 +1681,7 @@ def format_assumptions(report: AccuracyReport, *, markdown=False) -> list:
     rows = report.info.get("assumptions") or []
     if not rows:
         return []
-    keys = ("scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype",
-            "block_size", "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio", "dp_spread")
+    keys = ASSUMPTION_KEYS
     labels = ("scheduler", "max_num_seqs", "budget", "gmu", "kv dtype", "block", "KV tokens/rank", "max_model_len",
               "prompts", "range", "dp")
     sources: dict = {}
@@ -1600,17 +1692,14 @@ def format_assumptions(report: AccuracyReport, *, markdown=False) -> list:
             if k not in r:
                 cells.append("-")
                 continue
-            v, src = r[k]
-            if k == "max_num_seqs" and "client concurrency" in src:
-                v = "C"
-            elif k == "num_prompts":
-                v = "10 x C" if src.startswith("10 x C") else "C"
-            elif k == "kv_capacity_tokens":
+            v, src = _settings_value(r, k), r[k][1]
+            if k == "kv_capacity_tokens":
                 v = f"{v:,.0f}" if isinstance(v, (int, float)) and math.isfinite(v) else str(v)
             ref = sources.setdefault(src, len(sources) + 1)
             cells.append(f"{v} [{ref}]")
         out_rows.append(tuple(str(c) for c in cells))
-    lines = ["", "Engine settings of the simulated runs (per deployment and workload; [n]: source below):"]
+    lines = ["", "Engine settings of the simulated runs (per deployment, workload and distinct settings; [n]: source "
+                 "below):"]
     if markdown:
         lines.append("")
     lines += _table(("deployment", "workload") + labels, out_rows, markdown=markdown)
