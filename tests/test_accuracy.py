@@ -986,3 +986,64 @@ def test_cli_simulate_json_has_ttft_buckets_and_split(simulated, capsys, tmp_pat
     assert md.startswith("# Accuracy: predicted against measured mean TPOT and mean TTFT (batch rule `simulate`)")
     assert "Engine settings of the simulated runs" in md and "--batch-rule simulate" in md
     assert (tmp_path / "s.png").stat().st_size > 10_000 and (tmp_path / "s-ttft.png").stat().st_size > 10_000
+
+
+def _settings_rows(**flags):
+    """Settings rows (the bundled table's layout) for the excerpt's MINIMAX sweep, with ``flags``."""
+    rows = [r for r in rows_of() if r["deployment"] == MINIMAX and r["quantity"] == "mean_tpot"]
+    base = dict(block_size="", enable_prefix_caching="", gpu_memory_utilization="", max_num_seqs="",
+                max_num_batched_tokens="", max_model_len="")
+    return [dict(scenario=r["scenario"], label=r["workload"], concurrency=r["concurrency"], framework="vllm",
+                 gpu=r["hardware"], **{**base, **flags}) for r in rows]
+
+
+def test_a_settings_file_gives_each_run_its_flags(tmp_path):
+    """--settings FILE: a user's own table of the flags each run passed (read without running:
+    the spy refuses every run). The excerpt's minimax-m2.5 sweep on b300 (recipe: 2 x isl =
+    16384 tokens, block 32, 10 x C prompts) run with a 4096-token budget and 64 sequences; a flag
+    left empty keeps the recipe's; a point the file has no row for keeps the recipe's too."""
+    path = write_rows(tmp_path / "flags.csv", _settings_rows(max_num_batched_tokens="4096", max_num_seqs="64"))
+    spy = Spy(fail=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(serve_mod(), "build_schedules_batched", spy)
+        rep = acc.evaluate_accuracy(EXCERPT, batch_rule="simulate", deployments=[MINIMAX], settings=path)
+    (call,) = spy.calls
+    assert (call["engine"]["max_num_batched_tokens"], call["engine"]["max_num_seqs"], call["engine"]["block_size"]) == (
+        4096, 64, 32)
+    points, _ = acc.read_measurements(EXCERPT)
+    mine = [p for p in acc_src().read_settings(points, path) if p.deployment == MINIMAX]
+    a = acc.engine_assumptions(mine[0])
+    assert a["max_num_batched_tokens"] == (4096, "stated by the run (the --settings file)")
+    assert a["block_size"][0] == 32 and "minimaxm2.5_fp8_b300" in a["block_size"][1]
+    other = [p for p in acc_src().read_settings(points, path) if p.deployment != MINIMAX][0]
+    assert other.stated == () and acc.engine_assumptions(other)["max_num_batched_tokens"][1] != acc.STATED_SOURCE
+    assert rep.info["settings_file"] == str(path)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda rows: [{k: v for k, v in r.items() if k != "label"} for r in rows], r"flags.csv:1.*missing column\(s\) label"),
+    (lambda rows: [dict(r, gpu_memory_utilization="1.5") for r in rows],
+     r"flags.csv:2, field 'gpu_memory_utilization', value '1.5': expected a fraction in \(0, 1\]"),
+    (lambda rows: [dict(r, max_num_seqs="0") for r in rows], r"flags.csv:2, field 'max_num_seqs', value '0'"),
+    (lambda rows: [dict(r, enable_prefix_caching="yes") for r in rows], r"field 'enable_prefix_caching', value 'yes'"),
+    (lambda rows: rows + rows[:1], r"flags.csv:5, field 'concurrency'.*a second row"),
+    (lambda rows: [{k: v for k, v in r.items() if k in ("scenario", "label", "concurrency")} for r in rows],
+     r"no settings column"),
+])
+def test_cli_refuses_a_malformed_settings_file_in_one_line(tmp_path, capsys, edit, match):
+    import re
+    rows = edit(_settings_rows(max_num_batched_tokens="4096"))
+    path = write_rows(tmp_path / "flags.csv", rows, fields=list(rows[0].keys()))
+    rc = cli_main(["accuracy", str(EXCERPT), "--batch-rule", "simulate", "--settings", str(path), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and re.search(match, err), err
+
+
+def test_cli_settings_need_the_simulation(tmp_path, capsys):
+    path = write_rows(tmp_path / "flags.csv", _settings_rows(max_num_batched_tokens="4096"))
+    assert cli_main(["accuracy", str(EXCERPT), "--batch-rule", "anchor", "--settings", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "field '--settings'" in err and "--batch-rule simulate" in err
+    missing = tmp_path / "none.csv"
+    assert cli_main(["accuracy", str(EXCERPT), "--settings", str(missing), "--quiet"]) == 2
+    assert "cannot read the settings file" in capsys.readouterr().err

@@ -175,6 +175,8 @@ class Point:
     measured_ttft: float = math.nan      # seconds: the point's mean-TTFT row (NaN when the file has none)
     run_date: str = ""                   # source_run_date (where the file has it)
     config_id: str = ""                  # source_config_id (where the file has it)
+    stated: tuple | None = None          # ((flag, value), ...) its run states (a --settings file); None: the
+    #                                      bundled table's (stated_settings)
     spec_decode: str = "none"            # the spec_decode column (where the file has it)
 
     @property
@@ -528,11 +530,68 @@ STATED_FIELDS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "max_nu
 IN_SAMPLE_CHOICES: dict = {}
 
 
+SETTINGS_KEY_COLUMNS = ("scenario", "label", "concurrency")
+SETTINGS_RUN_COLUMNS = ("framework", "gpu", "source_run_date", "source_config_id")
+
+
 @functools.lru_cache(maxsize=4)
 def _stated_table(path: str) -> dict:
-    """{(scenario, workload label, concurrency): row} of a stated-settings CSV."""
-    with open(path, newline="") as fh:
-        return {(r["scenario"], r["label"], int(r["concurrency"])): r for r in csv.DictReader(fh)}
+    """{(scenario, workload label, concurrency): row} of a stated-settings CSV (the layout of
+    testdata/measured/inferencex_settings.csv: the key columns, any of the run columns and of
+    ``STATED_FIELDS`` and enable_prefix_caching; an empty field is unrecorded). A malformed file
+    is refused naming file:line, the column and the value."""
+    try:
+        fh = open(path, newline="")
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
+        refuse(f"cannot read the settings file ({type(err).__name__})", file=path)
+    table = {}
+    with fh:
+        reader = csv.DictReader(fh)
+        cols = reader.fieldnames or []
+        missing = [c for c in SETTINGS_KEY_COLUMNS if c not in cols]
+        if missing:
+            refuse(f"missing column(s) {', '.join(missing)} (the layout of testdata/measured/inferencex_settings.csv)",
+                   file=f"{path}:1", field=missing[0])
+        if not any(c in cols for c in STATED_FIELDS):
+            refuse(f"no settings column (any of {', '.join(STATED_FIELDS)})", file=f"{path}:1")
+        for i, r in enumerate(reader, start=2):
+            where = f"{path}:{i}"
+            if None in r or any(r.get(c) is None for c in cols):
+                refuse(f"row has a different number of fields than the header ({len(cols)})", file=where)
+            row = {k: (v or "").strip() for k, v in r.items()}
+            for k in STATED_FIELDS:
+                if row.get(k):
+                    _stated_value(k, row[k], where)
+            if row.get("enable_prefix_caching") not in (None, "", "true", "false"):
+                refuse("expected true, false or empty", file=where, field="enable_prefix_caching",
+                       value=row["enable_prefix_caching"])
+            key = (row["scenario"], row["label"], _int(row["concurrency"], where=where, field="concurrency",
+                                                         minimum=1))
+            if key in table:
+                refuse(f"a second row of scenario {key[0]} ({key[1]}) at this concurrency", file=where,
+                       field="concurrency", value=row["concurrency"])
+            table[key] = row
+    return table
+
+
+def _stated_value(k, text, where):
+    """A stated flag's value: gpu_memory_utilization a fraction in (0, 1], the others integers >= 1."""
+    if k == "gpu_memory_utilization":
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not 0 < v <= 1:
+            refuse("expected a fraction in (0, 1]", file=where, field=k, value=text)
+        return v
+    return _int(text, where=where, field=k, minimum=1)
+
+
+def read_settings(points, path) -> list:
+    """The points, each carrying the flags its run states in the settings CSV ``path``
+    (``Point.stated``; a point the file has no row for states none): for ``--settings``."""
+    table = _stated_table(str(path))
+    return [dataclasses.replace(p, stated=tuple(sorted(_stated_of(p, table).items()))) for p in points]
 
 
 def stated_settings(p: Point, path=None) -> dict:
@@ -542,14 +601,20 @@ def stated_settings(p: Point, path=None) -> dict:
     ``enable_prefix_caching`` when recorded. Empty when the table has no row for the point's
     scenario, workload and concurrency, or when the row's run (config id, run date, chip)
     differs from the point's: a different run with the same scenario name."""
-    table = _stated_table(str(path or testdata_root() / "measured" / STATED_SETTINGS_FILE))
+    if p.stated is not None and path is None:
+        return dict(p.stated)
+    return _stated_of(p, _stated_table(str(path or testdata_root() / "measured" / STATED_SETTINGS_FILE)))
+
+
+def _stated_of(p: Point, table: dict) -> dict:
     row = table.get((p.scenario, p.workload, int(p.concurrency)))
-    if row is None or row["gpu"] != p.hardware or row["framework"] != p.engine:
+    if row is None:
         return {}
-    if (p.config_id and row["source_config_id"] != p.config_id) or (p.run_date and row["source_run_date"] != p.run_date):
-        return {}
-    out = {k: (float(row[k]) if k == "gpu_memory_utilization" else int(row[k])) for k in STATED_FIELDS if row[k]}
-    if row["enable_prefix_caching"]:
+    for col, mine in zip(SETTINGS_RUN_COLUMNS, (p.engine, p.hardware, p.run_date, p.config_id)):
+        if row.get(col) and mine and row[col] != mine:
+            return {}
+    out = {k: _stated_value(k, row[k], "") for k in STATED_FIELDS if row.get(k)}
+    if row.get("enable_prefix_caching"):
         out["enable_prefix_caching"] = row["enable_prefix_caching"] == "true"
     return out
 
@@ -662,11 +727,12 @@ def engine_assumptions(p: Point) -> dict:
                                       "async scheduling (its internals not read: serving-reference §7.7)"))
     out["dp_spread"] = (int(p.dp), "each data-parallel rank its own scheduler, queue, max_num_seqs and budget "
                                    "(serving-reference §2.1); how requests are spread: the simulation's own")
+    where = STATED_SOURCE if p.stated is None else "stated by the run (the --settings file)"
     for k in STATED_FIELDS:
         if k in stated:
-            out[k] = (stated[k], STATED_SOURCE)
+            out[k] = (stated[k], where)
     if stated.get("enable_prefix_caching"):
-        out["prefix_caching"] = (True, f"{STATED_SOURCE}: COVERAGE LIMIT [prefix-cache]: the simulation keeps no "
+        out["prefix_caching"] = (True, f"{where}: COVERAGE LIMIT [prefix-cache]: the simulation keeps no "
                                        "prefix cache; the random dataset's prompts share no prefix, so it gets "
                                        "no hits")
     for k, why in IN_SAMPLE_CHOICES.items():
@@ -1472,7 +1538,7 @@ def check_coefficient_files(files, field=None) -> None:
 
 def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coefficient_files=(),
                       deployments=None, temperature=None, callback=None, batch_rule="anchor",
-                      estimates=ESTIMATES, per_deployment=False) -> AccuracyReport:
+                      estimates=ESTIMATES, per_deployment=False, settings=None) -> AccuracyReport:
     """Price every mean-TPOT point of a measurement CSV and score it (see the module docstring).
 
     extra_coefficient_files: coefficient sets applied after each deployment's own, overriding by
@@ -1485,11 +1551,16 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     ``fit.split_by_deployment`` (fraction 0.25, seed 0, stratified by model, as ``jaxprice fit``
     holds them out), for ``AccuracyReport.split_summary``. per_deployment: a static rule's
     former path, one compile per deployment (``predict_groups``; for comparison,
-    experiments/bench.py --axis); ``info['kernel_compiles']`` counts the compiles either way."""
+    experiments/bench.py --axis); ``info['kernel_compiles']`` counts the compiles either way.
+    settings: a CSV of the engine flags each run passed (``read_settings``; default: the bundled
+    table of InferenceX's runs, ``stated_settings``), for 'simulate'."""
     check_batch_rule(batch_rule)
     check_scenario_dirs(scenario_dirs)
     check_coefficient_files(extra_coefficient_files)
     points, info = read_measurements(csv_path)
+    if settings is not None:
+        points = read_settings(points, settings)
+        info["settings_file"] = str(settings)
     points = select_deployments(points, deployments, csv_path)
     info["points"] = len(points)
     if batch_rule == "simulate":

@@ -5,6 +5,7 @@
     jaxprice accuracy data.csv --deployment kimi-k2.5-h200-int4-vllm-tp8 --json
     jaxprice accuracy data.csv --batch-rule interleaved            # resident batch + interleaved prefills
     jaxprice accuracy data.csv --batch-rule anchor                 # C decode rows: a quick static check
+    jaxprice accuracy data.csv --settings flags.csv                # the engine flags each of your runs passed
 
 Prints the summary table (TPOT shape error and TPOT error, and TTFT error and shape error where
 the rule predicts TTFT, per model and overall, NoOverlap and Overlap, with point counts), the
@@ -16,8 +17,9 @@ DIR`` writes ``DIR/accuracy_points.csv`` (one row per point: measured and predic
 TTFT, errors, and the engine settings assumed) and ``DIR/accuracy.md`` (the tables in Markdown,
 with the engine settings of every simulated deployment and their sources); ``--plot FILE`` the
 sweeps (one panel per deployment). ``--batch-rule`` picks how a point is priced: ``simulate``
-(default: the serving simulation of the benchmark's closed loop with the published recipe's
-engine settings: TPOT and TTFT; the most accurate rule on the development set, and the
+(default: the serving simulation of the benchmark's closed loop with the engine flags each run
+states, from ``--settings FILE.csv`` or the bundled table of InferenceX's runs, the published
+recipe's or vLLM's defaults for the rest: TPOT and TTFT; the most accurate rule on the development set, and the
 slowest: about a minute on the dev set, not seconds), or one of three static rules (one step price per point,
 TPOT only, seconds): ``anchor`` (the anchor kernel's rule: C decode rows), ``capped`` (the
 engine's resident batch), ``interleaved`` (the resident batch and the prefill chunks that
@@ -74,6 +76,10 @@ def add_parser(subparsers):
                         "dev set), anchor (C decode rows, the anchor kernel's rule; seconds), capped (min(C, "
                         "max_num_seqs x dp, KV-cache capacity / ctx) decode rows) or interleaved (the capped batch "
                         "plus the steady-state prefill chunks)")
+    p.add_argument("--settings", metavar="FILE.csv", default=None,
+                   help="the engine flags each measured run passed, per scenario, workload and concurrency (the "
+                        "layout of testdata/measured/inferencex_settings.csv; default: that bundled table of "
+                        "InferenceX's runs); a flag left empty falls back to the recipe's or vLLM's default")
     p.add_argument("--assumptions", action="store_true",
                    help="also print the engine settings each simulated deployment ran with, and their sources")
     p.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap",
@@ -190,7 +196,8 @@ def command_line(args) -> str:
     """The command that reproduces this run (recorded in the Markdown)."""
     parts = ["jaxprice accuracy", shlex.quote(str(args.csv))]
     parts += ["--batch-rule", shlex.quote(str(getattr(args, "batch_rule", DEFAULT_RULE)))]   # always: defaults move
-    for flag, value in (("--out", args.out), ("--plot", args.plot), ("--markdown", args.markdown)):
+    for flag, value in (("--out", args.out), ("--plot", args.plot), ("--markdown", args.markdown),
+                        ("--settings", getattr(args, "settings", None))):
         if value:
             parts += [flag, shlex.quote(str(value))]
     for flag, values in (("--coefficients", args.coefficients), ("--scenarios", args.scenarios),
@@ -219,6 +226,12 @@ def check_inputs(args) -> None:
             check_output_file(plot.with_name(f"{plot.stem}-ttft{plot.suffix}"), flag="--plot", what="image")
     if args.cache_dir is not None:
         check_output_folder(args.cache_dir, flag="--cache-dir")
+    if getattr(args, "settings", None) is not None:
+        from .accuracy import _stated_table
+        if args.batch_rule != "simulate":
+            refuse("the engine flags of each run are read by the serving simulation only (--batch-rule simulate)",
+                   field="--settings", value=str(args.settings))
+        _stated_table(str(args.settings))          # a malformed file refused before anything is priced
 
 
 def run(args) -> int:
@@ -232,7 +245,7 @@ def run(args) -> int:
         report = evaluate_accuracy(args.csv, scenario_dirs=args.scenarios,
                                    extra_coefficient_files=args.coefficients,
                                    deployments=args.deployment, callback=bar.update,
-                                   batch_rule=args.batch_rule)
+                                   batch_rule=args.batch_rule, settings=args.settings)
     report.info["seconds"] = time.perf_counter() - t0
     command = command_line(args)
     if args.json:
