@@ -483,3 +483,36 @@ def test_lane_states_keep_only_the_records_written(dep):
         for k in serve.REC_KEYS:
             assert state[k].shape[0] == used and state[k].base is None
     assert sc.steps > 0
+
+
+def test_windowed_kv_capacity_by_hand():
+    """gpt-oss-120b: 36 layers of 1,024 KV bytes per token (fp8), 18 of them with a 128-token
+    window (18,432 B/token). At a resident length of 1,536 with 16-token blocks a request holds
+    18432 x 1536 + 18432 x 144 bytes, so the cache holds 36864 / (18432 + 18432 x 144 / 1536)
+    = 1.8286 times the tokens it holds at the full bytes per token; no window, or a window
+    longer than the request: unchanged."""
+    got = serve.windowed_kv_capacity(1000.0, 36864.0, ((128.0, 18432.0),), 1536.0, 16)
+    assert got == pytest.approx(1000.0 * 36864 / (18432 + 18432 * 144 / 1536), rel=1e-12)
+    assert got == pytest.approx(1828.57, rel=1e-5)
+    assert serve.windowed_kv_capacity(1000.0, 36864.0, (), 1536.0, 16) == 1000.0
+    assert serve.windowed_kv_capacity(1000.0, 36864.0, ((4096.0, 18432.0),), 1536.0, 16) == 1000.0
+    assert serve.windowed_kv_capacity(float("inf"), 36864.0, ((128.0, 18432.0),), 1536.0, 16) == float("inf")
+
+
+def test_a_model_with_window_layers_gets_the_larger_kv_cache():
+    """The plan reports the windowed share of the KV bytes per token (the reference's law, kept
+    whole in kv_bytes_per_token); the serving layer sizes the cache by it at the run's resident
+    length (mean prompt + half the mean output), and says so."""
+    dep = jp.load_deployment("gpt-oss-120b-h200-fp4-vllm-tp1")
+    m = dep.plan.memory
+    assert m["kv_window_bytes_per_token"] == ((128.0, m["kv_bytes_per_token"] / 2),)
+    sc = jp.build_schedule(dep, jp.Workload(1024, 1024, 1.0, 0), jp.ClosedLoop(2, 2))
+    want = serve.windowed_kv_capacity(m["kv_capacity_tokens"], m["kv_bytes_per_token"],
+                                      m["kv_window_bytes_per_token"], 1024 + 512, sc.settings["block_size"])
+    assert sc.settings["kv_capacity_tokens"] == pytest.approx(want, rel=1e-12) and want > 1.8 * m["kv_capacity_tokens"]
+    assert sc.settings["kv_blocks"] == int(want // sc.settings["block_size"]) - 1
+    assert "windowed_kv_capacity" in sc.assumptions["kv_capacity_tokens"][1]
+    dense = jp.load_deployment(DEP)                      # deepseek-v3: no window, the plan's capacity
+    assert dense.plan.memory["kv_window_bytes_per_token"] == ()
+    sd = jp.build_schedule(dense, jp.Workload(1024, 1024, 1.0, 0), jp.ClosedLoop(2, 2))
+    assert sd.settings["kv_capacity_tokens"] == dense.plan.memory["kv_capacity_tokens"]

@@ -1168,6 +1168,9 @@ def _point_assumptions(p: Point, run: SimulatedRun) -> dict:
     a["kv_capacity_tokens"] = (run.kv, "resolve (the reference memory model) under the recipe's gmu, "
                                        "cache dtype and budget: HBM x gmu less weights, activations, "
                                        "CUDA graphs and communication buffers, over KV bytes per token")
+    ran = run.schedules[p.concurrency].assumptions.get("kv_capacity_tokens")
+    if ran is not None and ran[0] != run.kv:        # sliding-window layers: serve.windowed_kv_capacity
+        a["kv_capacity_tokens"] = (ran[0], a["kv_capacity_tokens"][1] + f"; {ran[1]}")
     if run.engine["max_num_seqs"] != a["max_num_seqs"][0]:
         a["max_num_seqs"] = (a["max_num_seqs"][0], a["max_num_seqs"][1] + f" (run with "
                              f"{run.engine['max_num_seqs']}, the sweep's largest C: the same run, as the "

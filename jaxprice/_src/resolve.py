@@ -450,6 +450,7 @@ class Walk(NamedTuple):
     hypers: tuple
     kv_bytes_per_token: float  # the target's KV bytes per token, over all its layers
     notes: tuple           # provenance: terms the walk found no coefficient for
+    kv_windows: tuple = ()  # ((window, bytes per token), ...): the part of kv_bytes_per_token in windowed layers
 
 
 class Head(NamedTuple):
@@ -478,7 +479,7 @@ class _KindWalk(NamedTuple):
     attentions: tuple
     recurrents: tuple
     hypers: tuple
-    kv_terms: tuple        # per-token KV bytes of each primary target attention, times the count
+    kv_terms: tuple        # (per-token KV bytes of each primary target attention times the count, its window)
     notes: tuple
 
 
@@ -962,7 +963,7 @@ def _walk_kind(kind_index: int, kid: str, count: int, is_drafter: bool, ctx: _Wa
                 row, row_notes = _attention(node, kind_index, phase, div, ctx)
                 attentions.append(row)
                 if not row.secondary and not is_drafter:
-                    kv.append(row.bytes_per_token * count)
+                    kv.append((row.bytes_per_token * count, row.window))
             else:
                 row, row_notes = _recurrent(node, kind_index, phase, div, ctx.scope, ctx.classes)
                 recurrents.append(row)
@@ -989,13 +990,15 @@ def _graph_walk(stack: LayerStack, ctx: _WalkContext) -> Walk:
     row keeps its kind's index; the KV bytes per token add the target's primary attentions
     up over its layers."""
     walks = [_walk_kind(i, kid, count, drafter, ctx) for i, (kid, count, drafter) in enumerate(stack.kinds)]
-    kv_bytes_per_token = 0.0
-    for term in (t for w in walks for t in w.kv_terms):
+    kv_bytes_per_token, windows = 0.0, {}
+    for term, window in (t for w in walks for t in w.kv_terms):
         kv_bytes_per_token += term
+        if window > 0:
+            windows[window] = windows.get(window, 0.0) + term
     return Walk(tuple(w.kind for w in walks), tuple(r for w in walks for r in w.gemms),
                 tuple(r for w in walks for r in w.attentions), tuple(r for w in walks for r in w.recurrents),
                 tuple(r for w in walks for r in w.hypers), kv_bytes_per_token,
-                tuple(n for w in walks for n in w.notes))
+                tuple(n for w in walks for n in w.notes), tuple(sorted(windows.items())))
 
 
 def _head(graph: ModelGraph, ctx: _WalkContext) -> Head:
@@ -1337,6 +1340,9 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     weights = _weights(walk, head, docs.graph, formats, widths, experts)
     memory = _memory(scenario, docs, widths, stack, experts, kv, host.mode, weights,
                      walk.kv_bytes_per_token, scope)
+    # the share of those bytes in sliding-window layers, by window (reported; the serving layer
+    # sizes its KV cache by it: serve.windowed_kv_capacity)
+    memory["kv_window_bytes_per_token"] = walk.kv_windows
     prefill = _prefill_attention(scope)
     # the BF16 class (prefill attention, scans) must exist before the class tables are taken
     bf16_class = classes.for_format("bf16")

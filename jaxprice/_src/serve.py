@@ -12,7 +12,8 @@ The engine (vLLM v1, serving-reference.md §1-3), per data-parallel rank:
   step, chunked prefill (running requests first in admission order, so decodes before
   prefill chunks, then the waiting queue in arrival order, a long prompt split across steps);
 * a KV cache of ``floor(kv_capacity_tokens / block_size) - 1`` usable blocks (vLLM's null block
-  excluded; ``kv_capacity_tokens`` per rank from ``plan.memory``); a request holds
+  excluded; ``kv_capacity_tokens`` per rank from ``plan.memory``, counted at the full KV bytes
+  per token; a model with sliding-window layers holds more: ``windowed_kv_capacity``); a request holds
   ``cdiv(computed + scheduled + lookahead, block_size)`` blocks; admission only when its blocks
   are free; with ``reserve_full_isl`` (default True: vLLM's engine-args default since PR #37307,
   2026-03, before almost all measured runs) only when the whole prompt's blocks fit; a running
@@ -123,8 +124,33 @@ def _next_pow2(x):
 # ----------------------------------------------------------------------------- engine settings
 
 
-def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
-    """The engine settings a run uses, and where each came from: ({key: value}, {key: (value, source)})."""
+def windowed_kv_capacity(capacity_tokens: float, kv_bytes_per_token: float, windows, length: float,
+                         block_size: int) -> float:
+    """KV-cache tokens a rank holds when some layers keep only a sliding window (tokens).
+
+    ``capacity_tokens`` counts tokens at the full ``kv_bytes_per_token`` (B/token, every layer);
+    ``windows``: ((w, b_w), ...), the bytes per token of the layers with window w. vLLM's hybrid
+    KV-cache manager frees a windowed layer's blocks that fall out of its window, so a request
+    of L tokens holds ``b_full L + sum_w b_w min(L, w + block_size)`` bytes, b_full the rest:
+
+        capacity x kv_bytes_per_token / (b_full + sum_w b_w min(1, (w + block_size) / L))
+
+    with L = ``length`` (a run's typical resident length: mean prompt + half the mean output).
+    KNOWN DIVERGENCE [windowed-kv]: the reference's memory law (reference-kernel.md §3.13,
+    ``plan.memory``, kept as it is) holds every layer at full length; here one length stands for
+    every request (short ones hold their whole context in every layer) and the page padding of
+    vLLM's layer groups is ignored."""
+    if not windows or not math.isfinite(capacity_tokens) or kv_bytes_per_token <= 0 or length <= 0:
+        return capacity_tokens
+    windowed = sum(b for _w, b in windows)
+    held = (kv_bytes_per_token - windowed) + sum(b * min(1.0, (w + block_size) / length) for w, b in windows)
+    return capacity_tokens * kv_bytes_per_token / held
+
+
+def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=None):
+    """The engine settings a run uses, and where each came from: ({key: value}, {key: (value, source)}).
+    ``ref_len``: the run's typical resident request length (tokens), which sizes the KV cache of a
+    model with sliding-window layers (``windowed_kv_capacity``)."""
     engine = dict(engine or {})
     unknown = [k for k in engine if k not in ENGINE_KEYS]
     if unknown:
@@ -203,6 +229,14 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None):
     if not (isinstance(cap, (int, float)) and cap >= 0):
         refuse("must be a number >= 0 (tokens per dp rank)", file=src["kv_capacity_tokens"], field="kv_capacity_tokens",
                value=cap, has_value=True)
+    windows = dep.plan.memory.get("kv_window_bytes_per_token", ())
+    if windows and ref_len and math.isfinite(cap):
+        full = cap
+        cap = out["kv_capacity_tokens"] = windowed_kv_capacity(full, float(dep.plan.memory["kv_bytes_per_token"]),
+                                                               windows, float(ref_len), out["block_size"])
+        src["kv_capacity_tokens"] = (f"{src['kv_capacity_tokens']}: {full:.0f} tokens at the full KV bytes per "
+                                     f"token, more with the sliding-window layers holding only their window at a "
+                                     f"resident length of {float(ref_len):.0f} (windowed_kv_capacity)")
     blocks = int(cap // out["block_size"]) - 1 if math.isfinite(cap) else 2 ** 40
     out["kv_blocks"] = max(blocks, 0)
     src["kv_blocks"] = "floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)"
@@ -487,13 +521,18 @@ def price_steps(sched: Schedule, coefficients, *, estimate="no_overlap", tempera
 # ----------------------------------------------------------------------------- building
 
 
+def _resident_length(ins, outs) -> float:
+    """A run's typical resident request length: mean prompt + half the mean output (tokens)."""
+    return float(np.mean(ins) + np.mean(outs) / 2.0) if len(ins) else 0.0
+
+
 def _prepare(dep, items, engine, acceptance, *, coefficients=None):
     """items: list of (workload, client). Returns per item (settings, assumptions, lane list, meta)."""
     prepared = []
     for workload, client in items:
         arrival, ins, outs = _requests(workload, client)
         settings, assumptions = engine_settings(dep, engine, max_len=int((ins + outs).max()) if workload is not None else None,
-                                                acceptance=acceptance)
+                                                acceptance=acceptance, ref_len=_resident_length(ins, outs))
         if isinstance(client, Trace) and (engine or {}).get("max_model_len") is None and "max_model_len" not in (dep.scenario.engine or {}):
             settings["max_model_len"] = int((ins + outs).max()) + 256
         _check_lengths(settings, ins, outs, getattr(client, "source", "workload"))

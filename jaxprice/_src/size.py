@@ -302,9 +302,10 @@ def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=
 
 
 def fits(dep: Deployment, need_tokens: int) -> tuple[bool, str]:
-    """Whether one request of ``need_tokens`` fits the KV cache beside the weights, and why not."""
+    """Whether one request of ``need_tokens`` fits the KV cache beside the weights, and why not
+    (sliding-window layers hold at most their window: ``serve.windowed_kv_capacity``)."""
     m = dep.plan.memory
-    cap = float(m["kv_capacity_tokens"])
+    cap = _kv_tokens(dep, need_tokens)
     if cap >= need_tokens:
         return True, ""
     gib = 2 ** 30
@@ -313,6 +314,14 @@ def fits(dep: Deployment, need_tokens: int) -> tuple[bool, str]:
     return False, (f"does not fit: weights {m['weights_bytes'] / gib:.1f} GiB + activations, graphs and buffers "
                    f"{(fixed - m['weights_bytes']) / gib:.1f} GiB per GPU of {budget:.1f} GiB usable leave KV for "
                    f"{cap:.0f} tokens, less than one {need_tokens}-token request")
+
+
+def _kv_tokens(dep: Deployment, length: float) -> float:
+    """KV-cache tokens per rank for requests of ``length`` tokens (serve.windowed_kv_capacity)."""
+    from .serve import windowed_kv_capacity
+    m = dep.plan.memory
+    return windowed_kv_capacity(float(m["kv_capacity_tokens"]), float(m["kv_bytes_per_token"]),
+                                m.get("kv_window_bytes_per_token", ()), float(length), int(m.get("block_size", 16)))
 
 
 def _engine_key(dep: Deployment, layout: Layout):
@@ -464,7 +473,7 @@ def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkloa
     osl = max(workload.mean_osl, 1.0)
     ctx = int(round(workload.mean_isl + workload.mean_osl / 2.0))
     per_rank = math.ceil(concurrency / layout.dp)
-    cap = float(dep.plan.memory["kv_capacity_tokens"])
+    cap = _kv_tokens(dep, ctx)
     kv_fit = int(cap // max(ctx, 1)) if math.isfinite(cap) else per_rank
     R = max(1, min(per_rank, layout.max_num_seqs, kv_fit))
     room = max(layout.max_num_batched_tokens - R, 1)
