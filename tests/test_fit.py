@@ -964,3 +964,26 @@ def test_residual_loss_slope_is_the_derivative_of_the_residual_loss():
     for loss, delta in (("l2", 0.1), ("huber", 0.1), ("huber", 1.0)):
         auto = jax.vmap(jax.grad(lambda x: _residual_loss(x, loss, delta)))(jnp.asarray(r))
         np.testing.assert_allclose(_residual_loss_slope(r, loss, delta), np.asarray(auto), rtol=1e-15, atol=0)
+
+
+def test_sim_observations_take_a_settings_file(sim, tmp_path, capsys):
+    """fit --settings: each run simulated with the flags a user's table states for it (here a
+    16-token budget and 2 sequences for the tiny sweep), as 'accuracy --settings' does; without
+    --batch-rule simulate the option is refused in one line."""
+    path, _obs, points = sim
+    flags = tmp_path / "flags.csv"
+    with open(flags, "w", newline="") as fh:
+        w = csv.DictWriter(fh, ["scenario", "label", "concurrency", "max_num_batched_tokens", "max_num_seqs"])
+        w.writeheader()
+        for c in (2, 4):
+            w.writerow(dict(scenario=points[0].scenario, label="tiny", concurrency=c, max_num_batched_tokens=16,
+                            max_num_seqs=2))
+    obs, refused, _ = F.observations_from_simulation(path, targets="tpot", settings=flags)
+    assert refused == []
+    settings = [sc.settings for r in obs[0].runs for sc in r.schedules]
+    assert len(settings) == 2 and all((s["max_num_batched_tokens"], s["max_num_seqs"]) == (16, 2) for s in settings)
+    default = [sc.settings for r in sim[1].runs for sc in r.schedules]
+    assert all(s["max_num_batched_tokens"] != 16 for s in default)
+    rc = cli_main(["fit", str(path), "--quiet", "--free", "hbm_derate", "--settings", str(flags)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "field '--settings'" in err and "--batch-rule simulate" in err

@@ -60,6 +60,9 @@ def add_parser(subparsers):
                         "(default: C decode rows), capped (the engine's resident batch) or interleaved (the "
                         "resident batch plus the steady-state prefill chunks) or simulate (each point's closed-loop "
                         "run of the serving simulation, its schedule built once; the fit re-prices its steps)")
+    p.add_argument("--settings", metavar="FILE.csv", default=None,
+                   help="--batch-rule simulate: the engine flags each measured run passed (as 'jaxprice accuracy "
+                        "--settings'; default: the bundled table of InferenceX's runs)")
     p.add_argument("--holdout", default="0.25",
                    help="a fraction of deployments held out for early stopping, or model / chip / deployment: "
                         "cross-validate by leaving one out (deployment: seeded splits, --cv-seeds)")
@@ -190,8 +193,13 @@ def _options(args) -> dict:
             refuse("--name names the set --out writes; give --out FILE.yaml", field="--name", value=args.name)
     if args.out is not None:
         check_output_file(args.out, flag="--out", what="coefficient set")
-    from .accuracy import check_scenario_dirs
+    from .accuracy import _stated_table, check_scenario_dirs
     check_scenario_dirs(args.scenario_dir, "--scenario-dir")
+    if getattr(args, "settings", None) is not None:
+        if args.batch_rule != "simulate":
+            refuse("the engine flags of each run are read by the serving simulation only (--batch-rule simulate)",
+                   field="--settings", value=str(args.settings))
+        _stated_table(str(args.settings))          # a malformed file refused before anything is fitted
     return o
 
 
@@ -246,7 +254,7 @@ def _simulated(args, header):
     try:
         obs, refused, points = F.observations_from_simulation(
             args.csv, targets=targets, scenario_dirs=args.scenario_dir, estimate=args.estimate,
-            deployments=args.deployment, callback=None if bar is None else
+            deployments=args.deployment, settings=args.settings, callback=None if bar is None else
             (lambda done, total, **kw: bar.update(done, total, **kw)))
     finally:
         if bar is not None:

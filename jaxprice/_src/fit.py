@@ -2039,7 +2039,8 @@ def predict_simulated_many(observations, layout=None, theta=None, *, temperature
 
 
 def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, scenario_dirs=None,
-                                 estimate="no_overlap", deployments=None, extra_coefficient_files=(), callback=None):
+                                 estimate="no_overlap", deployments=None, extra_coefficient_files=(), callback=None,
+                                 settings=None):
     """Observations under the ``simulate`` batch rule from a measurement CSV (the layout of
     inferencex_vllm_dev.csv): per point, its closed-loop schedule at the point's C, isl/osl and
     the engine settings of the published InferenceX recipe, exactly as ``jaxprice accuracy
@@ -2047,6 +2048,8 @@ def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, 
     ``recipe_prompts``: ``accuracy.simulated_runs``, every run of every deployment in shared
     scheduler calls), built ONCE; measured mean TPOT and mean TTFT.
     ``targets``: tpot, ttft or both. callback(done, total, deployment=) per deployment.
+    ``settings``: a CSV of the engine flags each run passed (``accuracy.read_settings``; default
+    the bundled table of InferenceX's runs).
 
     Returns (observations: SimObservations, one per deployment; refused: (point index, reason);
     points)."""
@@ -2054,6 +2057,8 @@ def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, 
     targets = parse_targets(targets)
     points, _ = A.read_measurements(csv_path)
     points = A.select_deployments(points, deployments, csv_path)
+    if settings is not None:
+        points = A.read_settings(points, settings)
     registry = registry or Registry()
     extra = tuple(extra_coefficient_files)
     runs, refused = A.simulated_runs(points, registry=registry, scenario_dirs=scenario_dirs,
