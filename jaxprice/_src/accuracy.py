@@ -526,7 +526,8 @@ STATED_SOURCE = ("stated by the run (InferenceX database, as transcribed in infe
                  "testdata/measurements/inferencex_direct_settings.json@a8e879e; "
                  "testdata/measured/inferencex_settings.csv)")
 STATED_FIELDS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
-# choices made after looking at the development set's errors (reported as in sample); none so far
+# settings chosen after looking at the development set's errors (reported as in sample), by
+# assumption name; none so far (a recipe variant read after an error says so in its own source)
 IN_SAMPLE_CHOICES: dict = {}
 
 
@@ -669,9 +670,14 @@ def engine_assumptions(p: Point) -> dict:
     finished before the timed run: the simulation starts from an empty engine), prefix caching
     off, async scheduling on, ``dp_spread`` (each data-parallel rank schedules its own requests;
     how the simulation spreads them is its own, reported in its assumptions). A point whose
-    (model, chip, dtype) has no recipe gets vLLM's defaults, said so in the source. None of
-    these is tuned to the data; any that is gets "in sample" in its source
-    (``IN_SAMPLE_CHOICES``)."""
+    (model, chip, dtype) has no recipe gets vLLM's defaults, said so in the source.
+
+    Over all of these, the flags the point's own run states (``stated_settings``: the bundled
+    table of InferenceX's runs, or a ``--settings`` file): block_size, gpu_memory_utilization,
+    max_num_seqs, max_num_batched_tokens and max_model_len where the run records them; where
+    they identify a version of the recipe (``recipe_variant``), that version's other flags too.
+    None of these is tuned to the data; any that was chosen after looking at its errors says "in
+    sample" in its source (``IN_SAMPLE_CHOICES``, or the variant's own source)."""
     rec, key = recipe_for(p)
     stated = stated_settings(p)
     rec = recipe_variant(rec, stated)
