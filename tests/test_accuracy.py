@@ -1047,3 +1047,37 @@ def test_cli_settings_need_the_simulation(tmp_path, capsys):
     missing = tmp_path / "none.csv"
     assert cli_main(["accuracy", str(EXCERPT), "--settings", str(missing), "--quiet"]) == 2
     assert "cannot read the settings file" in capsys.readouterr().err
+
+
+def test_the_assumed_kv_cache_is_the_one_vllm_logged():
+    """vLLM's logged KV-cache size (testdata/measured/inferencex_engine_logs.csv) against the
+    harness's deployment under the run's flags: gpt-oss-120b on 8 H200 at 1k1k (bf16 cache)
+    13,313,412 tokens against vLLM's 13,253,415 (0.5%); minimax-m2.5 on 4 H200, the June run
+    stating 512 sequences and a 32,768-token budget: the later recipe's fp8 cache, 2,444,973
+    against 2,473,760 (1.2%; with the first recipe's bf16 cache it would be half); on 2 B200 the
+    March run stating gmu 0.95: the @07e171a version's bf16 cache (4.2%; fp8 would be twice)."""
+    def run(scenario, model, hw, dtype, label, tp, flags):
+        isl, osl = {"1k1k": (1024, 1024), "1k8k": (1024, 8192)}[label]
+        p = acc.Point(row=0, scenario=scenario, deployment=scenario[:-5], model=model, hardware=hw, dtype=dtype,
+                      engine="vllm", tp=tp, ep=1, dp=1, workload=label, isl=isl, osl=osl, concurrency=4,
+                      measured=1.0, anchor_concurrency=None, stated=tuple(sorted(flags.items())))
+        dep, _ = acc.build_deployment(p)
+        a = acc.engine_assumptions(p)
+        return a["cache_dtype"][0], acc.recipe_deployment(dep, a, full=True).plan.memory["kv_capacity_tokens"]
+    logged = {}
+    with open(ROOT / "testdata" / "measured" / "inferencex_engine_logs.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            logged.setdefault((r["scenario"], r["label"], r["source_run_date"]), int(r["resolved_gpu_kv_tokens"]))
+    kv, ours = run("gpt-oss-120b-h200-fp4-vllm-tp8.yaml", "gpt-oss-120b", "h200", "fp4", "1k1k", 8,
+                   dict(gpu_memory_utilization=0.9, max_num_batched_tokens=8192, max_model_len=2068))
+    assert kv == "auto" and ours / logged[("gpt-oss-120b-h200-fp4-vllm-tp8.yaml", "1k1k", "2026-05-30")] == \
+        pytest.approx(1.0, abs=0.01)
+    kv, ours = run("minimax-m2.5-h200-fp8-vllm-tp4.yaml", "minimax-m2.5", "h200", "fp8", "1k1k", 4,
+                   dict(gpu_memory_utilization=0.95, max_num_seqs=512, max_num_batched_tokens=32768,
+                        max_model_len=2304))
+    assert kv == "fp8" and ours / logged[("minimax-m2.5-h200-fp8-vllm-tp4.yaml", "1k1k", "2026-06-05")] == \
+        pytest.approx(1.0, abs=0.02)
+    kv, ours = run("minimax-m2.5-b200-fp8-vllm-tp2.yaml", "minimax-m2.5", "b200", "fp8", "1k8k", 2,
+                   dict(gpu_memory_utilization=0.95, max_model_len=9416, block_size=32))
+    assert kv == "auto" and ours / logged[("minimax-m2.5-b200-fp8-vllm-tp2.yaml", "1k8k", "2026-03-28")] == \
+        pytest.approx(1.0, abs=0.05)
