@@ -139,7 +139,9 @@ def windowed_kv_capacity(capacity_tokens: float, kv_bytes_per_token: float, wind
     KNOWN DIVERGENCE [windowed-kv]: the reference's memory law (reference-kernel.md §3.13,
     ``plan.memory``, kept as it is) holds every layer at full length; here one length stands for
     every request (short ones hold their whole context in every layer) and the page padding of
-    vLLM's layer groups is ignored."""
+    vLLM's layer groups is ignored. Not settled for gpt-oss: vLLM 0.15-0.18 logged its maximum
+    concurrency with the windows bounded, 0.21-0.22 with every layer at full length
+    (testdata/measured/inferencex_engine_logs.csv)."""
     if not windows or not math.isfinite(capacity_tokens) or kv_bytes_per_token <= 0 or length <= 0:
         return capacity_tokens
     windowed = sum(b for _w, b in windows)
