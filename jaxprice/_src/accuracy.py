@@ -70,8 +70,9 @@ each request's TTFT also carries its admission latency and its wait for the next
 call, ``serve.request_latencies``)
 of the benchmark client's closed loop at the point's C, with the point's isl/osl, lengths drawn
 uniformly on [floor(0.8 L), L] (InferenceX's --random-range-ratio 0.8), 10 x C prompts (C where
-the recipe sends C), and the engine settings of the published InferenceX recipe for the
-point's (model, chip, dtype) (``engine_assumptions``: max_num_seqs, max_num_batched_tokens,
+the recipe sends C), and the engine flags the point's own run states (``stated_settings``:
+the bundled table of InferenceX's runs, or ``--settings``), the published InferenceX recipe for
+the point's (model, chip, dtype) for the rest (``engine_assumptions``: max_num_seqs, max_num_batched_tokens,
 gpu_memory_utilization and so the KV capacity, KV-cache dtype, block size, max_model_len, each
 with its source; recorded per point in the ``assumptions`` column and per deployment in the
 report). Mean TPOT and mean TTFT are the run's means over requests, as the client computes
@@ -138,7 +139,7 @@ BATCH_RULE_TEXT = {
                     "max_num_batched_tokens - R tokens"),
     "simulate": ("batch rule `simulate`: the serving simulation (vLLM v1's scheduler, step by step, every step "
                  "priced by the kernel) of the benchmark client's closed loop at the point's C, 10 x C prompts, "
-                 "lengths drawn on [0.8 L, L], with the engine settings of the published InferenceX recipe "
+                 "lengths drawn on [0.8 L, L], with the engine flags the run states, else the published InferenceX recipe's "
                  "(`engine_assumptions`); mean TPOT and mean TTFT over the requests, each request's TTFT with "
                  "its admission latency (registry host_admission_per_request + _per_token x prompt tokens) and "
                  "its wait for the next schedule() call (`serve.request_latencies`)"),
@@ -1282,8 +1283,11 @@ def _settings_value(a: dict, k: str):
 
 
 def _settings_signature(a: dict) -> tuple:
-    """What tells one run's settings from another's in the report (values and sources)."""
-    return tuple((k, _settings_value(a, k), a[k][1]) for k in ASSUMPTION_KEYS if k in a)
+    """What tells one run's settings from another's in the report (values and sources; the KV
+    capacity only by its source: with sliding-window layers its value moves with each level's
+    drawn lengths, serve.windowed_kv_capacity)."""
+    return tuple((k, _settings_value(a, k) if k != "kv_capacity_tokens" else None, a[k][1])
+                 for k in ASSUMPTION_KEYS if k in a)
 
 
 # ----------------------------------------------------------------------------- metrics

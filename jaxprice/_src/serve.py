@@ -236,9 +236,9 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
         full = cap
         cap = out["kv_capacity_tokens"] = windowed_kv_capacity(full, float(dep.plan.memory["kv_bytes_per_token"]),
                                                                windows, float(ref_len), out["block_size"])
-        src["kv_capacity_tokens"] = (f"{src['kv_capacity_tokens']}: {full:.0f} tokens at the full KV bytes per "
-                                     f"token, more with the sliding-window layers holding only their window at a "
-                                     f"resident length of {float(ref_len):.0f} (windowed_kv_capacity)")
+        src["kv_capacity_tokens"] = (f"{src['kv_capacity_tokens']}, counted at the full KV bytes per token; more "
+                                     f"with the sliding-window layers holding only their window, at the run's mean "
+                                     f"prompt + half its mean output (windowed_kv_capacity)")
     blocks = int(cap // out["block_size"]) - 1 if math.isfinite(cap) else 2 ** 40
     out["kv_blocks"] = max(blocks, 0)
     src["kv_blocks"] = "floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)"
