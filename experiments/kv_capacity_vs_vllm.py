@@ -81,7 +81,8 @@ def main():
         logged = statistics.median(int(r["resolved_gpu_kv_tokens"]) for r in rs)
         ratio = ours / logged
         ratios.append(ratio)
-        variant = "variant" if "this run states" in a["cache_dtype"][1] else ""
+        rec, _ = A.recipe_for(p)
+        variant = "variant" if A.recipe_variant(rec, A.stated_settings(p)) is not rec else ""
         rows.append((scenario[:-5], label, date, version or "?", ", ".join(f"{k}={v}" for k, v in flags), dtype,
                      variant, ours, logged, ratio, other / logged))
     dev = [abs(r - 1) for r in ratios]

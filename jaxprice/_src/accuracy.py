@@ -596,16 +596,17 @@ def read_settings(points, path) -> list:
     return [dataclasses.replace(p, stated=tuple(sorted(_stated_of(p, table).items()))) for p in points]
 
 
-def stated_settings(p: Point, path=None) -> dict:
-    """The engine flags the point's own run passed, where the bundled table states them:
+def stated_settings(p: Point) -> dict:
+    """The engine flags the point's own run passed (``Point.stated`` where a ``--settings`` file
+    gave them, ``read_settings``), else where the bundled table states them:
     {field: value} for the ``STATED_FIELDS`` it gives (a null there is a flag the database
     does not record, not one the run left unset: the recipe's value stands for it) and
     ``enable_prefix_caching`` when recorded. Empty when the table has no row for the point's
     scenario, workload and concurrency, or when the row's run (config id, run date, chip)
     differs from the point's: a different run with the same scenario name."""
-    if p.stated is not None and path is None:
+    if p.stated is not None:
         return dict(p.stated)
-    return _stated_of(p, _stated_table(str(path or testdata_root() / "measured" / STATED_SETTINGS_FILE)))
+    return _stated_of(p, _stated_table(str(testdata_root() / "measured" / STATED_SETTINGS_FILE)))
 
 
 def _stated_of(p: Point, table: dict) -> dict:
