@@ -331,6 +331,22 @@ def test_simulate_result_and_sweep(dep):
     assert ov.summary["tpot_mean"] <= s["tpot_mean"]
 
 
+def test_one_token_outputs_have_no_tpot_and_report_zero_as_the_client(dep):
+    # a prefill-only workload: every request emits one token, so no request has a TPOT; the
+    # client reports 0 (its `tpots or 0`) and interactivity 0, never NaN, infinity or a crash
+    res = jp.simulate(dep, jp.Workload(256, 1), jp.ClosedLoop(2, 4), engine=SYNC)
+    s = res.summary
+    assert all(s[f"tpot_{k}"] == 0.0 for k in ("mean", "median", "p90", "p99"))
+    assert s["output_tps_per_user"] == 0.0
+    assert s["ttft_mean"] > 0 and np.isfinite(s["e2e_p99"]) and s["output_tps"] > 0
+    # one multi-token request among one-token ones: TPOT is that request's alone
+    mixed = jp.simulate(dep, jp.Workload(256, 3, 0.0, 1), jp.ClosedLoop(2, 8), engine=SYNC)
+    r = mixed.requests
+    kept = r["output_len"] > 1
+    assert 0 < kept.sum() < kept.size
+    assert mixed.summary["tpot_mean"] == pytest.approx(r["tpot"][kept].mean(), rel=1e-12)
+
+
 def test_batched_schedules_across_deployments_equal_one_by_one(dep):
     """Lanes of several deployments (other read laws, dp = 2) share scheduler calls and give the
     schedules each deployment builds alone; a run that cannot fit is refused on its own."""

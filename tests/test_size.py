@@ -169,6 +169,7 @@ def test_cli_unmet_targets_exit_1(result, capsys, monkeypatch):
     (["--gpus", "4", "--ttft-ms", "-5"], "a target must be > 0"),
     (["--gpus", "0"], "must be at least 1"),
     (["--gpus", "4", "--weights", "fp7"], "unknown weight format"),
+    (["--gpus", "4", "--osl", "1"], "field '--osl', value 1: must be at least 2"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, needle):
     base = {"--chip": "h200", "--isl": "1024", "--osl": "256"}
@@ -183,9 +184,15 @@ def test_bad_input_one_line_exit_2(capsys, argv, needle):
 
 
 def test_unknown_model_exit_2(capsys):
-    rc = cli.main(["size", "llama-9", "--chip", "h200", "--gpus", "4", "--isl", "1", "--osl", "1"])
+    rc = cli.main(["size", "llama-9", "--chip", "h200", "--gpus", "4", "--isl", "1", "--osl", "2"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "unknown model" in err and "llama-9" in err
+
+
+def test_one_token_output_refused_by_the_api():
+    # sizing ranks by tokens/s per user = 1 / TPOT, which a one-token output does not have
+    with pytest.raises(jp.JaxpriceError, match="field 'osl', value 1: must be at least 2.*no TPOT"):
+        jp.size(MODEL, chip="h200", gpus=4, isl=1024, osl=1)
 
 
 def test_graph_file_model(tmp_path):

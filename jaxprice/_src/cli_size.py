@@ -120,7 +120,7 @@ def options(args) -> dict:
         refuse("must be in (0, 1] (1: fixed lengths)", field="--range-ratio", value=args.range_ratio)
     return dict(chip=args.chip, gpus=parse_int(args.gpus, flag="--gpus", minimum=1),
                 gpus_per_node=parse_int(args.gpus_per_node, flag="--gpus-per-node", minimum=1), fabric=args.fabric,
-                isl=parse_int(args.isl, flag="--isl", minimum=1), osl=parse_int(args.osl, flag="--osl", minimum=1),
+                isl=parse_int(args.isl, flag="--isl", minimum=1), osl=parse_int(args.osl, flag="--osl", minimum=2),
                 ttft_ms=_targets(args.ttft_ms, "--ttft-ms"), tpot_ms=_targets(args.tpot_ms, "--tpot-ms"),
                 concurrency=parse_int_list(args.concurrency, flag="--concurrency", minimum=1),
                 tp=parse_int_list(args.tp, flag="--tp", minimum=1) if args.tp else None,

@@ -1090,8 +1090,9 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     """The run's metrics from each step's time: per-request arrays (ttft, tpot, e2e, first_token,
     finish, arrival, admission, wait) and the summary (ttft_mean/median/p90/p99, the same for
     tpot, itl, e2e, ttft_admission_mean and ttft_wait_mean (the parts of TTFT outside the steps,
-    ``request_latencies``), output_tps, output_tps_per_gpu, output_tps_per_user (= 1 / mean TPOT,
-    InferenceX's interactivity), requests_per_s, duration, and the schedule's counts). Every
+    ``request_latencies``; TPOT over the requests with more than one output token, 0 where there
+    are none, as the benchmark client reports it), output_tps, output_tps_per_gpu,
+    output_tps_per_user (= 1 / mean TPOT, InferenceX's interactivity; 0 without TPOT), requests_per_s, duration, and the schedule's counts). Every
     request's tokens reach its client its admission + wait later than the engine emits them;
     E2E adds host_completion. ``coefficients``: where the host latencies come from (default the
     deployment's, as built). jnp in, jnp out (differentiable in step_times and the coefficients;
@@ -1118,7 +1119,9 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     m = {"ttft": ttft, "tpot": tpot, "e2e": e2e, "first_token": first, "finish": finish, "arrival": arrival,
          "admission": lat["admission"], "wait": lat["wait"]}
     summary = {}
-    for name, vals in (("ttft", ttft), ("tpot", tpot[multi] if not multi.all() else tpot), ("e2e", e2e)):
+    # the client leaves one-token requests out of TPOT, and with none left reports 0 (its `tpots or 0`)
+    tpot_kept = tpot if multi.all() else tpot[multi] if multi.any() else xp.zeros(1)
+    for name, vals in (("ttft", ttft), ("tpot", tpot_kept), ("e2e", e2e)):
         summary[f"{name}_mean"] = xp.mean(vals)
         summary[f"{name}_median"] = xp.median(vals)
         summary[f"{name}_p90"] = xp.percentile(vals, 90)
@@ -1139,7 +1142,8 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     gpus = sched.settings["gpu_count"]
     summary["output_tps"] = total_out / duration
     summary["output_tps_per_gpu"] = summary["output_tps"] / gpus
-    summary["output_tps_per_user"] = 1.0 / summary["tpot_mean"]
+    # no TPOT (every request one token long): 0, not infinity
+    summary["output_tps_per_user"] = (1.0 / summary["tpot_mean"]) if multi.any() else xp.asarray(0.0)
     summary["requests_per_s"] = out_len.size / duration
     summary["duration"] = duration
     counts = schedule_counts(sched)

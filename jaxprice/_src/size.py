@@ -1232,6 +1232,9 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     gpus = _positive(gpus, "gpus", integer=True)
     isl = _positive(isl, "isl", integer=True)
     osl = _positive(osl, "osl", integer=True)
+    if osl < 2:
+        refuse("must be at least 2: sizing trades tokens/s per GPU against tokens/s per user (1 / TPOT), "
+               "and a one-token output has no TPOT (jaxprice serve prices prefill-only runs)", field="osl", value=osl)
     ttft_t = None if ttft_ms is None else _positive(ttft_ms, "ttft_ms") / 1e3
     tpot_t = None if tpot_ms is None else _positive(tpot_ms, "tpot_ms") / 1e3
     conc = sorted({_positive(c, "concurrency", integer=True) for c in concurrency})
