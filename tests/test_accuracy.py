@@ -362,6 +362,27 @@ def test_an_unknown_dtype_is_refused_with_its_reason(tmp_path):
     assert "refused points (3)" in acc.format_report(rep)
 
 
+@pytest.mark.parametrize("edit, field, value, states", [
+    ({"hardware": "b200"}, "hardware", "'b200'", "states h200"),
+    ({"model": "kimi-k2.5"}, "model", "'kimi-k2.5'", "states gpt-oss-120b"),
+    ({"tp": "2"}, "tp", "'2 (rank tp 2)'", "states tp 1 per rank"),
+    ({"ep": "2", "tp": "2"}, "tp", "'2 (rank tp 2)'", "states tp 1 per rank"),
+    ({"dtype": "fp8"}, "dtype", "'fp8'", "states quantization nvfp4"),
+    ({"dtype": "fp3"}, "dtype", "'fp3'", "unknown dtype"),
+])
+def test_a_row_that_contradicts_its_scenario_file_is_refused(tmp_path, edit, field, value, states):
+    """A row whose deployment has a bundled scenario file is priced by that file only when its
+    columns describe it (model, chip, ranks, tp, expert parallelism, dtype), never as the file
+    whatever the row says."""
+    rows = [r for r in rows_of() if r["deployment"] == GPT]
+    for r in rows:
+        r.update(edit)
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "bad.csv", rows), batch_rule="anchor")
+    assert rep.summary["no_overlap"]["all"]["priced"] == 0 and len(rep.refused) == len(rows) // 2
+    reason = rep.refused[0]["reason"]
+    assert f"gpt-oss-120b-h200-fp4-vllm-tp1.yaml, field '{field}', value {value}" in reason and states in reason
+
+
 # ----------------------------------------------------------------------------- malformed files
 
 

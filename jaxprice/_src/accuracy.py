@@ -403,6 +403,7 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
         if f.exists():
             dep = load_deployment(f, registry, extra_coefficient_files=extra_coefficient_files)
             _check_engine(p, _display_path(f))
+            _check_columns_match(p, dep.scenario, _display_path(f))
             _check_speculation(p, dep.scenario.engine or {}, _display_path(f))
             return dep, _display_path(f)
     _check_speculation(p, {}, f"{source} (deployment {p.deployment}, built from the columns)")
@@ -411,6 +412,33 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
 
 
 NO_SPECULATION = ("none", "off", "no", "false", "0")
+# the quantizations a row's dtype admits in its scenario file (None: any; "": the checkpoint's own)
+DTYPE_SCENARIO_QUANTIZATIONS = {"fp4": ("nvfp4", "mxfp4"), "nvfp4": ("nvfp4",), "mxfp4": ("mxfp4",),
+                                "fp8": ("fp8",), "bf16": ("", "bf16"), "int4": None}
+
+
+def _check_columns_match(p: Point, sc, where: str):
+    """A row priced by its deployment's scenario file must describe that deployment: its model,
+    chip, data-parallel ranks, each rank's tp (``rank_tp``), expert parallelism and dtype as the
+    file states them; a row that contradicts its file is refused, never priced as the file."""
+    if p.dtype not in DTYPE_QUANTIZATION:
+        refuse(f"unknown dtype (known: {', '.join(DTYPE_QUANTIZATION)})", file=where, field="dtype", value=p.dtype)
+    par = sc.parallel or {}
+    quant = str((sc.engine or {}).get("quantization") or "")
+    admitted = DTYPE_SCENARIO_QUANTIZATIONS.get(p.dtype, ())
+    checks = (("model", p.model, sc.model), ("hardware", p.hardware, sc.hardware),
+              ("dp", p.dp, int(par.get("dp", 1) or 1)), ("tp", rank_tp(p, where), int(par.get("tp", 1) or 1)),
+              ("ep", p.ep > 1, bool(par.get("enable_expert_parallel"))))
+    for field, row, stated in checks:
+        if row != stated:
+            shown = {"tp": f"{p.tp} (rank tp {row})", "ep": p.ep}.get(field, row)
+            said = {"ep": "expert parallelism on" if stated else "expert parallelism off",
+                    "tp": f"tp {stated} per rank"}.get(field, stated)
+            refuse(f"the row contradicts its scenario file, which states {said}", file=where, field=field,
+                   value=shown)
+    if admitted is not None and quant not in admitted:
+        refuse(f"the row contradicts its scenario file, which states quantization {quant or 'none'}", file=where,
+               field="dtype", value=p.dtype)
 
 
 def _check_engine(p: Point, where: str):
