@@ -377,7 +377,7 @@ def test_cli_fits_a_tiny_tpot_csv(truth, tmp_path, capsys):
     (["--free", "hbm_derate", "--holdout", "1.5"], "--holdout"),
     (["--free", "hbm_derate", "--target", "step"], "--target step needs the step layout"),
     (["--free", "hbm_derate", "--prior", "cv"], "--prior cv needs a cross-validating --holdout"),
-    (["--free", "hbm_derate", "--holdout", "engine"], "--holdout"),
+    (["--free", "hbm_derate", "--holdout", "engine"], "or one of model, chip, deployment"),
     (["--free", "hbm_derate", "--batch-rule", "simulate", "--target", "flops"], "unknown target under the simulate"),
     (["--free", "hbm_derate", "--target", "ttft"], "ttft and tpot,ttft with --batch-rule simulate"),
     (["--free", "hbm_derate", "--holdout", "model"], "leaving one model out needs at least two"),

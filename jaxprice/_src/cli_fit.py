@@ -148,6 +148,11 @@ def _options(args) -> dict:
     if args.holdout in F.HOLDOUTS:
         o["cv"], o["holdout"] = args.holdout, 0.0
     else:
+        try:
+            float(args.holdout)
+        except ValueError:
+            refuse(f"expected a fraction in [0, 1) or one of {', '.join(F.HOLDOUTS)}", field="--holdout",
+                   value=args.holdout)
         o["cv"], o["holdout"] = None, parse_float(args.holdout, flag="--holdout", minimum=0.0)
         if o["holdout"] >= 1:
             refuse("must be below 1 (or one of model, chip, deployment)", field="--holdout", value=o["holdout"])
