@@ -729,6 +729,9 @@ def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
     assert "TensorRT-LLM's max_num_tokens default" in trt["max_num_batched_tokens"][1]
     assert "COVERAGE LIMIT" in trt["async_scheduling"][1]
     assert values(_point(GPT, "gpt-oss-120b", "h200", "fp4"))["scheduler"] == "vllm"
+    # vLLM's default graph mode is vLLM's: another engine keeps its deployment's own
+    assert "cudagraph_mode" not in sg and "cudagraph_mode" not in trt
+    assert values(_point(GPT, "gpt-oss-120b", "h200", "fp4"))["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     # built from the columns like a vLLM deployment (the step is priced alike); an unknown engine refused
     sc = acc.scenario_from_columns(_point("g", "gpt-oss-120b", "h200", "fp4", engine="sglang"))
     assert sc.parallel["tp"] == 1 and sc.engine["quantization"] == "nvfp4"
@@ -923,8 +926,14 @@ def test_simulate_runs_with_the_recipe_settings_and_records_them(simulated):
                               "max_model_len": 9472, "async_scheduling": True, "scheduler": "vllm",
                               "kv_capacity_tokens": float(full.plan.memory["kv_capacity_tokens"])}
     assert call["deployment"].scenario.engine["block_size"] == 32 and call["deployment"].plan.memory["block_size"] == 32
+    # the engine ran vLLM's default graph mode (no recipe sets one), not the columns' PIECEWISE
+    assert base.scenario.engine["cudagraph_mode"] == "PIECEWISE"
+    assert call["deployment"].scenario.engine["cudagraph_mode"] == "FULL_AND_PIECEWISE"
+    mode, why = acc.engine_assumptions(p)["cudagraph_mode"]
+    assert mode == "FULL_AND_PIECEWISE" and "cuda_graphs.md@0045689" in why
     r = record(rep, MINIMAX, 8)
-    assert r["assumptions"].startswith("max_num_seqs=1024 budget=16384 gmu=0.9 kv=fp8 block=32 kv_tokens/rank=")
+    assert r["assumptions"].startswith("max_num_seqs=1024 budget=16384 gmu=0.9 kv=fp8 block=32 "
+                                       "graphs=FULL_AND_PIECEWISE kv_tokens/rank=")
     assert "prompts=80" in r["assumptions"] and "max_model_len=9472" in r["assumptions"]
     (row,) = rep.info["assumptions"]
     assert (row["deployment"], row["workload"][0]) == (MINIMAX, "8k1k")

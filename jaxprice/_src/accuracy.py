@@ -542,6 +542,14 @@ ENGINE_SCHEDULER = {"vllm": "vllm", "sglang": "sglang", "trt": "trtllm", "trtllm
 VLLM_DEFAULT_MAX_NUM_SEQS = 1024          # serving-reference §1.1: OpenAI server, GPU >= 70 GiB, not A100
 VLLM_DEFAULT_BATCHED_TOKENS = 8192
 VLLM_DEFAULT_BLOCK_SIZE = 16
+# vLLM v1's default CUDA-graph mode: full graphs for uniform decode steps, piecewise for the rest.
+# None of the recipes behind the measured vLLM runs sets one, so their engines ran it; the bundled
+# scenario files of the same names (AISimulate's deployments) state PIECEWISE, so the simulate rule
+# replaces it, as it replaces their KV cache dtype, gmu and block size
+VLLM_DEFAULT_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"
+VLLM_CUDAGRAPH_SOURCE = ("vLLM's default cudagraph_mode on v1 with piecewise compilation (vllm-project/vllm "
+                         "docs/design/cuda_graphs.md@0045689; reference-kernel.md §5 reads an unstated mode "
+                         "alike); not set by the recipe")
 DSA_BLOCK_SIZE = 64          # sparse MLA (DSA) runs on 64-token blocks (the bundled glm-5 scenarios say so)
 BLOCK_SIZE_SOURCE = {
     VLLM_DEFAULT_BLOCK_SIZE: "vLLM's CUDA default (not set by the recipe; serving-reference §1.6, §7.3 open)",
@@ -694,7 +702,9 @@ def engine_assumptions(p: Point) -> dict:
     ``max_num_seqs`` (C in most recipes; where the recipe sets none, vLLM's default 1024),
     ``max_num_batched_tokens`` (8192, 2 x isl, or vLLM's default 8192), ``gpu_memory_utilization``,
     ``cache_dtype`` ('auto' = the model's activation dtype where the recipe sets no kv-cache-dtype),
-    ``block_size`` (the recipe's, else vLLM's CUDA default 16), ``max_model_len`` (isl + osl + 256;
+    ``block_size`` (the recipe's, else vLLM's CUDA default 16), ``cudagraph_mode`` (vLLM engines:
+    the recipe's, else vLLM's default FULL_AND_PIECEWISE; other engines keep the deployment's),
+    ``max_model_len`` (isl + osl + 256;
     gpt-oss at 1k1k + 20), ``range_ratio`` 0.8 (uniform lengths on [floor(0.8 L), L]),
     ``num_prompts`` (10 x C, C where the recipe passes --num-prompts $CONC), ``warmups`` (2 x C,
     finished before the timed run: the simulation starts from an empty engine), prefix caching
@@ -747,6 +757,9 @@ def engine_assumptions(p: Point) -> dict:
     extra = 20 if (p.model.startswith("gpt-oss") and isl == 1024 and osl == 1024) else 256
     out["max_model_len"] = (isl + osl + extra, f"isl + osl + {extra} (InferenceX generate_sweep_configs.py; "
                                                f"gpt-oss recipes + 20 at 1k1k; {REF5})")
+    if scheduler == "vllm":
+        out["cudagraph_mode"] = ((rec["cudagraph_mode"], src) if rec.get("cudagraph_mode") else
+                                 (VLLM_DEFAULT_CUDAGRAPH_MODE, VLLM_CUDAGRAPH_SOURCE))
     out["range_ratio"] = (RANGE_RATIO, f"RANDOM_RANGE_RATIO 0.8 (InferenceX benchmark-tmpl.yml; {REF5}): "
                                        "lengths uniform on [floor(0.8 L), L], serving-reference §4.3")
     npr = 10 * C if rec["num_prompts"] == "10*C" else C
@@ -780,7 +793,8 @@ def engine_assumptions(p: Point) -> dict:
 def assumptions_text(a: dict) -> str:
     """One line of the settings (values only; the sources are in the report's table)."""
     keys = (("max_num_seqs", "max_num_seqs"), ("max_num_batched_tokens", "budget"), ("gpu_memory_utilization", "gmu"),
-            ("cache_dtype", "kv"), ("block_size", "block"), ("kv_capacity_tokens", "kv_tokens/rank"),
+            ("cache_dtype", "kv"), ("block_size", "block"), ("cudagraph_mode", "graphs"),
+            ("kv_capacity_tokens", "kv_tokens/rank"),
             ("max_model_len", "max_model_len"), ("range_ratio", "range_ratio"), ("num_prompts", "prompts"),
             ("dp_spread", "dp"))
     parts = []
@@ -1048,12 +1062,14 @@ class SimulatedPoints:
 
 def recipe_deployment(dep: Deployment, a: dict, *, registry=None, extra_coefficient_files=(), full=False):
     """The deployment re-resolved with the recipe's engine settings ``a`` (``engine_assumptions``):
-    its cache dtype, gpu_memory_utilization and block size (what the plan prices and sizes the
-    KV cache by); with ``full`` also its max_num_batched_tokens, max_num_seqs and max_model_len
+    its cache dtype, gpu_memory_utilization, block size and CUDA-graph mode (what the plan prices
+    and sizes the KV cache by); with ``full`` also its max_num_batched_tokens, max_num_seqs and max_model_len
     (which move only memory terms: the KV capacity is read from this one)."""
     eng = dict(dep.scenario.engine)
     eng.update(cache_dtype=a["cache_dtype"][0], gpu_memory_utilization=a["gpu_memory_utilization"][0],
                block_size=a["block_size"][0])
+    if "cudagraph_mode" in a:
+        eng["cudagraph_mode"] = a["cudagraph_mode"][0]
     if full:
         eng.update(max_num_batched_tokens=a["max_num_batched_tokens"][0], max_num_seqs=a["max_num_seqs"][0],
                    max_model_len=a["max_model_len"][0])
@@ -1101,7 +1117,7 @@ def run_settings_key(p: Point) -> tuple:
     a = engine_assumptions(p)
     seqs = a["max_num_seqs"][0]
     return (a["max_num_batched_tokens"][0], a["gpu_memory_utilization"][0], a["cache_dtype"][0], a["block_size"][0],
-            a["max_model_len"][0], a["num_prompts"][0] // max(int(p.concurrency), 1),
+            a.get("cudagraph_mode", (None,))[0], a["max_model_len"][0], a["num_prompts"][0] // max(int(p.concurrency), 1),
             seqs if seqs < p.concurrency else None)
 
 
@@ -1298,7 +1314,7 @@ def deployment_assumptions(groups) -> list:
 
 
 ASSUMPTION_KEYS = ("scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype",
-                   "block_size", "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio", "dp_spread")
+                   "block_size", "cudagraph_mode", "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio", "dp_spread")
 
 
 def _settings_value(a: dict, k: str):
@@ -1795,7 +1811,7 @@ def format_assumptions(report: AccuracyReport, *, markdown=False) -> list:
     if not rows:
         return []
     keys = ASSUMPTION_KEYS
-    labels = ("scheduler", "max_num_seqs", "budget", "gmu", "kv dtype", "block", "KV tokens/rank", "max_model_len",
+    labels = ("scheduler", "max_num_seqs", "budget", "gmu", "kv dtype", "block", "graphs", "KV tokens/rank", "max_model_len",
               "prompts", "range", "dp")
     sources: dict = {}
     out_rows = []
