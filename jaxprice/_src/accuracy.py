@@ -461,6 +461,8 @@ def _check_speculation(p: Point, engine: dict, where: str):
 
 IX = "SemiAnalysisAI/InferenceX"
 REF5 = "shared/spec/serving-reference.md §5"
+# COVERAGE LIMIT [prefill-schedule-interval]: a recipe's --prefill-schedule-interval (later kimi-k2.5
+# fp4 and DeepSeek-V4-Pro recipes with DP attention) is not followed: prefills are considered every step.
 # The engine flags of InferenceX's vLLM recipe per (model, chip, dtype), as published (read in the
 # recipes, not fitted; see ENGINE_ASSUMPTIONS_TEXT). Values: "C" = the client concurrency; "2*isl";
 # None = not set by the recipe (vLLM's default applies). Each entry names its source.

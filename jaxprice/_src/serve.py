@@ -1128,6 +1128,7 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
         summary[f"{name}_p99"] = xp.percentile(vals, 99)
     summary["ttft_admission_mean"] = xp.mean(lat["admission"])
     summary["ttft_wait_mean"] = xp.mean(lat["wait"])
+    # COVERAGE LIMIT [stream-interval]: gaps between tokens, as a server streaming every token sends them
     gaps = np.maximum(req["emits"] - 1, 0)
     summary["itl_mean"] = xp.sum(finish - first) / max(int(gaps.sum()), 1)
     w = np.asarray(sched.sums["emit_decode"]).sum(axis=0)
