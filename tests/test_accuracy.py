@@ -741,6 +741,24 @@ def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
         acc.build_deployment(_point(GPT, "gpt-oss-120b", "h200", "fp4", engine="tgi"))
 
 
+def test_recipes_of_models_outside_the_dev_set_give_their_graph_mode_and_kv_dtype():
+    """DeepSeek-V4-Pro's H200 recipe runs full graphs for decode only, at 512 sequences and 512
+    batched tokens; its B200 recipe vLLM's default graphs, an fp8 cache and 256-token blocks; a
+    model and chip with no recipe read gets vLLM's defaults, said so."""
+    def values(p):
+        return {k: v for k, (v, _) in acc.engine_assumptions(p).items()}
+    h200 = acc.engine_assumptions(_point("dsv4-x", "deepseek-v4-pro", "h200", "fp8", tp=8, c=64))
+    assert {k: h200[k][0] for k in ("cudagraph_mode", "cache_dtype", "block_size", "max_num_seqs",
+                                   "max_num_batched_tokens", "gpu_memory_utilization")} == {
+        "cudagraph_mode": "FULL_DECODE_ONLY", "cache_dtype": "fp8", "block_size": 256, "max_num_seqs": 512,
+        "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.95}
+    assert "dsv4_fp8_h200.sh@8eec0d4" in h200["cudagraph_mode"][1]
+    b200 = values(_point("dsv4-y", "deepseek-v4-pro", "b200", "fp4", tp=8))
+    assert (b200["cudagraph_mode"], b200["cache_dtype"], b200["block_size"]) == ("FULL_AND_PIECEWISE", "fp8", 256)
+    none = acc.engine_assumptions(_point("m3-z", "minimax-m3", "h100", "fp8", tp=8))
+    assert none["recipe"][0] == "vLLM defaults" and none["cudagraph_mode"][0] == "FULL_AND_PIECEWISE"
+
+
 def test_engine_assumptions_follow_the_published_recipes():
     def values(p):
         return {k: v for k, (v, _) in acc.engine_assumptions(p).items()}

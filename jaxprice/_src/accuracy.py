@@ -536,6 +536,32 @@ IX_RECIPES = {
                "(fixed_seq_len/minimaxm2.5_fp4_b300.sh@8eec0d4) and as forked before (mpashkovskii/InferenceX"
                "@01d209c) passes --num-prompts $((CONC * 10)); only the stored @5632483 passes $CONC (re-read "
                "after the b300 TTFT errors were seen)"),
+    # DeepSeek-V4-Pro and MiniMax-M3 (no dev-set runs; their budgets and block sizes are stated by
+    # every run in the settings table; what these add is mainly the KV dtype and the graph mode)
+    ("deepseek-v4-pro", ("b200",), "fp4"): dict(
+        max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="fp8",
+        block_size=256, num_prompts="10*C", cudagraph_mode="FULL_AND_PIECEWISE",
+        source=f"{IX} benchmarks/single_node/fixed_seq_len/dsv4_fp4_b200_vllm.sh@045984b: kv fp8, block 256, "
+               "FULL_AND_PIECEWISE graphs, no gmu or max-num-seqs flag, batched tokens 8192 at 8k prompts and "
+               "C <= 128 else 2048; with DP attention EPLB and --prefill-schedule-interval 4"),
+    ("deepseek-v4-pro", ("b300",), "fp4"): dict(
+        max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="fp8",
+        block_size=256, num_prompts="10*C", cudagraph_mode="FULL_AND_PIECEWISE",
+        source=f"{IX} benchmarks/single_node/fixed_seq_len/dsv4_fp4_b300_vllm.sh@2a3fa86: kv fp8, block 256, "
+               "FULL_AND_PIECEWISE graphs, no gmu or max-num-seqs flag, batched tokens 2048 with DP attention "
+               "else 2 x ISL"),
+    ("deepseek-v4-pro", ("h200",), "fp8"): dict(
+        max_num_seqs=512, max_num_batched_tokens=512, gpu_memory_utilization=0.95, cache_dtype="fp8",
+        block_size=256, num_prompts="10*C", cudagraph_mode="FULL_DECODE_ONLY",
+        source=f"{IX} benchmarks/single_node/fixed_seq_len/dsv4_fp8_h200.sh@8eec0d4: kv fp8, block 256, gmu "
+               "0.95, --max-num-seqs 512, --max-num-batched-tokens 512, FULL_DECODE_ONLY graphs (compilation "
+               "mode 0)"),
+    ("minimax-m3", ("b300",), "fp4"): dict(
+        max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.95, cache_dtype="fp8",
+        block_size=128, num_prompts="10*C",
+        source=f"{IX} benchmarks/single_node/fixed_seq_len/minimaxm3_fp4_b300.sh (stored text id 56675543191, "
+               "commit not reported): kv fp8, block 128, gmu 0.95, 2 x ISL batched tokens, no cudagraph or "
+               "max-num-seqs flag"),
 }
 # the engine column -> the scheduler the simulation follows (serve.SCHEDULERS); the step is priced
 # alike for every engine, as the reference scenarios price their sglang and trt deployments
