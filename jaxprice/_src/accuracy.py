@@ -559,9 +559,8 @@ IX_RECIPES = {
     ("minimax-m3", ("b300",), "fp4"): dict(
         max_num_seqs=None, max_num_batched_tokens="2*isl", gpu_memory_utilization=0.95, cache_dtype="fp8",
         block_size=128, num_prompts="10*C",
-        source=f"{IX} benchmarks/single_node/fixed_seq_len/minimaxm3_fp4_b300.sh (stored text id 56675543191, "
-               "commit not reported): kv fp8, block 128, gmu 0.95, 2 x ISL batched tokens, no cudagraph or "
-               "max-num-seqs flag"),
+        source=f"{IX} benchmarks/single_node/fixed_seq_len/minimaxm3_fp4_b300.sh@023b06c: kv fp8, block 128, "
+               "gmu 0.95, 2 x ISL batched tokens, no cudagraph or max-num-seqs flag"),
 }
 # the engine column -> the scheduler the simulation follows (serve.SCHEDULERS); the step is priced
 # alike for every engine, as the reference scenarios price their sglang and trt deployments
@@ -732,9 +731,8 @@ def engine_assumptions(p: Point) -> dict:
     ``cache_dtype`` ('auto' = the model's activation dtype where the recipe sets no kv-cache-dtype),
     ``block_size`` (the recipe's, else vLLM's CUDA default 16), ``cudagraph_mode`` (vLLM engines:
     the recipe's, else vLLM's default FULL_AND_PIECEWISE; other engines keep the deployment's),
-    ``max_model_len`` (isl + osl + 256;
-    gpt-oss at 1k1k + 20), ``range_ratio`` 0.8 (uniform lengths on [floor(0.8 L), L]),
-    ``num_prompts`` (10 x C, C where the recipe passes --num-prompts $CONC), ``warmups`` (2 x C,
+    ``max_model_len`` (isl + osl + 256; gpt-oss at 1k1k + 20), ``range_ratio`` 0.8 (uniform
+    lengths on [floor(0.8 L), L]), ``num_prompts`` (10 x C, C where the recipe passes --num-prompts $CONC), ``warmups`` (2 x C,
     finished before the timed run: the simulation starts from an empty engine), prefix caching
     off, async scheduling on, ``dp_spread`` (each data-parallel rank schedules its own requests;
     how the simulation spreads them is its own, reported in its assumptions). A point whose
@@ -1091,8 +1089,8 @@ class SimulatedPoints:
 def recipe_deployment(dep: Deployment, a: dict, *, registry=None, extra_coefficient_files=(), full=False):
     """The deployment re-resolved with the recipe's engine settings ``a`` (``engine_assumptions``):
     its cache dtype, gpu_memory_utilization, block size and CUDA-graph mode (what the plan prices
-    and sizes the KV cache by); with ``full`` also its max_num_batched_tokens, max_num_seqs and max_model_len
-    (which move only memory terms: the KV capacity is read from this one)."""
+    and sizes the KV cache by); with ``full`` also its max_num_batched_tokens, max_num_seqs and
+    max_model_len (which move only memory terms: the KV capacity is read from this one)."""
     eng = dict(dep.scenario.engine)
     eng.update(cache_dtype=a["cache_dtype"][0], gpu_memory_utilization=a["gpu_memory_utilization"][0],
                block_size=a["block_size"][0])
@@ -1145,8 +1143,8 @@ def run_settings_key(p: Point) -> tuple:
     a = engine_assumptions(p)
     seqs = a["max_num_seqs"][0]
     return (a["max_num_batched_tokens"][0], a["gpu_memory_utilization"][0], a["cache_dtype"][0], a["block_size"][0],
-            a.get("cudagraph_mode", (None,))[0], a["max_model_len"][0], a["num_prompts"][0] // max(int(p.concurrency), 1),
-            seqs if seqs < p.concurrency else None)
+            a.get("cudagraph_mode", (None,))[0], a["max_model_len"][0],
+            a["num_prompts"][0] // max(int(p.concurrency), 1), seqs if seqs < p.concurrency else None)
 
 
 def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coefficient_files, source):
@@ -1342,7 +1340,8 @@ def deployment_assumptions(groups) -> list:
 
 
 ASSUMPTION_KEYS = ("scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype",
-                   "block_size", "cudagraph_mode", "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio", "dp_spread")
+                   "block_size", "cudagraph_mode", "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio",
+                   "dp_spread")
 
 
 def _settings_value(a: dict, k: str):
@@ -1839,8 +1838,8 @@ def format_assumptions(report: AccuracyReport, *, markdown=False) -> list:
     if not rows:
         return []
     keys = ASSUMPTION_KEYS
-    labels = ("scheduler", "max_num_seqs", "budget", "gmu", "kv dtype", "block", "graphs", "KV tokens/rank", "max_model_len",
-              "prompts", "range", "dp")
+    labels = ("scheduler", "max_num_seqs", "budget", "gmu", "kv dtype", "block", "graphs", "KV tokens/rank",
+              "max_model_len", "prompts", "range", "dp")
     sources: dict = {}
     out_rows = []
     for r in rows:

@@ -1092,7 +1092,8 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     tpot, itl, e2e, ttft_admission_mean and ttft_wait_mean (the parts of TTFT outside the steps,
     ``request_latencies``; TPOT over the requests with more than one output token, 0 where there
     are none, as the benchmark client reports it), output_tps, output_tps_per_gpu,
-    output_tps_per_user (= 1 / mean TPOT, InferenceX's interactivity; 0 without TPOT), requests_per_s, duration, and the schedule's counts). Every
+    output_tps_per_user (= 1 / mean TPOT, InferenceX's interactivity; 0 without TPOT),
+    requests_per_s, duration, and the schedule's counts). Every
     request's tokens reach its client its admission + wait later than the engine emits them;
     E2E adds host_completion. ``coefficients``: where the host latencies come from (default the
     deployment's, as built). jnp in, jnp out (differentiable in step_times and the coefficients;
