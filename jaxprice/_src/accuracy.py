@@ -734,9 +734,10 @@ def engine_assumptions(p: Point) -> dict:
     ``max_model_len`` (isl + osl + 256; gpt-oss at 1k1k + 20), ``range_ratio`` 0.8 (uniform
     lengths on [floor(0.8 L), L]), ``num_prompts`` (10 x C, C where the recipe passes
     --num-prompts $CONC), ``warmups`` (2 x C, finished before the timed run: the simulation starts
-    from an empty engine), prefix caching off, async scheduling on, ``dp_spread`` (each data-parallel rank schedules its own requests;
-    how the simulation spreads them is its own, reported in its assumptions). A point whose
-    (model, chip, dtype) has no recipe gets vLLM's defaults, said so in the source.
+    from an empty engine), prefix caching off, async scheduling on, ``dp_spread`` (each
+    data-parallel rank schedules its own requests; how the simulation spreads them is its own,
+    reported in its assumptions). A point whose (model, chip, dtype) has no recipe gets vLLM's
+    defaults, said so in the source.
 
     Over all of these, the flags the point's own run states (``stated_settings``: the bundled
     table of InferenceX's runs, or a ``--settings`` file): block_size, gpu_memory_utilization,
