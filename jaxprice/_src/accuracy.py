@@ -366,8 +366,7 @@ def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
     -> fp8, bf16/int4 -> the checkpoint's own), an fp8 KV cache unless bf16, PIECEWISE graphs,
     max_num_seqs 256, block 16 (64 for glm-5), 8192 batched tokens, max_model_len 32768."""
     file = f"{source} (deployment {p.deployment}, built from the columns)"
-    if p.dtype not in DTYPE_QUANTIZATION:
-        refuse(f"unknown dtype (known: {', '.join(DTYPE_QUANTIZATION)})", file=file, field="dtype", value=p.dtype)
+    _check_dtype(p, file)
     _check_engine(p, file)
     tp = rank_tp(p, file)
     engine = {"cache_dtype": "auto" if p.dtype == "bf16" else "fp8",
@@ -421,11 +420,10 @@ def _check_columns_match(p: Point, sc, where: str):
     """A row priced by its deployment's scenario file must describe that deployment: its model,
     chip, data-parallel ranks, each rank's tp (``rank_tp``), expert parallelism and dtype as the
     file states them; a row that contradicts its file is refused, never priced as the file."""
-    if p.dtype not in DTYPE_QUANTIZATION:
-        refuse(f"unknown dtype (known: {', '.join(DTYPE_QUANTIZATION)})", file=where, field="dtype", value=p.dtype)
+    _check_dtype(p, where)
     par = sc.parallel or {}
     quant = str((sc.engine or {}).get("quantization") or "")
-    admitted = DTYPE_SCENARIO_QUANTIZATIONS.get(p.dtype, ())
+    admitted = DTYPE_SCENARIO_QUANTIZATIONS[p.dtype]
     checks = (("model", p.model, sc.model), ("hardware", p.hardware, sc.hardware),
               ("dp", p.dp, int(par.get("dp", 1) or 1)), ("tp", rank_tp(p, where), int(par.get("tp", 1) or 1)),
               ("ep", p.ep > 1, bool(par.get("enable_expert_parallel"))))
@@ -439,6 +437,12 @@ def _check_columns_match(p: Point, sc, where: str):
     if admitted is not None and quant not in admitted:
         refuse(f"the row contradicts its scenario file, which states quantization {quant or 'none'}", file=where,
                field="dtype", value=p.dtype)
+
+
+def _check_dtype(p: Point, where: str):
+    """The dtype column must name a weight format the harness maps to a quantization."""
+    if p.dtype not in DTYPE_QUANTIZATION:
+        refuse(f"unknown dtype (known: {', '.join(DTYPE_QUANTIZATION)})", file=where, field="dtype", value=p.dtype)
 
 
 def _check_engine(p: Point, where: str):
