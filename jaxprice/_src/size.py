@@ -1200,6 +1200,189 @@ def _positive(value, field, integer=False):
     return int(v) if integer else v
 
 
+def _checked_workload(gpus, isl, osl, ttft_ms, tpot_ms, concurrency, range_ratio):
+    """The workload, targets and concurrency sweep of a search, each refused in one line when
+    malformed: (gpus, SizeWorkload, ttft target s or None, tpot target s or None, sorted levels)."""
+    gpus = _positive(gpus, "gpus", integer=True)
+    isl = _positive(isl, "isl", integer=True)
+    osl = _positive(osl, "osl", integer=True)
+    if osl < 2:
+        refuse("must be at least 2: sizing trades tokens/s per GPU against tokens/s per user (1 / TPOT), "
+               "and a one-token output has no TPOT (jaxprice serve prices prefill-only runs)", field="osl", value=osl)
+    ttft_t = None if ttft_ms is None else _positive(ttft_ms, "ttft_ms") / 1e3
+    tpot_t = None if tpot_ms is None else _positive(tpot_ms, "tpot_ms") / 1e3
+    conc = sorted({_positive(c, "concurrency", integer=True) for c in concurrency})
+    if not conc:
+        refuse("needs at least one concurrency", field="concurrency")
+    if not 0 < float(range_ratio) <= 1:
+        refuse("must be in (0, 1]", field="range_ratio", value=range_ratio)
+    return gpus, SizeWorkload(isl, osl, float(range_ratio)), ttft_t, tpot_t, conc
+
+
+def _checked_evaluator(evaluator: str, simulate) -> tuple[str, int]:
+    """The search's evaluator and how many layouts near the targets are re-run under the
+    simulation: 'auto' searches with 'steady' and refines with the simulation where installed."""
+    if evaluator not in EVALUATORS:
+        refuse(f"unknown evaluator (known: {', '.join(EVALUATORS)})", field="evaluator", value=evaluator)
+    simulate = int(simulate or 0)
+    if evaluator == "auto":
+        return "steady", simulate if _serve_module() is not None else 0
+    if evaluator == "steady":
+        return "steady", 0
+    if _serve_module() is None:
+        refuse("the serving simulation (jaxprice serve) is not installed in this version", field="evaluator",
+               value=evaluator)
+    return evaluator, simulate
+
+
+def _check_axes(*, tp, dp, weights, max_num_seqs, max_num_batched_tokens, cudagraph_modes):
+    """Refuse a malformed candidate axis in one line, before anything is resolved."""
+    for name, vals in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                       ("tp", tp or ()), ("dp", dp or ())):
+        for v in vals:
+            _positive(v, name, integer=True)
+    from .resolve import GRAPH_MODES
+    for m in cudagraph_modes:
+        if m not in GRAPH_MODES:
+            refuse(f"unknown cudagraph mode (known: {', '.join(GRAPH_MODES)})", field="cudagraph_modes", value=m)
+    for f in weights or ():
+        if f not in DTYPE_BYTES:
+            refuse(f"unknown weight format (known: {', '.join(DTYPE_BYTES)})", field="weights", value=f)
+
+
+def _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node):
+    """Refuse a search in which no layout fits, with an example layout's reason and the widths
+    (or the fabric) that would let one fit."""
+    sample = cands[-1]
+    wider = _fitting_widths(graph, chip_obj, chip, gpus, workload.isl, workload.osl, registry, layouts[-1],
+                            gpus_per_node)
+    hint = (f"; {gpus} GPUs is not a multiple of any width tp x dp the model fits at ({', '.join(map(str, wider))})"
+            if wider else "")
+    across = [c for c in cands if fabric is None and c.layout.width > gpus_per_node]
+    if across:
+        sample = across[-1]
+        hint += f"; the {len(across)} layouts wider than a node need --fabric"
+    refuse(f"no layout of {graph.name} fits on {gpus} x {chip} ({len(cands)} tried; e.g. {sample.layout.label}: "
+           f"{sample.reason}){hint}", field="gpus", value=gpus)
+
+
+@dataclasses.dataclass
+class _Search:
+    """What the search over every fitting layout found, for ``size`` and its info dict."""
+    results: list
+    steps: int
+    plans: set
+    compiles: int
+
+
+def _search(cands, ok, evaluator, workload, conc, *, mesh, stacked, workers, rows_cap, num_prompts,
+            search_prompts, search_rule, sim_stats, callback) -> _Search:
+    """Evaluate every fitting layout ``cands[k], k in ok``: the steady evaluator's layouts on the
+    deployment axis (``stacked``), the simulation's in shared scheduler calls, else one plan at a
+    time (the first layout of each distinct plan compiling two at a time: tracing holds the GIL,
+    XLA's compile does not, so one thread's compile overlaps the other's tracing). A layout the
+    evaluation refuses is rejected with the reason; one priced exactly as an earlier layout is
+    listed as its duplicate."""
+    shapes: set = set()
+
+    def evaluate(c):
+        if evaluator == "serve":
+            return evaluate_serve(c.deployment, c.layout, workload, conc, num_prompts=num_prompts)
+        rows = _rows(min(math.ceil(max(conc) / c.layout.dp), rows_cap)) + 1
+        return evaluate_steady(c.deployment, c.layout, workload, conc, mesh=mesh, rows=rows, shapes=shapes)
+
+    progress = None if callback is None else (lambda d, t, **k: callback(d, t, **k))
+    early, compiles0 = {}, _stack_compiles()
+    was_stacked = evaluator == "serve" or (stacked and compiles0 is not None)
+    if evaluator == "steady" and was_stacked:
+        early = dict(zip(ok, evaluate_steady_many(
+            [cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc, mesh=mesh,
+            rows_cap=rows_cap, callback=None if callback is None else (lambda d, t: callback(d, t, stage="price")))))
+    elif evaluator == "serve":
+        early = dict(zip(ok, evaluate_serve_many(
+            [cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc,
+            num_prompts=num_prompts, prompts_per_client=search_prompts, stats=sim_stats, callback=progress)))
+    else:
+        firsts = {}
+        for k in ok:
+            firsts.setdefault(cands[k].deployment.plan.digest, k)
+        if workers > 1 and len(firsts) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                early = dict(zip(firsts.values(), pool.map(lambda k: evaluate(cands[k]), firsts.values())))
+    found = _Search([], 0, set(), 0)
+    same = {}
+    for n, k in enumerate(ok):
+        c = cands[k]
+        found.plans.add(c.deployment.plan.digest)
+        try:
+            out = early.pop(k) if k in early else evaluate(c)
+            if isinstance(out, JaxpriceError):
+                raise out
+        except JaxpriceError as err:      # e.g. the serving simulation cannot admit a request
+            c.status, c.reason = "rejected", f"{evaluator} evaluation refused: {err.reason}"
+            continue
+        ttft, tpot, per_gpu, per_user, resident, nsteps = out
+        found.steps += nsteps
+        res = LayoutResult(k, c.layout, c.replicas, np.asarray(conc), np.asarray(ttft, float),
+                           np.asarray(tpot, float), np.asarray(per_gpu, float), np.asarray(per_user, float),
+                           np.asarray(resident), source=search_rule if evaluator == "serve" else "steady")
+        key = (res.ttft.tobytes(), res.tpot.tobytes(), res.tps_per_gpu.tobytes())
+        if key in same:      # e.g. tp1 x dp8 with and without expert parallelism: one plan price
+            c.status, c.reason = "duplicate", f"priced the same as {same[key].label}"
+        else:
+            same[key] = c.layout
+            found.results.append(res)
+        if callback is not None and not was_stacked:
+            callback(n + 1, len(ok), layout=c.layout.parallel_label)
+    if evaluator == "steady":
+        found.compiles = (_stack_compiles() - compiles0) if was_stacked else len(shapes)
+    return found      # the simulation's compiles are counted by simulation_compiles()
+
+
+def _size_info(*, evaluator, requested, simulate, cands, ok, found: _Search, conc, mesh, source, final_rule,
+               search_rule, num_prompts, rounds, sim_stats, sim0, t0, t_resolve, t_search) -> dict:
+    """The search's account: layouts considered, priced, rejected, simulated; compiles, steps and
+    seconds by stage (``SizeResult.info``; the CLI prints it, ``--json`` carries it)."""
+    sim1 = simulation_compiles()
+    results = found.results
+    sched_compiles, kernel_compiles = sim1["scheduler"] - sim0["scheduler"], sim1["kernel"] - sim0["kernel"]
+    seconds_schedule = float(sim_stats.get("seconds_schedule", 0.0))
+    seconds_price = float(sim_stats.get("seconds_price", 0.0))
+    return {"evaluator": evaluator if not (requested == "auto" and simulate > 0) else "auto (steady + serve)",
+            "layouts_considered": len(cands), "layouts_priced": len(ok),
+            "layouts_evaluated": len(results),
+            "layouts_rejected": sum(c.status == "rejected" for c in cands),
+            "layouts_duplicate": sum(c.status == "duplicate" for c in cands),
+            "concurrency_levels": len(conc), "points": len(results) * len(conc), "distinct_plans": len(found.plans),
+            "compiles": found.compiles + sched_compiles + kernel_compiles,
+            "search_compiles": found.compiles, "steps_priced": int(found.steps),
+            "devices": 1 if mesh is None else int(mesh.size),
+            "seconds_resolve": t_resolve, "seconds": time.perf_counter() - t0, "model_source": source,
+            "seconds_search": t_search,
+            "layouts_simulated": sum(r.source.startswith("serve") for r in results),
+            "layouts_simulated_final": sum(r.source == final_rule for r in results),
+            "simulated_prompts": ("10 x C" if num_prompts is None else f"{int(num_prompts)}"),
+            "search_prompts": (None if evaluator != "serve" else search_rule.replace("serve", "").strip(" ()")
+                               or "10 x C"),
+            "simulation_rounds": rounds,
+            "steps_simulated": int(sim_stats.get("steps", 0)),
+            "scheduler_iterations": int(sim_stats.get("scheduler_iterations", 0)),
+            "scheduler_compiles": sched_compiles,
+            "simulation_kernel_compiles": kernel_compiles,
+            "seconds_simulate": seconds_schedule + seconds_price,
+            "seconds_schedule": seconds_schedule,
+            "seconds_simulate_price": seconds_price}
+
+
+def _prompt_rules(num_prompts, search_prompts) -> tuple[str, str]:
+    """The ``LayoutResult.source`` labels of the simulation's search and of its final re-runs."""
+    final = "serve" if num_prompts is None else f"serve ({int(num_prompts)} prompts)"
+    if num_prompts is None and search_prompts is None:
+        return "serve", final
+    return (final if num_prompts is not None else f"serve ({search_prompts:g} x C prompts)"), final
+
+
 def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_ms=None,
          concurrency=DEFAULT_CONCURRENCY, tp=None, dp=None, ep=None, weights=None,
          max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
@@ -1229,190 +1412,64 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     layout (2: 2 x C prompts per point; None: 10 x C, no re-run). on_candidates(candidates, context dict): called once the
     candidate space is resolved, before the search (the CLI prints it). Bad input raises JaxpriceError before anything is jitted."""
     t0 = time.perf_counter()
-    gpus = _positive(gpus, "gpus", integer=True)
-    isl = _positive(isl, "isl", integer=True)
-    osl = _positive(osl, "osl", integer=True)
-    if osl < 2:
-        refuse("must be at least 2: sizing trades tokens/s per GPU against tokens/s per user (1 / TPOT), "
-               "and a one-token output has no TPOT (jaxprice serve prices prefill-only runs)", field="osl", value=osl)
-    ttft_t = None if ttft_ms is None else _positive(ttft_ms, "ttft_ms") / 1e3
-    tpot_t = None if tpot_ms is None else _positive(tpot_ms, "tpot_ms") / 1e3
-    conc = sorted({_positive(c, "concurrency", integer=True) for c in concurrency})
-    if not conc:
-        refuse("needs at least one concurrency", field="concurrency")
-    if not 0 < float(range_ratio) <= 1:
-        refuse("must be in (0, 1]", field="range_ratio", value=range_ratio)
-    if evaluator not in EVALUATORS:
-        refuse(f"unknown evaluator (known: {', '.join(EVALUATORS)})", field="evaluator", value=evaluator)
+    gpus, workload, ttft_t, tpot_t, conc = _checked_workload(gpus, isl, osl, ttft_ms, tpot_ms, concurrency,
+                                                             range_ratio)
     requested = evaluator
-    simulate = int(simulate or 0)
-    if evaluator == "auto":      # the search in closed form on the deployment axis; serve refines
-        evaluator = "steady"
-        if _serve_module() is None:
-            simulate = 0
-    elif evaluator == "steady":
-        simulate = 0
-    elif evaluator == "serve" and _serve_module() is None:
-        refuse("the serving simulation (jaxprice serve) is not installed in this version", field="evaluator",
-               value=evaluator)
-    for name, vals in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
-        for v in vals:
-            _positive(v, name, integer=True)
-    from .resolve import GRAPH_MODES
-    for m in cudagraph_modes:
-        if m not in GRAPH_MODES:
-            refuse(f"unknown cudagraph mode (known: {', '.join(GRAPH_MODES)})", field="cudagraph_modes", value=m)
-    for name, vals in (("tp", tp), ("dp", dp)):
-        for v in vals or ():
-            _positive(v, name, integer=True)
-    registry = registry or Registry()
-    graph, registry, source = load_model(model, registry)
-    if graph.max_model_len is not None and isl + osl > graph.max_model_len:
-        refuse(f"isl + osl = {isl + osl} tokens exceeds the {graph.max_model_len} tokens {graph.name} serves at "
-               "(its config's max_position_embeddings, as vLLM derives max_model_len)", field="isl", value=isl)
+    evaluator, simulate = _checked_evaluator(evaluator, simulate)
+    _check_axes(tp=tp, dp=dp, weights=weights, max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens, cudagraph_modes=cudagraph_modes)
+    graph, registry, source = load_model(model, registry or Registry())
+    if graph.max_model_len is not None and workload.isl + workload.osl > graph.max_model_len:
+        refuse(f"isl + osl = {workload.isl + workload.osl} tokens exceeds the {graph.max_model_len} tokens "
+               f"{graph.name} serves at (its config's max_position_embeddings, as vLLM derives max_model_len)",
+               field="isl", value=workload.isl)
     chip_obj = registry.chip(chip, field="chip")
     gpus_per_node = _positive(gpus_per_node, "gpus_per_node", integer=True)
     if fabric is not None:
         registry.network(fabric, field="fabric")
-    for f in weights or ():
-        if f not in DTYPE_BYTES:
-            refuse(f"unknown weight format (known: {', '.join(DTYPE_BYTES)})", field="weights", value=f)
     layouts = candidate_space(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                               cudagraph_modes=cudagraph_modes)
     if not layouts:
         widths = sorted({t * d for t in (tp or WIDTHS) for d in (dp or [1])})
         refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field="gpus", value=gpus)
-    workload = SizeWorkload(isl, osl, float(range_ratio))
-    cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=isl, osl=osl, registry=registry,
-                             gpus_per_node=gpus_per_node, fabric=fabric)
+    cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=workload.isl, osl=workload.osl,
+                             registry=registry, gpus_per_node=gpus_per_node, fabric=fabric)
     t_resolve = time.perf_counter() - t0
     if on_candidates is not None:
         on_candidates(cands, {"model": graph.name, "model_source": source, "chip": chip, "gpus": gpus,
                               "workload": workload})
     ok = [k for k, c in enumerate(cands) if c.status == "ok"]
     if not ok:
-        sample = cands[-1]
-        wider = _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, layouts[-1], gpus_per_node)
-        hint = (f"; {gpus} GPUs is not a multiple of any width tp x dp the model fits at ({', '.join(map(str, wider))})"
-                if wider else "")
-        across = [c for c in cands if fabric is None and c.layout.width > gpus_per_node]
-        if across:
-            sample = across[-1]
-            hint += f"; the {len(across)} layouts wider than a node need --fabric"
-        refuse(f"no layout of {graph.name} fits on {gpus} x {chip} ({len(cands)} tried; e.g. {sample.layout.label}: "
-               f"{sample.reason}){hint}", field="gpus", value=gpus)
+        _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node)
     if callback is not None:
         callback(0, len(ok), layout="")
     if mesh is None and jax.device_count() > 1:
         from .sweep import batch_mesh
         mesh = batch_mesh()
-    results, steps, plans, same, shapes = [], 0, set(), {}, set()
     sim_stats: dict = {}
     sim0 = simulation_compiles()
-    search_rule = "serve" if num_prompts is None and search_prompts is None else (
-        f"serve ({int(num_prompts)} prompts)" if num_prompts is not None else f"serve ({search_prompts:g} x C prompts)")
-    final_rule = "serve" if num_prompts is None else f"serve ({int(num_prompts)} prompts)"
-
-    def evaluate(c):
-        if evaluator == "serve":
-            return evaluate_serve(c.deployment, c.layout, workload, conc, num_prompts=num_prompts)
-        rows = _rows(min(math.ceil(max(conc) / c.layout.dp), max(max_num_seqs))) + 1
-        return evaluate_steady(c.deployment, c.layout, workload, conc, mesh=mesh, rows=rows, shapes=shapes)
-
-    # the first layout of each distinct plan compiles its kernel: two at a time (tracing holds the
-    # GIL, XLA's compile does not, so two threads overlap one's compile with the other's tracing)
-    early = {}
-    compiles0 = _stack_compiles()
-    if evaluator == "steady" and stacked and _stack_compiles() is not None:
-        outs = evaluate_steady_many([cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc,
-                                    mesh=mesh, rows_cap=max(max_num_seqs),
-                                    callback=None if callback is None else (lambda d, t: callback(d, t, stage="price")))
-        early = dict(zip(ok, outs))
-        was_stacked = True
-    elif evaluator == "serve":      # every layout's lanes in shared scheduler calls
-        outs = evaluate_serve_many([cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc,
-                                   num_prompts=num_prompts, prompts_per_client=search_prompts, stats=sim_stats,
-                                   callback=None if callback is None else (lambda d, t, **k: callback(d, t, **k)))
-        early = dict(zip(ok, outs))
-        was_stacked = True
-    else:
-        was_stacked = False
-        # the first layout of each distinct plan compiles its kernel: two at a time (tracing holds
-        # the GIL, XLA's compile does not, so one thread's compile overlaps the other's tracing)
-        firsts = {}
-        for k in ok:
-            firsts.setdefault(cands[k].deployment.plan.digest, k)
-        if evaluator == "steady" and workers > 1 and len(firsts) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                early = dict(zip(firsts.values(), pool.map(lambda k: evaluate(cands[k]), firsts.values())))
-    for n, k in enumerate(ok):
-        c = cands[k]
-        plans.add(c.deployment.plan.digest)
-        try:
-            out = early.pop(k) if k in early else evaluate(c)
-            if isinstance(out, JaxpriceError):
-                raise out
-        except JaxpriceError as err:      # e.g. the serving simulation cannot admit a request
-            c.status, c.reason = "rejected", f"{evaluator} evaluation refused: {err.reason}"
-            continue
-        ttft, tpot, per_gpu, per_user, resident, nsteps = out
-        steps += nsteps
-        res = LayoutResult(k, c.layout, c.replicas, np.asarray(conc), np.asarray(ttft, float),
-                           np.asarray(tpot, float), np.asarray(per_gpu, float), np.asarray(per_user, float),
-                           np.asarray(resident), source=search_rule if evaluator == "serve" else "steady")
-        key = (res.ttft.tobytes(), res.tpot.tobytes(), res.tps_per_gpu.tobytes())
-        if key in same:      # e.g. tp1 x dp8 with and without expert parallelism: one plan price
-            c.status, c.reason = "duplicate", f"priced the same as {same[key].label}"
-        else:
-            same[key] = c.layout
-            results.append(res)
-        if callback is not None and not was_stacked:
-            callback(n + 1, len(ok), layout=c.layout.parallel_label)
+    search_rule, final_rule = _prompt_rules(num_prompts, search_prompts)
+    found = _search(cands, ok, evaluator, workload, conc, mesh=mesh, stacked=stacked, workers=workers,
+                    rows_cap=max(max_num_seqs), num_prompts=num_prompts, search_prompts=search_prompts,
+                    search_rule=search_rule, sim_stats=sim_stats, callback=callback)
     t_search = time.perf_counter() - t0
-    if evaluator == "steady":
-        search_compiles = ((_stack_compiles() - compiles0) if stacked and compiles0 is not None else len(shapes))
-    else:
-        search_compiles = 0      # the simulation's compiles are counted below
     rounds = 0
-    if simulate > 0 and results and not (evaluator == "serve" and search_rule == final_rule):
-        results, rounds = refine(results, cands, workload, conc, ttft_t, tpot_t, limit=simulate,
-                                 num_prompts=num_prompts, first="near",
-                                 rule=final_rule, stats=sim_stats,
-                                 callback=None if callback is None else (lambda d, t, **k: callback(d, t, **k)))
+    if simulate > 0 and found.results and not (evaluator == "serve" and search_rule == final_rule):
+        found.results, rounds = refine(found.results, cands, workload, conc, ttft_t, tpot_t, limit=simulate,
+                                       num_prompts=num_prompts, first="near", rule=final_rule, stats=sim_stats,
+                                       callback=None if callback is None else (lambda d, t, **k: callback(d, t, **k)))
+    results = found.results
     frontier, best, runner, margin, miss = choose(results, ttft_t, tpot_t)
     verification = []
     if verify and evaluator == "steady" and _serve_module() is not None:
         for ref in [r for r in (best, runner) if r is not None][:int(verify)]:
             verification.append(verify_point(cands[results[ref[0]].index], results[ref[0]], ref[1], workload,
                                              ttft_t, tpot_t, num_prompts=num_prompts))
-    sim1 = simulation_compiles()
-    simulated = [r for r in results if r.source.startswith("serve")]
-    info = {"evaluator": evaluator if not (requested == "auto" and simulate > 0) else "auto (steady + serve)",
-            "layouts_considered": len(cands), "layouts_priced": len(ok),
-            "layouts_evaluated": len(results),
-            "layouts_rejected": sum(c.status == "rejected" for c in cands),
-            "layouts_duplicate": sum(c.status == "duplicate" for c in cands),
-            "concurrency_levels": len(conc), "points": len(results) * len(conc), "distinct_plans": len(plans),
-            "compiles": search_compiles + (sim1["scheduler"] - sim0["scheduler"]) + (sim1["kernel"] - sim0["kernel"]),
-            "search_compiles": search_compiles, "steps_priced": int(steps),
-            "devices": 1 if mesh is None else int(mesh.size),
-            "seconds_resolve": t_resolve, "seconds": time.perf_counter() - t0, "model_source": source,
-            "seconds_search": t_search,
-            "layouts_simulated": len(simulated),
-            "layouts_simulated_final": sum(r.source == final_rule for r in results),
-            "simulated_prompts": ("10 x C" if num_prompts is None else f"{int(num_prompts)}"),
-            "search_prompts": (None if evaluator != "serve" else search_rule.replace("serve", "").strip(" ()")
-                               or "10 x C"),
-            "simulation_rounds": rounds,
-            "steps_simulated": int(sim_stats.get("steps", 0)),
-            "scheduler_iterations": int(sim_stats.get("scheduler_iterations", 0)),
-            "scheduler_compiles": sim1["scheduler"] - sim0["scheduler"],
-            "simulation_kernel_compiles": sim1["kernel"] - sim0["kernel"],
-            "seconds_simulate": float(sim_stats.get("seconds_schedule", 0.0) + sim_stats.get("seconds_price", 0.0)),
-            "seconds_schedule": float(sim_stats.get("seconds_schedule", 0.0)),
-            "seconds_simulate_price": float(sim_stats.get("seconds_price", 0.0))}
+    info = _size_info(evaluator=evaluator, requested=requested, simulate=simulate, cands=cands, ok=ok, found=found,
+                      conc=conc, mesh=mesh, source=source, final_rule=final_rule, search_rule=search_rule,
+                      num_prompts=num_prompts, rounds=rounds, sim_stats=sim_stats, sim0=sim0, t0=t0,
+                      t_resolve=t_resolve, t_search=t_search)
     return SizeResult(model=graph.name, chip=chip, gpus=gpus, workload=workload, ttft_target=ttft_t,
                       tpot_target=tpot_t, candidates=cands, results=results, frontier=frontier, best=best,
                       runner_up=runner, margin=margin, miss=miss, info=info, graph=graph, registry=registry,
