@@ -20,7 +20,7 @@ seconds; the reference truncates each resource total to integer nanoseconds befo
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -325,9 +325,33 @@ def _step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau, breakdown: bo
     return _kernel(folded_view(plan), folded_roles(plan, coefs), batch, tau, breakdown, sums=sums)
 
 
+class _Step(NamedTuple):
+    """What every stage of one step's pricing reads: the plan's view (A arrays, S scalars, CF
+    coefficient slots, K kinds), the coefficient reader C(slot) and vec(slots), the temperature,
+    the batch's token count, the phase gates [always, prefill present], and the rates (HBM
+    bandwidth, each arithmetic class's peak, its ramped efficiency at this token count)."""
+    A: dict
+    S: dict
+    CF: dict
+    K: int
+    C: Callable
+    vec: Callable
+    tau: object
+    walk: dict
+    tokens: object
+    phase_on: object
+    bandwidth: object
+    peaks: object
+    eps: object
+
+    def arithmetic(self, flops, cls):
+        return laws.gemm_time(flops, self.peaks[cls], self.eps[cls])
+
+
 def _kernel(view, roles_vector, batch: Batch, tau, breakdown: bool, sums=None) -> StepResult:
     """Price one padded batch from a plan's view (stack.View: its values constants, or traced
-    for the deployment axis) and its role vector (the coefficient each role slot reads)."""
+    for the deployment axis) and its role vector (the coefficient each role slot reads): every
+    layer's terms per resource (SM, HBM, NVLink, NIC) by stage, then their composition."""
     A, S, CF, K = view.A, view.S, view.CF, view.K
 
     def C(slot):
@@ -338,129 +362,156 @@ def _kernel(view, roles_vector, batch: Batch, tau, breakdown: bool, sums=None) -
 
     # ---- batch walk: one pass over the rows; masked rows are exactly zero
     walk = _walk_rows(A, S, batch, tau) if sums is None else sums
-    tokens, n_decode, n_prefill = walk["tokens"], walk["n_decode"], walk["n_prefill"]
-    prefill_tokens, decode_tokens = walk["prefill_tokens"], walk.get("decode_tokens")
-    nonempty = tokens > 0
-    has_decode, has_prefill = n_decode > 0, n_prefill > 0
-    phase_on = jnp.stack([jnp.ones(()), has_prefill.astype(float)])   # [always, prefill-only]
-
-    # ---- rates
+    tokens = walk["tokens"]
+    phase_on = jnp.stack([jnp.ones(()), (walk["n_prefill"] > 0).astype(float)])   # [always, prefill-only]
     bandwidth = laws.achieved_bandwidth(S["hbm_peak_tbs"], C(CF["hbm_derate"]))
     roles = [dict(r) for r in CF["classes"]]
-    peaks = jnp.asarray(A["class_peak"])
     eps = laws.ramp(tokens, vec([r["eps_max"] for r in roles]), vec([r["m_half"] for r in roles]))
-    n_half = vec([r["n_half"] for r in roles])
-    k_half = vec([r["k_half"] for r in roles])
-    bf16 = S["bf16_class"]
+    st = _Step(A, S, CF, K, C, vec, tau, walk, tokens, phase_on, bandwidth, jnp.asarray(A["class_peak"]), eps)
 
-    def arithmetic(flops, cls):
-        return laws.gemm_time(flops, peaks[cls], eps[cls])
-
-    # ---- dense GEMMs -> SM
-    g_cls = A["gemm_class"]
-    g_eff = eps[g_cls] * laws.shape_factor(A["gemm_n"], n_half[g_cls]) * laws.shape_factor(A["gemm_k"], k_half[g_cls])
-    g_time = laws.gemm_time(tokens * A["gemm_flops"], peaks[g_cls], g_eff) * phase_on[A["gemm_phase"]]
-    sm = _segment(g_time, A["gemm_kind"], K)
-
-    # ---- HBM: weights once per step, elementwise per token
-    weight_bytes = phase_on @ A["weight_bytes"]
-    elementwise = tokens * (phase_on @ A["elementwise_bytes"])
-    hbm = laws.read_time(weight_bytes + elementwise, bandwidth)
-
-    # ---- attention
+    sm = _dense_gemm_sm(st, vec([r["n_half"] for r in roles]), vec([r["k_half"] for r in roles]))
+    hbm = _weight_hbm(st)
     if len(A["attn_kind"]):
-        reads, pairs = walk["reads"], walk["pairs"]
-        dec_floor = vec([f for f, _ in CF["attn_dec"]])
-        dec_rate_given = A["attn_dec_rate_given"]
-        dec_rate = jnp.where(dec_rate_given, vec([r for _, r in CF["attn_dec"]]), bandwidth)
-        kv_bytes = reads * A["attn_bytes_per_token"]
-        attn_hbm = jnp.where(has_decode, dec_floor + safe_div(kv_bytes, dec_rate), 0.0)
-        # prefill: measured model form where every term is present, else arithmetic
-        flops = pairs * A["attn_flops_per_pair"]
-        pre_floor, pre_scale = C(CF["attn_pre_floor"]), C(CF["attn_pre_scale"])
-        scale = jnp.where(A["attn_secondary"] | ~jnp.asarray(S["attn_pre_scale_given"]), 1.0, pre_scale)
-        floor = jnp.where(A["attn_secondary"], 0.0, pre_floor)
-        arith = floor + laws.gemm_time(flops, peaks[bf16], eps[bf16] * scale)
-        forms = CF["attn_pre_form"]
-        has_form = np.array([f is not None for f in forms])
-        if has_form.any():
-            f_floor, f_req, f_tok, f_rate = (vec([f[i] if f else None for f in forms]) for i in range(4))
-            measured = f_floor + f_req * n_prefill + f_tok * prefill_tokens + \
-                safe_div(pairs / 4.0 * A["attn_bytes_per_token"], f_rate)
-            arith = jnp.where(has_form, measured, arith)
-        attn_sm = jnp.where(has_prefill, arith, 0.0)
-        # FlashAttention serves a mixed batch of a non-latent layer in one launch: drop one floor
-        mixed = A["attn_one_launch"] & has_decode & has_prefill
-        drop_decode = below(dec_floor, pre_floor, tau)      # the smaller one (1 or 0 in exact mode)
-        attn_hbm = attn_hbm - jnp.where(mixed, drop_decode * dec_floor, 0.0)
-        attn_sm = attn_sm - jnp.where(mixed, (1.0 - drop_decode) * pre_floor, 0.0)
-        on = phase_on[A["attn_phase"]]
-        hbm = hbm + _segment(attn_hbm * on, A["attn_kind"], K)
-        sm = sm + _segment(attn_sm * on, A["attn_kind"], K)
-
-    # ---- recurrent mixers -> SM
+        attn_sm, attn_hbm = _attention_terms(st)
+        hbm = hbm + attn_hbm
+        sm = sm + attn_sm
     if len(A["rec_kind"]):
-        rec = []
-        for i, (dec, pre) in enumerate(zip(CF["rec_dec"], CF["rec_pre"])):
-            t = laws.floor_plus_rate(has_decode, C(dec[0]), decode_tokens, C(dec[1])) if dec else jnp.zeros(())
-            if pre:
-                t = t + laws.floor_plus_rate(has_prefill, C(pre[0]), prefill_tokens, C(pre[1]))
-            else:   # vLLM's chunked scan, as arithmetic at the BF16 ramp
-                t = t + arithmetic(prefill_tokens * A["rec_scan_flops"][i], A["rec_scan_class"][i])
-            rec.append(t)
-        sm = sm + _segment(jnp.stack(rec) * phase_on[A["rec_phase"]], A["rec_kind"], K)
-
-    # ---- mHC hyper-connections: measured form, else memory traffic plus the mixing GEMM
+        sm = sm + _recurrent_sm(st)
     if len(A["mhc_kind"]):
-        m_hbm, m_sm = [], []
-        for i, form in enumerate(CF["mhc_form"]):
-            nbytes = tokens * A["mhc_bytes_per_token"][i]
-            if form:
-                m_hbm.append(C(form[0]) + safe_div(nbytes, C(form[1])))
-                m_sm.append(jnp.zeros(()))
-            else:
-                m_hbm.append(laws.read_time(nbytes, bandwidth))
-                m_sm.append(arithmetic(tokens * A["mhc_mix_flops"][i], A["mhc_mix_class"][i]))
-        on = phase_on[A["mhc_phase"]]
-        hbm = hbm + _segment(jnp.stack(m_hbm) * on, A["mhc_kind"], K)
-        sm = sm + _segment(jnp.stack(m_sm) * on, A["mhc_kind"], K)
+        mhc_sm, mhc_hbm = _mhc_terms(st)
+        hbm = hbm + mhc_hbm
+        sm = sm + mhc_sm
+    expert_sm, expert_hbm = _expert_terms(st) if S["has_moe"] else (jnp.zeros(K), jnp.zeros(K))
+    nvlink, nic = _collective_terms(st)
+    return _compose(st, sm, hbm, nvlink, nic, expert_sm, expert_hbm, breakdown)
 
-    # ---- experts: routed arithmetic plus reads of the distinct experts touched (added)
-    if S["has_moe"]:
-        # routed tokens (tokens x funnel) and the plan-only factors are multiplied in NumPy
-        # (stack._derived): XLA reassociates a product of two constants, a traced plan not
-        imb = C(CF["moe_imbalance"]) if CF["moe_imbalance"] is not None else 1.0
-        e_cls = A["expert_class"]
-        expert_sm = laws.gemm_time(tokens * A["expert_routed_flops"] * imb, peaks[e_cls], eps[e_cls])
-        share = _experts_touched_share(tokens, A["expert_miss_on"], A["expert_routed_log_miss"], S["experts_per_rank"])
-        expert_hbm = laws.read_time(A["expert_local_bytes"] * share, bandwidth)
-    else:
-        expert_sm = expert_hbm = jnp.zeros(K)
 
-    # ---- collectives: every launch pays its own floor
-    rows = CF["coll"]
+def _dense_gemm_sm(st: _Step, n_half, k_half):
+    """Dense GEMMs -> SM per layer kind: flops / (peak x ramped efficiency x shape factors)."""
+    A = st.A
+    g_cls = A["gemm_class"]
+    g_eff = st.eps[g_cls] * laws.shape_factor(A["gemm_n"], n_half[g_cls]) * laws.shape_factor(A["gemm_k"], k_half[g_cls])
+    g_time = laws.gemm_time(st.tokens * A["gemm_flops"], st.peaks[g_cls], g_eff) * st.phase_on[A["gemm_phase"]]
+    return _segment(g_time, A["gemm_kind"], st.K)
+
+
+def _weight_hbm(st: _Step):
+    """HBM per layer kind: the weights read once per step, elementwise traffic per token."""
+    weight_bytes = st.phase_on @ st.A["weight_bytes"]
+    elementwise = st.tokens * (st.phase_on @ st.A["elementwise_bytes"])
+    return laws.read_time(weight_bytes + elementwise, st.bandwidth)
+
+
+def _attention_terms(st: _Step):
+    """Attention per layer kind, (SM, HBM): decode reads the KV cache (floor + bytes / rate),
+    prefill is the measured model form where every term is present, else arithmetic at the
+    BF16 ramp; a mixed batch of a one-launch (FlashAttention) layer pays one floor."""
+    A, S, CF, C, vec, tau, walk = st.A, st.S, st.CF, st.C, st.vec, st.tau, st.walk
+    has_decode, has_prefill = walk["n_decode"] > 0, walk["n_prefill"] > 0
+    reads, pairs = walk["reads"], walk["pairs"]
+    bf16 = S["bf16_class"]
+    dec_floor = vec([f for f, _ in CF["attn_dec"]])
+    dec_rate = jnp.where(A["attn_dec_rate_given"], vec([r for _, r in CF["attn_dec"]]), st.bandwidth)
+    kv_bytes = reads * A["attn_bytes_per_token"]
+    attn_hbm = jnp.where(has_decode, dec_floor + safe_div(kv_bytes, dec_rate), 0.0)
+    flops = pairs * A["attn_flops_per_pair"]
+    pre_floor, pre_scale = C(CF["attn_pre_floor"]), C(CF["attn_pre_scale"])
+    scale = jnp.where(A["attn_secondary"] | ~jnp.asarray(S["attn_pre_scale_given"]), 1.0, pre_scale)
+    floor = jnp.where(A["attn_secondary"], 0.0, pre_floor)
+    arith = floor + laws.gemm_time(flops, st.peaks[bf16], st.eps[bf16] * scale)
+    forms = CF["attn_pre_form"]
+    has_form = np.array([f is not None for f in forms])
+    if has_form.any():
+        f_floor, f_req, f_tok, f_rate = (vec([f[i] if f else None for f in forms]) for i in range(4))
+        measured = f_floor + f_req * walk["n_prefill"] + f_tok * walk["prefill_tokens"] + \
+            safe_div(pairs / 4.0 * A["attn_bytes_per_token"], f_rate)
+        arith = jnp.where(has_form, measured, arith)
+    attn_sm = jnp.where(has_prefill, arith, 0.0)
+    mixed = A["attn_one_launch"] & has_decode & has_prefill
+    drop_decode = below(dec_floor, pre_floor, tau)      # the smaller one (1 or 0 in exact mode)
+    attn_hbm = attn_hbm - jnp.where(mixed, drop_decode * dec_floor, 0.0)
+    attn_sm = attn_sm - jnp.where(mixed, (1.0 - drop_decode) * pre_floor, 0.0)
+    on = st.phase_on[A["attn_phase"]]
+    return _segment(attn_sm * on, A["attn_kind"], st.K), _segment(attn_hbm * on, A["attn_kind"], st.K)
+
+
+def _recurrent_sm(st: _Step):
+    """Recurrent mixers -> SM per layer kind: measured floor + rate forms for decode and
+    prefill, else (prefill) vLLM's chunked scan as arithmetic at the BF16 ramp."""
+    A, CF, C, walk = st.A, st.CF, st.C, st.walk
+    has_decode, has_prefill = walk["n_decode"] > 0, walk["n_prefill"] > 0
+    rec = []
+    for i, (dec, pre) in enumerate(zip(CF["rec_dec"], CF["rec_pre"])):
+        t = laws.floor_plus_rate(has_decode, C(dec[0]), walk.get("decode_tokens"), C(dec[1])) if dec \
+            else jnp.zeros(())
+        if pre:
+            t = t + laws.floor_plus_rate(has_prefill, C(pre[0]), walk["prefill_tokens"], C(pre[1]))
+        else:
+            t = t + st.arithmetic(walk["prefill_tokens"] * A["rec_scan_flops"][i], A["rec_scan_class"][i])
+        rec.append(t)
+    return _segment(jnp.stack(rec) * st.phase_on[A["rec_phase"]], A["rec_kind"], st.K)
+
+
+def _mhc_terms(st: _Step):
+    """mHC hyper-connections per layer kind, (SM, HBM): the measured form, else memory traffic
+    plus the mixing GEMM."""
+    A, C = st.A, st.C
+    m_hbm, m_sm = [], []
+    for i, form in enumerate(st.CF["mhc_form"]):
+        nbytes = st.tokens * A["mhc_bytes_per_token"][i]
+        if form:
+            m_hbm.append(C(form[0]) + safe_div(nbytes, C(form[1])))
+            m_sm.append(jnp.zeros(()))
+        else:
+            m_hbm.append(laws.read_time(nbytes, st.bandwidth))
+            m_sm.append(st.arithmetic(st.tokens * A["mhc_mix_flops"][i], A["mhc_mix_class"][i]))
+    on = st.phase_on[A["mhc_phase"]]
+    return _segment(jnp.stack(m_sm) * on, A["mhc_kind"], st.K), _segment(jnp.stack(m_hbm) * on, A["mhc_kind"], st.K)
+
+
+def _expert_terms(st: _Step):
+    """Routed experts per layer kind, (SM, HBM), added to the stage rather than overlapped:
+    the routed arithmetic (times the imbalance) and the reads of the distinct experts touched.
+    Routed tokens (tokens x funnel) and the plan-only factors are multiplied in NumPy
+    (stack._derived): XLA reassociates a product of two constants, a traced plan not."""
+    A, CF = st.A, st.CF
+    imb = st.C(CF["moe_imbalance"]) if CF["moe_imbalance"] is not None else 1.0
+    e_cls = A["expert_class"]
+    expert_sm = laws.gemm_time(st.tokens * A["expert_routed_flops"] * imb, st.peaks[e_cls], st.eps[e_cls])
+    share = _experts_touched_share(st.tokens, A["expert_miss_on"], A["expert_routed_log_miss"],
+                                   st.S["experts_per_rank"])
+    return expert_sm, laws.read_time(A["expert_local_bytes"] * share, st.bandwidth)
+
+
+def _collective_terms(st: _Step):
+    """Collectives per layer kind, (NVLink, NIC): every launch pays its own floor."""
+    A = st.A
+    rows = st.CF["coll"]
     given = A["coll_given"]
-    floors, trans, peak_rates = (vec([r[i] for r in rows]) for i in range(3))
-    per_launch = laws.collective_time(tokens * A["coll_bytes_per_token"], floors, trans,
-                                      jnp.where(given, peak_rates, 1.0), tau)
+    floors, trans, peak_rates = (st.vec([r[i] for r in rows]) for i in range(3))
+    per_launch = laws.collective_time(st.tokens * A["coll_bytes_per_token"], floors, trans,
+                                      jnp.where(given, peak_rates, 1.0), st.tau)
     per_launch = jnp.where(given, per_launch, 0.0)
-    launches = jnp.einsum("p,pkc->kc", phase_on, jnp.asarray(A["launches"]))
+    launches = jnp.einsum("p,pkc->kc", st.phase_on, jnp.asarray(A["launches"]))
     nic_mask = A["coll_nic"]
-    nvlink = _dot(launches, jnp.where(nic_mask, 0.0, per_launch))
-    nic = _dot(launches, jnp.where(nic_mask, per_launch, 0.0))
+    return _dot(launches, jnp.where(nic_mask, 0.0, per_launch)), _dot(launches, jnp.where(nic_mask, per_launch, 0.0))
 
-    # ---- compose the layers; an empty step runs no device work
+
+def _compose(st: _Step, sm, hbm, nvlink, nic, expert_sm, expert_hbm, breakdown: bool) -> StepResult:
+    """The step from its per-layer-kind terms: each kind's count times its terms plus the head
+    and the host, per resource (NoOverlap: their sum; Overlap: per layer the largest resource
+    plus the experts, no more than NoOverlap). An empty step runs no device work."""
+    A, S, tau, tokens = st.A, st.S, st.tau, st.tokens
+    nonempty = tokens > 0
     gate = nonempty.astype(float)
     sm, hbm, nvlink, nic = sm * gate, hbm * gate, nvlink * gate, nic * gate
     expert_sm, expert_hbm = expert_sm * gate, expert_hbm * gate
     count = jnp.asarray(A["count_scaled"])
     stage = smax(jnp.stack([sm, hbm, nvlink, nic], axis=-1), tau) + expert_sm + expert_hbm
-    head_sm = gate * arithmetic(tokens * S["head_flops"], S["head_class"])
-    head_hbm = gate * laws.read_time(S["head_weight_bytes"], bandwidth)
+    head_sm = gate * st.arithmetic(tokens * S["head_flops"], S["head_class"])
+    head_hbm = gate * laws.read_time(S["head_weight_bytes"], st.bandwidth)
     head = max2(head_sm, head_hbm, tau)
-
-    host = _host_time(S, CF, C, walk, tokens, nonempty, has_prefill, tau)
-
+    host = _host_time(S, st.CF, st.C, st.walk, tokens, nonempty, st.walk["n_prefill"] > 0, tau)
     totals = jnp.stack([_dot(count, sm + expert_sm) + head_sm, _dot(count, hbm + expert_hbm) + head_hbm,
                         _dot(count, nvlink), _dot(count, nic), host])
     # left to right, not a reduce: XLA may split a reduce differently from program to program,
