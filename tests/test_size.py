@@ -150,6 +150,16 @@ def test_cli_end_to_end(result, capsys, tmp_path, monkeypatch):
                                                 "workload": result.workload}, True).count("rejected tp1") == 1
 
 
+def test_cli_json_to_stdout_is_json_alone(result, capsys, monkeypatch):
+    """--json -: stdout carries the JSON and nothing else (a script pipes it); the report goes to stderr."""
+    monkeypatch.setattr(S, "size", lambda *a, **k: result)
+    rc = cli.main(["size", MODEL, "--chip", "h200", "--gpus", "4", "--isl", "1024", "--osl", "256", "--tpot-ms", "40",
+                   "--json", "-", "--quiet"])
+    cap = capsys.readouterr()
+    assert rc == 0 and json.loads(cap.out)["best"]["label"] == result.best_result.layout.label
+    assert "best:" in cap.err and "vllm serve" in cap.err
+
+
 def test_cli_unmet_targets_exit_1(result, capsys, monkeypatch):
     import dataclasses
     frontier, best, runner, margin, miss = S.choose(result.results, None, 0.001)

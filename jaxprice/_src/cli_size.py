@@ -80,7 +80,7 @@ def add_parser(subparsers):
                    help="prompts per simulated point, every simulated run (default 10 x C, the benchmark's)")
     p.add_argument("--show-rejected", action="store_true", help="list every rejected layout with its reason")
     p.add_argument("--top", default="12", help="table rows (layouts, best first; default 12)")
-    p.add_argument("--json", metavar="FILE", default=None, help="write everything as JSON ('-': stdout)")
+    p.add_argument("--json", metavar="FILE", default=None, help="write everything as JSON ('-': stdout, the report then on stderr)")
     p.add_argument("--plot", metavar="FILE.png", default=None, help="draw the frontier and every layout's curve")
     p.add_argument("--write-scenario", metavar="FILE.yaml", default=None,
                    help="write the chosen deployment as a scenario (jaxprice price / serve read it)")
@@ -248,74 +248,90 @@ def check_outputs(args) -> None:
 
 
 def run(args) -> int:
-    from .size import plot, size
+    from .size import size
     opts = options(args)
     top = parse_int(args.top, flag="--top", minimum=1)
     check_outputs(args)
-    quiet = args.quiet
-
+    # with --json - stdout carries the JSON alone; the report goes to stderr
+    report = sys.stderr if args.json == "-" else sys.stdout
     bar = {}
 
     def progress(done, total, **info):
-        if quiet:
+        if args.quiet:
             return
         if "bar" not in bar:
             bar["bar"] = Progress(total, "size")
         bar["bar"].update(done, total, **info)
 
     def announce(cands, ctx):
-        print(describe_space(cands, ctx, args.show_rejected), flush=True)
+        print(describe_space(cands, ctx, args.show_rejected), file=report, flush=True)
 
     try:
         result = size(args.model, callback=progress, on_candidates=announce, **opts)
     finally:
         if "bar" in bar:
             bar["bar"].close()
-    info = result.info
-    print(f"searched {info['layouts_priced']} layouts x {info['concurrency_levels']} concurrencies "
-          f"({info['layouts_evaluated']} distinct results, {info['layouts_duplicate']} duplicates) with the "
-          f"{info['evaluator']} evaluator: {info['compiles']} compiles, {info['steps_priced']} steps priced, "
-          f"{info.get('steps_simulated', 0)} steps simulated, {info['seconds']:.1f} s")
-    print(describe_sources(result))
-    print(format_table(result, top))
-    status = 0
+    print(describe_result(result, top), file=report)
     if result.best is None:
         print(f"jaxprice size: {result.miss}", file=sys.stderr)
-        status = 1
-    else:
-        b = result.point(result.best)
-        line = (f"best: {b['label']} x {b['replicas']} replica(s) at {b['concurrency_per_engine']} clients per engine "
-                f"({b['concurrency_total']} in all): {b['tokens_per_s_per_gpu']:.1f} tok/s per GPU "
-                f"({b['tokens_per_s_total']:.0f} tok/s in all), {b['tokens_per_s_per_user']:.1f} tok/s per user, "
-                f"TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms")
-        print(line)
-        if b["concurrency_per_engine"] == int(result.best_result.concurrency.max()):
-            print("  (at the sweep's largest concurrency: a larger --concurrency may find more)")
-        if result.tied:
-            names = [result.results[i].layout.label for i in result.tied]
-            shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-            print(f"  tied with {shown} (the same numbers: their other settings do not bind at this load)")
-        if result.runner_up is not None:
-            n = result.point(result.runner_up)
-            print(f"  beats the next best, {n['label']} ({n['tokens_per_s_per_gpu']:.1f} tok/s per GPU at "
-                  f"C={n['concurrency_per_engine']}), by {result.margin:+.1%}")
-        for v in result.verification:
-            if v.get("serve") is None:
-                print(f"  serving simulation of {v['label']} @ C={v['concurrency_per_engine']}: refused ({v['error']})")
-                continue
-            a, b = v["steady"], v["serve"]
-            print(f"  serving simulation of {v['label']} @ C={v['concurrency_per_engine']}: TTFT {b['ttft_ms']:.1f} ms "
-                  f"(steady {a['ttft_ms']:.1f}), TPOT {b['tpot_ms']:.2f} ms (steady {a['tpot_ms']:.2f}), "
-                  f"{b['tokens_per_s_per_gpu']:.1f} tok/s per GPU (steady {a['tokens_per_s_per_gpu']:.1f}); "
-                  + ("meets the targets" if v["serve_meets_targets"] else "MISSES the targets"))
-        print("  " + result.vllm_command())
+    write_outputs(result, args, report)
+    return 1 if result.best is None else 0
+
+
+def describe_result(result, top: int) -> str:
+    """The search's account, the table, and the best layout with its margin, ties, simulation
+    checks and ``vllm serve`` command (nothing after the table when no layout meets the targets)."""
+    info = result.info
+    lines = [f"searched {info['layouts_priced']} layouts x {info['concurrency_levels']} concurrencies "
+             f"({info['layouts_evaluated']} distinct results, {info['layouts_duplicate']} duplicates) with the "
+             f"{info['evaluator']} evaluator: {info['compiles']} compiles, {info['steps_priced']} steps priced, "
+             f"{info.get('steps_simulated', 0)} steps simulated, {info['seconds']:.1f} s",
+             describe_sources(result), format_table(result, top)]
+    if result.best is None:
+        return "\n".join(lines)
+    b = result.point(result.best)
+    lines.append(f"best: {b['label']} x {b['replicas']} replica(s) at {b['concurrency_per_engine']} clients per "
+                 f"engine ({b['concurrency_total']} in all): {b['tokens_per_s_per_gpu']:.1f} tok/s per GPU "
+                 f"({b['tokens_per_s_total']:.0f} tok/s in all), {b['tokens_per_s_per_user']:.1f} tok/s per user, "
+                 f"TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms")
+    if b["concurrency_per_engine"] == int(result.best_result.concurrency.max()):
+        lines.append("  (at the sweep's largest concurrency: a larger --concurrency may find more)")
+    if result.tied:
+        names = [result.results[i].layout.label for i in result.tied]
+        shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        lines.append(f"  tied with {shown} (the same numbers: their other settings do not bind at this load)")
+    if result.runner_up is not None:
+        n = result.point(result.runner_up)
+        lines.append(f"  beats the next best, {n['label']} ({n['tokens_per_s_per_gpu']:.1f} tok/s per GPU at "
+                     f"C={n['concurrency_per_engine']}), by {result.margin:+.1%}")
+    lines += [_describe_verification(v) for v in result.verification]
+    lines.append("  " + result.vllm_command())
+    return "\n".join(lines)
+
+
+def _describe_verification(v: dict) -> str:
+    """One line: the best (or runner-up) layout re-run under the serving simulation."""
+    head = f"  serving simulation of {v['label']} @ C={v['concurrency_per_engine']}"
+    if v.get("serve") is None:
+        return f"{head}: refused ({v['error']})"
+    a, b = v["steady"], v["serve"]
+    return (f"{head}: TTFT {b['ttft_ms']:.1f} ms (steady {a['ttft_ms']:.1f}), TPOT {b['tpot_ms']:.2f} ms "
+            f"(steady {a['tpot_ms']:.2f}), {b['tokens_per_s_per_gpu']:.1f} tok/s per GPU (steady "
+            f"{a['tokens_per_s_per_gpu']:.1f}); " + ("meets the targets" if v["serve_meets_targets"]
+                                                    else "MISSES the targets"))
+
+
+def write_outputs(result, args, report) -> None:
+    """--write-scenario (when a layout meets the targets), --plot and --json, each announced on
+    ``report``; ``--json -`` writes the JSON to stdout."""
+    from .size import plot
     if args.write_scenario and result.best is not None:
         path = Path(args.write_scenario)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(result.scenario_yaml())
-        print(f"wrote {path} (jaxprice price {path} ...)")
+        print(f"wrote {path} (jaxprice price {path} ...)", file=report)
     if args.plot:
-        print(f"wrote {plot(result, args.plot)}")
+        print(f"wrote {plot(result, args.plot)}", file=report)
     if args.json:
         text = json.dumps(result.as_dict(), indent=1, default=float)
         if args.json == "-":
@@ -323,5 +339,4 @@ def run(args) -> int:
         else:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(text)
-            print(f"wrote {args.json}")
-    return status
+            print(f"wrote {args.json}", file=report)
