@@ -180,6 +180,53 @@ def _width_int(width):
     return int(float(width)) if _whole(width) else -1
 
 
+def _pairs4_int(sched, comp, window):
+    """4x the query-key pairs of each row's chunk (c, c + s], each query seeing at most
+    ``window`` keys (<= 0: all), in int64: 4 (G(c + s) - G(c)) with G(x) = x^2/2 -
+    relu(x - w)^2/2, written as products of differences (c + s)^2 - c^2 = s (2c + s)."""
+    ctx = comp + sched
+    total = sched.astype(jnp.int64) * (ctx + comp).astype(jnp.int64)     # int32 x int32 -> int64: one instruction
+    if window > 0:
+        over_new, over_old = jnp.maximum(ctx - int(window), 0), jnp.maximum(comp - int(window), 0)
+        total = total - (over_new - over_old).astype(jnp.int64) * (over_new + over_old).astype(jnp.int64)
+    return 2 * total
+
+
+def _integer_attention_rows(distinct, sched, comp, prefill, decode):
+    """Per distinct attention law j whose reads and pairs are integers (no compression:
+    laws.decode_read_tokens and laws.prefill_pairs at ratio 1), its rows: decode reads and 4x
+    prefill pairs in int64 (names reads{j}, pairs{j}); the other laws' indices are returned
+    for the float walk (``_float_law_sums``)."""
+    ctx = comp + sched
+    names, rows, float_laws = [], [], []
+    for j, (w, tk, cr, sp) in enumerate(distinct):
+        if not _integer_law(w, tk, cr):
+            float_laws.append(j)
+            continue
+        windowed = jnp.minimum(ctx, int(w)) if w > 0 else ctx
+        selected = jnp.minimum(ctx, int(tk)) if tk > 0 else ctx
+        reads = ((windowed if w > 0 else 0) + selected) if sp > 0 else windowed
+        pairs = _pairs4_int(sched, comp, w)
+        if sp > 0:
+            pairs = (pairs if w > 0 else 0) + _pairs4_int(sched, comp, tk if tk > 0 else 0.0)   # top-k * (ratio 1)
+        names += [f"reads{j}", f"pairs{j}"]
+        rows += [jnp.where(decode, reads, 0).astype(jnp.int64), jnp.where(prefill, pairs, 0)]
+    return names, rows, float_laws
+
+
+def _float_law_sums(distinct, float_laws, sched, comp, prefill, decode) -> dict:
+    """{j: (decode reads, 4x prefill pairs)} of the compressing attention laws, summed in
+    float64 by ``sum_rows`` from the widened counts, as the float64 walk does."""
+    fsched, fcomp = sched.astype(jnp.float64), comp.astype(jnp.float64)
+    frows = []
+    for j in float_laws:
+        w, tk, cr, sp = distinct[j]
+        frows.append(jnp.where(decode, laws.decode_read_tokens(fcomp + fsched, w, tk, cr, sp > 0, None), 0.0))
+        frows.append(jnp.where(prefill, 4.0 * laws.prefill_pairs(fsched, fcomp, w, tk, cr, sp > 0, None), 0.0))
+    fsums = sum_rows(tuple(frows))
+    return {j: (fsums[2 * k], fsums[2 * k + 1]) for k, j in enumerate(float_laws)}
+
+
 def _walk_rows_integer(A, S, batch: Batch):
     """``_walk_rows`` in exact mode for integer token counts: the same sums, in integers.
 
@@ -204,7 +251,6 @@ def _walk_rows_integer(A, S, batch: Batch):
     active = mask & (sched > 0)
     prefill = active & (sched > thr_i[..., None])
     decode = active & ~prefill
-    ctx = comp + sched
 
     def wide(x):
         return x.astype(i64)
@@ -223,31 +269,10 @@ def _walk_rows_integer(A, S, batch: Batch):
     names.append("packed_counts")
     rows.append(sum(c.astype(i64) << (bits * i) for i, c in enumerate(counts)))
 
-    def pairs4(window):
-        """4x the query-key pairs of the chunk (c, c + s], each query seeing at most `window`
-        keys (<= 0: all): 4 (G(c + s) - G(c)) with G(x) = x^2/2 - relu(x - w)^2/2, written
-        as products of differences (c + s)^2 - c^2 = s (2c + s), in int64."""
-        total = wide(sched) * wide(ctx + comp)       # int32 x int32 -> int64: one instruction
-        if window > 0:
-            over_new, over_old = jnp.maximum(ctx - int(window), 0), jnp.maximum(comp - int(window), 0)
-            total = total - wide(over_new - over_old) * wide(over_new + over_old)
-        return 2 * total
-
     distinct, inverse = _attention_laws(A) if len(A["attn_kind"]) else (np.zeros((0, 4)), None)
-    float_laws = []
-    for j, (w, tk, cr, sp) in enumerate(distinct):
-        if not _integer_law(w, tk, cr):
-            float_laws.append(j)
-            continue
-        # laws.decode_read_tokens and laws.prefill_pairs with no compression
-        windowed = jnp.minimum(ctx, int(w)) if w > 0 else ctx
-        selected = jnp.minimum(ctx, int(tk)) if tk > 0 else ctx
-        reads = ((windowed if w > 0 else 0) + selected) if sp > 0 else windowed
-        pairs = pairs4(w)
-        if sp > 0:
-            pairs = (pairs if w > 0 else 0) + pairs4(tk if tk > 0 else 0.0)   # top-k * (ratio 1)
-        names += [f"reads{j}", f"pairs{j}"]
-        rows += [wide(jnp.where(decode, reads, 0)), jnp.where(prefill, pairs, 0)]
+    law_names, law_rows, float_laws = _integer_attention_rows(distinct, sched, comp, prefill, decode)
+    names += law_names
+    rows += law_rows
     sums = jax.lax.reduce(tuple(rows), tuple(jnp.zeros((), i64) for _ in rows),
                           lambda a, b: tuple(x + y for x, y in zip(a, b)), (rows[0].ndim - 1,))
     ints = dict(zip(names, sums))
@@ -260,14 +285,7 @@ def _walk_rows_integer(A, S, batch: Batch):
     per_law = {j: (ints[f"reads{j}"].astype(jnp.float64), ints[f"pairs{j}"].astype(jnp.float64))
                for j in range(len(distinct)) if j not in float_laws}
     if float_laws:
-        fsched, fcomp = sched.astype(jnp.float64), comp.astype(jnp.float64)
-        frows = []
-        for j in float_laws:
-            w, tk, cr, sp = distinct[j]
-            frows.append(jnp.where(decode, laws.decode_read_tokens(fcomp + fsched, w, tk, cr, sp > 0, None), 0.0))
-            frows.append(jnp.where(prefill, 4.0 * laws.prefill_pairs(fsched, fcomp, w, tk, cr, sp > 0, None), 0.0))
-        fsums = sum_rows(tuple(frows))
-        per_law.update({j: (fsums[2 * k], fsums[2 * k + 1]) for k, j in enumerate(float_laws)})
+        per_law.update(_float_law_sums(distinct, float_laws, sched, comp, prefill, decode))
     stacked = jnp.stack([x for j in range(len(distinct)) for x in per_law[j]]).reshape(-1, 2)
     out["reads"], out["pairs"] = stacked[inverse, 0], stacked[inverse, 1]
     return out
