@@ -258,32 +258,34 @@ def _row(vals):
 
 def _general_step(st: Static, small, lane, T_start):
     """One engine step. Returns (new small state before compaction, release mask, outputs)."""
-    S, N = st.slots, st.requests
-    j = jnp.arange(S)
+    j = jnp.arange(st.slots)
+    a = _running_phase(small, lane, j)
+    b = _waiting_phase(st, small, lane, T_start, j, a)
+    return _after_step(st, small, lane, T_start, j, a, b)
+
+
+def _running_phase(small, lane, j):
+    """Phase A: the running requests, in admission order, each scheduled up to what the token
+    budget leaves (prefill-first, SGLang: only the running prefills here; the decode rows run
+    in a step with no prefill work). The blocks they need are taken in order; where the free
+    blocks (plus those of every later running request) run out, that request and every later
+    one are preempted by recompute (popped)."""
     i64 = jnp.int64
     R, P = small["R"], small["P"]
-    rid, plen, olen = small["rid"], small["plen"], small["olen"]
     ntok, comp, held, zombie = small["ntok"], small["comp"], small["held"], small["zombie"] > 0
     k, la, bs, mml = lane["k"], lane["lookahead"], lane["block_size"], lane["max_model_len"]
-    B, KV, mns, thr = lane["budget"], lane["kv_blocks"], lane["max_num_seqs"], lane["thr"]
-    s, acc = small["s"], lane["acc"]
-
     running = j < R
     live = running & ~zombie
-    is_dec = live & (ntok > plen) & (comp == ntok - 1)
-    rc, pf = lane["reserve_completion"], lane["prefill_first"]
-    # ---- Phase A: running requests, in admission order. Prefill-first (SGLang): only the
-    # running prefills here, under the budget; the decode rows run in a step with no prefill work
+    is_dec = live & (ntok > small["plen"]) & (comp == ntok - 1)
     d = jnp.where(live, jnp.where(is_dec, 1 + k, ntok - comp), 0)
     d = jnp.maximum(jnp.minimum(d, mml - 1 - comp), 0)
     d_dec = jnp.where(is_dec, d, 0)
-    d = jnp.where(pf, d - d_dec, d)
-    n = jnp.clip(B - _excl_cumsum(d), 0, d)
+    d = jnp.where(lane["prefill_first"], d - d_dec, d)
+    n = jnp.clip(lane["budget"] - _excl_cumsum(d), 0, d)
     want = jnp.where(n > 0, _cdiv(jnp.minimum(comp + n + la, mml), bs), held)
     need = jnp.maximum(want - held, 0)
-    occupied = j < R + P
-    free = KV - jnp.sum(jnp.where(occupied, held, 0))
-    m_idx = jnp.arange(S + 1)
+    free = lane["kv_blocks"] - jnp.sum(jnp.where(j < R + P, held, 0))
+    m_idx = jnp.arange(j.shape[0] + 1)
     zero = jnp.zeros(1, i64)
     p_need = jnp.concatenate([zero, jnp.cumsum(need)])
     h_run = jnp.where(running, held, 0)
@@ -291,18 +293,27 @@ def _general_step(st: Static, small, lane, T_start):
     ok = (p_need <= free + s_held) & (m_idx <= R)
     cut = jnp.max(jnp.where(ok, m_idx, 0))
     popped = running & (j >= cut)
-    preempted_now = jnp.sum(popped)
-    n = jnp.where(popped, 0, n)
+    preempted = jnp.sum(popped)
     need = jnp.where(popped, 0, need)
-    comp = jnp.where(popped, 0, comp)
     held_freed = jnp.sum(jnp.where(popped, held, 0))
-    held = jnp.where(popped, 0, held)
-    R1, P1 = cut, P + preempted_now
-    free1 = free + held_freed - jnp.sum(need)
+    return {"is_dec": is_dec, "d_dec": d_dec, "n": jnp.where(popped, 0, n), "need": need,
+            "comp": jnp.where(popped, 0, comp), "held": jnp.where(popped, 0, held), "popped": popped,
+            "preempted": preempted, "R1": cut, "P1": P + preempted, "free1": free + held_freed - jnp.sum(need)}
 
-    # ---- Phase B: the waiting queue (only if nothing was preempted)
+
+def _waiting_phase(st: Static, small, lane, T_start, j, a):
+    """Phase B (only if nothing was preempted): the preempted, then the arrived waiting
+    requests, in order, admitted while the budget, max_num_seqs and the free blocks allow (the
+    first that does not fit stops the queue). Reserve-to-completion engines (TRT-LLM
+    GUARANTEED_NO_EVICT; SGLang under ignore_eos) admit a request only if it and every running
+    request can grow to their full length."""
+    S, N = st.slots, st.requests
+    la, bs, mml = lane["lookahead"], lane["block_size"], lane["max_model_len"]
+    rc = lane["reserve_completion"]
+    R1, P1, n, need = a["R1"], a["P1"], a["n"], a["need"]
+    plen, olen, ntok = small["plen"], small["olen"], small["ntok"]
     arrived = _arrived(small, lane, T_start)
-    B1 = B - jnp.sum(n)
+    B1 = lane["budget"] - jnp.sum(n)
     is_pre = (j >= R1) & (j < R1 + P1)
     fresh_id = small["nf"] + (j - R1 - P1)
     is_fresh = (j >= R1 + P1) & (fresh_id < arrived)
@@ -310,53 +321,58 @@ def _general_step(st: Static, small, lane, T_start):
     c_plen = jnp.where(is_fresh, lane["plen"][fid], plen)
     c_olen = jnp.where(is_fresh, lane["olen"][fid], olen)
     c_ntok = jnp.where(is_fresh, c_plen, ntok)
-    valid = (is_pre | is_fresh) & (j < mns) & (preempted_now == 0)
+    valid = (is_pre | is_fresh) & (j < lane["max_num_seqs"]) & (a["preempted"] == 0)
     t = jnp.where(valid, c_ntok, 0)
     excl = _excl_cumsum(t)
     nb = jnp.clip(B1 - excl, 0, t)
-    b = jnp.where(valid, _cdiv(jnp.minimum(nb + la, mml), bs), 0)
+    blocks = jnp.where(valid, _cdiv(jnp.minimum(nb + la, mml), bs), 0)
     gate = jnp.where(lane["reserve_full_isl"],
-                     jnp.maximum(_cdiv(jnp.minimum(t, mml), bs) + jnp.where(R1 > 0, lane["watermark"], 0), b), b)
-    # reserve to completion (TRT-LLM GUARANTEED_NO_EVICT; SGLang under ignore_eos): a request is
-    # admitted only if it and every running request can grow to their full length
+                     jnp.maximum(_cdiv(jnp.minimum(t, mml), bs) + jnp.where(R1 > 0, lane["watermark"], 0), blocks),
+                     blocks)
     full = _cdiv(jnp.minimum(c_plen + c_olen + la, mml), bs)
-    future = jnp.sum(jnp.where(j < R1, jnp.maximum(_cdiv(jnp.minimum(plen + olen + la, mml), bs) - (held + need), 0), 0))
-    alloc = jnp.where(rc, jnp.where(valid, full, 0), b)
+    future = jnp.sum(jnp.where(j < R1, jnp.maximum(_cdiv(jnp.minimum(plen + olen + la, mml), bs)
+                                                   - (a["held"] + need), 0), 0))
+    alloc = jnp.where(rc, jnp.where(valid, full, 0), blocks)
     gate = jnp.where(rc, full, gate)
-    fits = (_excl_cumsum(alloc) + gate <= free1 - jnp.where(rc, future, 0)) & (excl < B1) & valid
-    fail = (j >= R1) & ~fits
-    first_fail = jnp.min(jnp.where(fail, j, S))
+    fits = (_excl_cumsum(alloc) + gate <= a["free1"] - jnp.where(rc, future, 0)) & (excl < B1) & valid
+    first_fail = jnp.min(jnp.where((j >= R1) & ~fits, j, S))
     admit = (j >= R1) & (j < first_fail)
     n_adm = jnp.sum(admit)
-    n = jnp.where(admit, nb, n)
-    need = jnp.where(admit, b, need)
-    rid = jnp.where(admit & is_fresh, fresh_id, rid)
-    plen = jnp.where(admit, c_plen, plen)
-    olen = jnp.where(admit, c_olen, olen)
-    ntok = jnp.where(admit, c_ntok, ntok)
-    comp = jnp.where(admit, 0, comp)
     fresh_adm = jnp.sum(admit & is_fresh)
-    R2 = R1 + n_adm
-    P2 = P1 - jnp.sum(admit & is_pre)
-    nf = small["nf"] + fresh_adm
+    return {"admit": admit, "admit_fresh": admit & is_fresh, "n_adm": n_adm, "fresh_adm": fresh_adm,
+            "adm_tokens": jnp.sum(jnp.where(admit & is_fresh, c_plen, 0)), "arrived": arrived,
+            "n": jnp.where(admit, nb, n), "need": jnp.where(admit, blocks, need),
+            "rid": jnp.where(admit & is_fresh, fresh_id, small["rid"]),
+            "plen": jnp.where(admit, c_plen, plen), "olen": jnp.where(admit, c_olen, olen),
+            "ntok": jnp.where(admit, c_ntok, ntok), "comp": jnp.where(admit, 0, a["comp"]),
+            "R2": R1 + n_adm, "P2": P1 - jnp.sum(admit & is_pre), "nf": small["nf"] + fresh_adm}
+
+
+def _after_step(st: Static, small, lane, T_start, j, a, b):
+    """The step's row sums (before the update), then the update after it: blocks taken, tokens
+    computed, a token emitted by each request that computed all its tokens (speculative
+    decoding: the accepted ones), finishes released (async scheduling: one step later), the
+    record of the step, and whether it is a pure decode step the next ones may repeat."""
+    S, N = st.slots, st.requests
+    i64 = jnp.int64
+    k, la, bs, mml, s = lane["k"], lane["lookahead"], lane["block_size"], lane["max_model_len"], small["s"]
+    R2, P2, nf, rid, plen, olen, ntok, comp = (b[x] for x in ("R2", "P2", "nf", "rid", "plen", "olen", "ntok", "comp"))
+    n, need, held = b["n"], b["need"], a["held"]
     # prefill-first: a step with no prefill work runs every decode row (no token budget on it)
-    decode_step = pf & (jnp.sum(n) == 0)
+    decode_step = lane["prefill_first"] & (jnp.sum(n) == 0)
+    d_dec = a["d_dec"]
     n = jnp.where(decode_step, d_dec, n)
     need = jnp.where(decode_step, jnp.maximum(jnp.where(d_dec > 0, _cdiv(jnp.minimum(comp + d_dec + la, mml), bs),
                                                          held) - held, 0), need)
-
-    # ---- the step's row sums (before the update)
     sched_mask = n > 0
-    reads, pairs, prefill, decode = _law_sums(st, lane, n, comp, sched_mask, thr)
+    reads, pairs, prefill, decode = _law_sums(st, lane, n, comp, sched_mask, lane["thr"])
     tokens = jnp.sum(n)
-    # ---- update after the step
     held = held + need
     comp2 = comp + n
     completes = sched_mask & (comp2 >= ntok)      # all its tokens computed (drafts go past)
     out_before = ntok - plen
-    g = G(s + 1, acc) - G(s, acc)
-    gen = jnp.where(is_dec & sched_mask, g, 1)
-    gen = jnp.minimum(gen, olen - out_before)
+    g = G(s + 1, lane["acc"]) - G(s, lane["acc"])
+    gen = jnp.minimum(jnp.where(a["is_dec"] & sched_mask, g, 1), olen - out_before)
     ntok2 = jnp.where(completes, ntok + gen, ntok)
     comp2 = jnp.where(completes, ntok2 - 1, comp2)
     first_now = completes & (out_before == 0)
@@ -364,32 +380,30 @@ def _general_step(st: Static, small, lane, T_start):
     # per-request updates (scatter-add): first+1, finish+1, emits, preemptions
     none = jnp.full(S, N, i64)
     req_idx = jnp.stack([jnp.where(first_now, rid, none), jnp.where(fin, rid, none),
-                         jnp.where(completes, rid, none), jnp.where(popped, small["rid"], none)])
+                         jnp.where(completes, rid, none), jnp.where(a["popped"], small["rid"], none)])
     req_val = jnp.stack([jnp.full(S, s + 1), jnp.full(S, s + 1), jnp.ones(S, i64), jnp.ones(S, i64)])
-
-    async_ = lane["async"]
-    old_zombie = zombie & running
-    release = jnp.where(async_, old_zombie, fin)
-    new_zombie = jnp.where(async_, (zombie & ~old_zombie) | fin, False)
+    zombie = small["zombie"] > 0
+    old_zombie = zombie & (j < small["R"])
+    release = jnp.where(lane["async"], old_zombie, fin)
+    new_zombie = jnp.where(lane["async"], (zombie & ~old_zombie) | fin, False)
     new = dict(small, rid=rid, plen=plen, olen=olen, ntok=ntok2, comp=comp2, held=held,
                zombie=new_zombie.astype(i64), R=R2, P=P2, nf=nf, finished=small["finished"] + jnp.sum(fin),
                done=small["done"] + jnp.sum(release), s=s + 1)
-    adm_tokens = jnp.sum(jnp.where(admit & is_fresh, c_plen, 0))
     row = _row({"m": 1.0, "tokens": tokens, "prefill_tokens": jnp.sum(jnp.where(prefill, n, 0)),
                 "decode_tokens": jnp.sum(jnp.where(decode, n, 0)), "n_decode": jnp.sum(decode),
                 "n_prefill": jnp.sum(prefill), "n_requests": jnp.sum(sched_mask),
                 "n_off_width": jnp.sum(sched_mask & (n != lane["uniform_width"])),
                 "resident": R2, "kv_blocks": jnp.sum(jnp.where(j < R2 + P2, held, 0)),
                 "emit_decode": jnp.sum(completes & ~first_now), "emit_first": jnp.sum(first_now),
-                "finishes": jnp.sum(fin), "admitted": fresh_adm, "admitted_tokens": adm_tokens,
-                "preempted": preempted_now, "waiting": jnp.maximum(arrived - nf, 0) + P2})
+                "finishes": jnp.sum(fin), "admitted": b["fresh_adm"], "admitted_tokens": b["adm_tokens"],
+                "preempted": a["preempted"], "waiting": jnp.maximum(b["arrived"] - nf, 0) + P2})
     # a pure decode step: the next steps may repeat it (a decode run)
     n_sched = jnp.sum(sched_mask)
-    pure = ((tokens > 0) & (jnp.sum(decode) == n_sched) & (n_sched == R2) & (n_adm == 0)
-            & (preempted_now == 0) & (jnp.sum(fin) == 0) & (P2 == 0) & ~jnp.any(new_zombie)
+    pure = ((tokens > 0) & (jnp.sum(decode) == n_sched) & (n_sched == R2) & (b["n_adm"] == 0)
+            & (a["preempted"] == 0) & (jnp.sum(fin) == 0) & (P2 == 0) & ~jnp.any(new_zombie)
             & (jnp.sum(first_now) == 0) & jnp.all(jnp.where(sched_mask, n == 1 + k, True)) & ~lane["open"])
     new["pure"] = pure & st.fast_forward
-    new["stuck"] = ((tokens == 0) & (R2 == 0) & (P2 == 0) & (nf >= arrived) & ~lane["open"]
+    new["stuck"] = ((tokens == 0) & (R2 == 0) & (P2 == 0) & (nf >= b["arrived"]) & ~lane["open"]
                     & (new["finished"] < lane["n"]) & ~jnp.any(new_zombie))
     out = {"row": row, "reads": reads, "pairs": pairs, "slope": jnp.zeros_like(reads), "floor": T_start,
            "req_idx": req_idx, "req_val": req_val}
