@@ -20,6 +20,7 @@ import pytest
 import jaxprice as jp
 from jaxprice import cli
 from jaxprice._src import size as S
+from jaxprice._src.layouts import weight_formats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "llama-3.1-70b-instruct"
@@ -59,7 +60,7 @@ def test_candidate_space_axes():
     assert all(8 % x.width == 0 for x in lay) and not any(x.ep and x.width == 1 for x in lay)
     assert {x.weights for x in lay} == {"fp8"}                     # fp8 checkpoint, no 4-bit peak on H200
     assert len(lay) == 19 * 3 * 3 * 2                               # 19 parallel layouts x engine settings
-    assert "nvfp4" in S.weight_formats(moe, reg.chip("b200"))
+    assert "nvfp4" in weight_formats(moe, reg.chip("b200"))
 
 
 def test_frontier_non_dominated_and_contains_best(result):

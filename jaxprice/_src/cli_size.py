@@ -139,7 +139,7 @@ def options(args) -> dict:
 
 def describe_space(cands, ctx, show_rejected=False) -> str:
     """The candidate space: the axes, how many layouts, how many fit, the rejected ones."""
-    from .size import COEFFICIENT_SETS
+    from .layouts import COEFFICIENT_SETS
     lay = [c.layout for c in cands]
     axes = {"tp": sorted({x.tp for x in lay}), "dp": sorted({x.dp for x in lay}),
             "ep": sorted({x.ep for x in lay}), "weights": list(dict.fromkeys(x.weights for x in lay)),

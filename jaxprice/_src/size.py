@@ -5,7 +5,7 @@ latency targets (issue 14).
 and this workload: which layout and settings give the most throughput within my TTFT and TPOT
 targets, and what does the trade-off look like?" from the cost laws, in four stages:
 
-1. **Candidates** (``candidate_space``): every tensor-parallel width tp and data-parallel width dp
+1. **Candidates** (``candidate_space``, layouts.py): every tensor-parallel width tp and data-parallel width dp
    with tp x dp dividing the GPU count, expert parallelism on and off (MoE models, tp x dp > 1),
    the weight formats the chip and checkpoint allow (``weight_formats``) and the engine settings
    that matter (``max_num_seqs``, ``max_num_batched_tokens``, CUDA-graph mode); ``replicas = GPUs /
@@ -82,7 +82,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 import time
 from pathlib import Path
@@ -92,294 +91,19 @@ import numpy as np
 
 from .client import Workload
 from .errors import JaxpriceError, refuse
-from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario, load_model_graph
+from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario
+from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS,
+                      PREQUANTIZED, QUANT_FLAG, WIDTHS, Candidate, Layout, build_candidates, build_scenario,
+                      candidate_space, fits, is_moe, load_model, max_model_len, _is_hf, _kv_tokens)
 from .plan import Batch
 from .resolve import Deployment, resolve
 
-COEFFICIENT_SETS = ("cost-model-primitives", "cost-model-collectives", "cost-model-host-overheads",
-                    "cost-model-attention", "cost-model-recurrent", "cost-model-memory")
-WIDTHS = (1, 2, 4, 8, 16)
 DEFAULT_CONCURRENCY = (1, 4, 16, 64, 128, 256, 512, 1024)
-DEFAULT_MAX_NUM_SEQS = (256, 512, 1024)
-DEFAULT_BATCHED_TOKENS = (4096, 8192, 16384)
-DEFAULT_GRAPH_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
 DEFAULT_SIMULATE = 8           # 'auto': layouts near the targets re-run under the serving simulation beside
 #                                the frontier, best and runner-up (always re-run), at most
 DEFAULT_SEARCH_PROMPTS = 2     # 'serve': prompts per client of the search over every layout (then 10 x C)
 EVALUATORS = ("auto", "serve", "steady")
 DECODE_THRESHOLD = 8
-QUANT_FLAG = {"fp8": "fp8", "nvfp4": "modelopt_fp4", "mxfp4": "mxfp4"}
-# Formats vLLM serves only from a checkpoint quantized ahead of time (FP8 it also quantizes online).
-PREQUANTIZED = ("nvfp4", "mxfp4")
-
-
-# ----------------------------------------------------------------------------- candidates
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Layout:
-    """One engine configuration: parallel widths, served weight format, engine settings."""
-    tp: int
-    dp: int
-    ep: bool
-    weights: str                 # served weight format (formats.DTYPE_BYTES key)
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    cudagraph_mode: str
-
-    @property
-    def width(self) -> int:
-        return self.tp * self.dp
-
-    @property
-    def parallel_label(self) -> str:
-        return f"tp{self.tp} dp{self.dp}{' ep' if self.ep else ''} {self.weights}"
-
-    @property
-    def label(self) -> str:
-        mode = {"PIECEWISE": "pw", "FULL_AND_PIECEWISE": "full+pw", "FULL": "full",
-                "FULL_DECODE_ONLY": "full-dec", "NONE": "eager"}.get(self.cudagraph_mode, self.cudagraph_mode)
-        return f"{self.parallel_label} seqs{self.max_num_seqs} mbt{self.max_num_batched_tokens} {mode}"
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass
-class Candidate:
-    """A layout and what became of it: ``status`` 'ok', 'rejected' (``reason``) or 'duplicate'
-    (``reason`` names the layout it prices the same as)."""
-    layout: Layout
-    replicas: int
-    status: str
-    reason: str = ""
-    deployment: Deployment | None = None
-    memory: dict = dataclasses.field(default_factory=dict)
-
-    def as_dict(self) -> dict:
-        out = {"layout": self.layout.as_dict(), "label": self.layout.label, "replicas": self.replicas,
-               "status": self.status, "reason": self.reason}
-        out["memory_gib"] = {k: v / 2 ** 30 for k, v in self.memory.items() if k.endswith("bytes")}
-        if "kv_capacity_tokens" in self.memory:
-            out["kv_capacity_tokens"] = self.memory["kv_capacity_tokens"]
-        return out
-
-
-def is_moe(graph: ModelGraph) -> bool:
-    return any(n["op"] == "GroupedGEMM" and n["top_k"] > 0 for nodes in graph.layer_kinds.values() for n in nodes)
-
-
-def _is_dsa(graph: ModelGraph) -> bool:
-    return any(n["op"] == "Attention" and n["kind"] == "sparse_mla" and n["d_h"] == 576
-               for nodes in graph.layer_kinds.values() for n in nodes)
-
-
-def weight_formats(graph: ModelGraph, chip) -> list:
-    """Served weight formats for a checkpoint on a chip: the checkpoint's own; FP8 from a 16- or
-    32-bit checkpoint where the chip has an FP8 peak (vLLM's online ``--quantization fp8``);
-    NVFP4 where the chip has a native four-bit peak and the checkpoint is 8-bit or wider (a
-    published NVFP4 checkpoint, ``--quantization modelopt_fp4``)."""
-    ck = graph.weight_dtype
-    out = [ck]
-    if DTYPE_BYTES[ck] >= 2 and (chip.fp8_tflops or 0) > 0:
-        out.append("fp8")
-    if DTYPE_BYTES[ck] >= 1 and (chip.nvfp4_tflops or 0) > 0 and "nvfp4" not in out:
-        out.append("nvfp4")
-    return out
-
-
-def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
-    """The engine's max_model_len for a workload: ISL + OSL + 256 (InferenceX's rule), at most
-    ``limit``, the model's own (``ModelGraph.max_model_len``, where its graph states one)."""
-    want = int(isl) + int(osl) + 256
-    return want if limit is None else min(want, int(limit))
-
-
-def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights: str, graph: ModelGraph,
-                  name: str, gpus_per_node: int = 8, gpu_memory_utilization: float = 0.9,
-                  path: str = "<jaxprice size>", fabric: str | None = None, searched: dict | None = None) -> Scenario:
-    """A Scenario record for a parallel layout, with no scenario file: the six cost-model sets,
-    nodes of ``gpus_per_node`` GPUs (as many as the engine needs), an FP8 KV cache unless the
-    weights are served in 16 bits, block 16 (64 for sparse-MLA models), gpu_memory_utilization
-    0.9: the settings of the bundled vLLM scenarios (testdata/aisimulate). ``searched``: the
-    engine settings size searches (max_num_batched_tokens, max_num_seqs, max_model_len,
-    cudagraph_mode); None leaves them to vLLM's defaults. An engine wider than a node spans
-    several, joined by ``fabric`` (a registry network; none: the scenario names none and resolve
-    refuses it)."""
-    engine = {"quantization": weights} if weights in QUANT_FLAG else {}
-    engine.update({"cache_dtype": "auto" if DTYPE_BYTES[weights] >= 2 else "fp8",
-                   "block_size": 64 if _is_dsa(graph) else 16})
-    engine.update(searched or {})
-    engine["gpu_memory_utilization"] = float(gpu_memory_utilization)
-    nodes = max(1, math.ceil(tp * dp / gpus_per_node))
-    return Scenario(name=name, model=model, hardware=chip, fabric=fabric if nodes > 1 else None,
-                    nodes=nodes, gpus_per_node=gpus_per_node, gpus_per_rack=0, coefficient_sets=COEFFICIENT_SETS,
-                    engine_version="", pool_nodes=nodes,
-                    parallel={"tp": tp, "pp": 1, "dp": dp, "enable_expert_parallel": ep},
-                    engine=engine, path=path)
-
-
-def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int, graph: ModelGraph,
-                   gpus_per_node: int = 8, name: str | None = None, gpu_memory_utilization: float = 0.9,
-                   path: str = "<jaxprice size>", fabric: str | None = None) -> Scenario:
-    """One candidate's Scenario (base_scenario) with the layout's engine settings and
-    max_model_len = ISL + OSL + 256 (capped at the model's own)."""
-    searched = {"max_num_batched_tokens": int(layout.max_num_batched_tokens),
-                "max_num_seqs": int(layout.max_num_seqs),
-                "max_model_len": max_model_len(isl, osl, graph.max_model_len),
-                "cudagraph_mode": layout.cudagraph_mode}
-    return base_scenario(model, chip, tp=layout.tp, dp=layout.dp, ep=layout.ep, weights=layout.weights, graph=graph,
-                         name=name or scenario_name(model, chip, layout), gpus_per_node=gpus_per_node,
-                         gpu_memory_utilization=gpu_memory_utilization, path=path, fabric=fabric, searched=searched)
-
-
-def scenario_name(model: str, chip: str, layout: Layout) -> str:
-    return (f"{model}-{chip}-{layout.weights}-vllm-tp{layout.tp}" + (f"-dp{layout.dp}" if layout.dp > 1 else "")
-            + ("-ep" if layout.ep else "") + f"-seqs{layout.max_num_seqs}-mbt{layout.max_num_batched_tokens}"
-            + f"-{layout.cudagraph_mode.lower()}")
-
-
-class _GraphRegistry(Registry):
-    """A registry that also knows one model graph read from a file."""
-
-    def __init__(self, graph: ModelGraph, base: Registry):
-        super().__init__(base.roots)
-        self._graph = graph
-
-    def model(self, name, *, file=None, field=None):
-        if name == self._graph.name:
-            return self._graph
-        return super().model(name, file=file, field=field)
-
-
-def load_model(model, registry: Registry | None = None) -> tuple[ModelGraph, Registry, str]:
-    """(graph, registry that resolves it, where it came from) for a registry model name, a model
-    graph file, or a Hugging Face config.json (or a folder holding one; formats.load_model_graph
-    imports it)."""
-    registry = registry or Registry()
-    text = str(model)
-    p = Path(text)
-    if p.exists():
-        graph = load_model_graph(p / "config.json" if p.is_dir() else p)
-        return graph, _GraphRegistry(graph, registry), text
-    if p.suffix in (".yaml", ".yml", ".json"):
-        refuse("no such model file", file=text)
-    graph = registry.model(text, field="model")
-    if str(graph.path).endswith(".json"):      # no graph of that name: its bundled config.json, imported
-        return graph, registry, f"registry model {text}, imported from {graph.path}"
-    return graph, registry, f"registry model {text}"
-
-
-def _is_hf(source: str) -> bool:
-    try:
-        from .hf import is_hf_config
-    except ImportError:
-        return False
-    p = Path(source)
-    return p.exists() and bool(is_hf_config(p / "config.json" if p.is_dir() else p))
-
-
-def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=None, weights=None,
-                    max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
-                    cudagraph_modes=DEFAULT_GRAPH_MODES) -> list:
-    """Every Layout to try (before the fit check), in a stable order. tp, dp, ep, weights: lists
-    restricting those axes (None: all). dp > 1 only for MoE models (data-parallel attention; a
-    dense model's replicas are separate engines already); ep only for MoE and tp x dp > 1."""
-    moe = is_moe(graph)
-    tps = [w for w in WIDTHS if w <= gpus] if tp is None else sorted(set(tp))
-    dps = ([w for w in WIDTHS if w <= gpus] if moe else [1]) if dp is None else sorted(set(dp))
-    eps = ([False, True] if moe else [False]) if ep is None else sorted(set(ep))
-    fmts = weight_formats(graph, chip) if weights is None else list(dict.fromkeys(weights))
-    out = []
-    for t, d, e, f in itertools.product(tps, dps, eps, fmts):
-        if gpus % (t * d):
-            continue
-        if e and (not moe or t * d == 1):
-            continue
-        for s, b, m in itertools.product(max_num_seqs, max_num_batched_tokens, cudagraph_modes):
-            out.append(Layout(t, d, bool(e), f, int(s), int(b), str(m)))
-    return out
-
-
-def fits(dep: Deployment, need_tokens: int) -> tuple[bool, str]:
-    """Whether one request of ``need_tokens`` fits the KV cache beside the weights, and why not
-    (sliding-window layers hold at most their window: ``serve.windowed_kv_capacity``)."""
-    m = dep.plan.memory
-    cap = _kv_tokens(dep, need_tokens)
-    if cap >= need_tokens:
-        return True, ""
-    gib = 2 ** 30
-    fixed = sum(m.get(k, 0.0) for k in ("weights_bytes", "activation_bytes", "cudagraph_bytes", "comm_buffer_bytes"))
-    budget = dep.chip.memory_gib * float(dep.scenario.engine.get("gpu_memory_utilization", 0.9))
-    return False, (f"does not fit: weights {m['weights_bytes'] / gib:.1f} GiB + activations, graphs and buffers "
-                   f"{(fixed - m['weights_bytes']) / gib:.1f} GiB per GPU of {budget:.1f} GiB usable leave KV for "
-                   f"{cap:.0f} tokens, less than one {need_tokens}-token request")
-
-
-def _kv_tokens(dep: Deployment, length: float) -> float:
-    """KV-cache tokens per rank for requests of ``length`` tokens (serve.windowed_kv_capacity)."""
-    from .serve import windowed_kv_capacity
-    m = dep.plan.memory
-    return windowed_kv_capacity(float(m["kv_capacity_tokens"]), float(m["kv_bytes_per_token"]),
-                                m.get("kv_window_bytes_per_token", ()), float(length), int(m.get("block_size", 16)))
-
-
-def _engine_key(dep: Deployment, layout: Layout):
-    m = dep.plan.memory
-    return (dep.plan.digest, round(float(m["kv_capacity_tokens"])), layout.max_num_seqs,
-            layout.max_num_batched_tokens, layout.dp, layout.tp)
-
-
-def spans_nodes_reason(width: int, gpus_per_node: int, fabrics) -> str:
-    """Why an engine of ``width`` GPUs, wider than a node, is not priced when no fabric is named."""
-    # COVERAGE LIMIT [size-multi-node]: an engine over several nodes is searched as tp x dp over
-    # the named fabric (its launch lines from vllm_command); pipeline parallelism, rack-scale
-    # domains (gpus_per_rack) and a fabric per node pair are not searched
-    nodes = math.ceil(width / gpus_per_node)
-    return (f"spans {nodes} nodes of {gpus_per_node} GPUs: name the network between them "
-            f"(--fabric: {', '.join(fabrics)})")
-
-
-def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, layouts, *, isl: int, osl: int,
-                     registry: Registry, gpus_per_node: int = 8, callback=None, fabric: str | None = None) -> list:
-    """Resolve every layout and check its fit; returns Candidates in layout order. A layout wider
-    than a node is rejected with its reason when no ``fabric`` joins the nodes."""
-    need = max_model_len(isl, osl, graph.max_model_len)
-    out, seen, hopeless = [], {}, {}
-    for k, lay in enumerate(layouts):
-        replicas = gpus // lay.width
-        par = (lay.tp, lay.dp, lay.ep, lay.weights)
-        if par in hopeless:        # weights alone exceed memory: no engine setting changes that
-            out.append(Candidate(lay, replicas, "rejected", hopeless[par][0], memory=dict(hopeless[par][1])))
-            continue
-        if fabric is None and lay.width > gpus_per_node:
-            out.append(Candidate(lay, replicas, "rejected",
-                                 spans_nodes_reason(lay.width, gpus_per_node, registry.network_names())))
-            continue
-        scen = build_scenario(model, chip_name, lay, isl=isl, osl=osl, graph=graph, gpus_per_node=gpus_per_node,
-                              fabric=fabric)
-        try:
-            dep = resolve(scen, registry)
-        except JaxpriceError as err:
-            out.append(Candidate(lay, replicas, "rejected", f"does not resolve: {err.reason}"))
-            continue
-        ok, why = fits(dep, need)
-        if not ok:
-            out.append(Candidate(lay, replicas, "rejected", why, memory=dict(dep.plan.memory)))
-            budget = dep.chip.memory_gib * 2 ** 30 * float(dep.scenario.engine.get("gpu_memory_utilization", 0.9))
-            if dep.plan.memory["weights_bytes"] >= budget:
-                hopeless[par] = (why, dep.plan.memory)
-        else:
-            key = _engine_key(dep, lay)
-            if key in seen:
-                out.append(Candidate(lay, replicas, "duplicate", f"priced the same as {seen[key].label}",
-                                     deployment=dep, memory=dict(dep.plan.memory)))
-            else:
-                seen[key] = lay
-                out.append(Candidate(lay, replicas, "ok", deployment=dep, memory=dict(dep.plan.memory)))
-        if callback is not None:
-            callback(k + 1, len(layouts), stage="resolve")
-    return out
 
 
 # ----------------------------------------------------------------------------- evaluation
