@@ -118,6 +118,9 @@ from .resolve import Deployment, load_deployment, resolve, testdata_root
 REQUIRED_COLUMNS = ("scenario", "deployment", "model", "hardware", "dtype", "engine", "tp", "ep", "dp",
                     "workload", "isl", "osl", "concurrency", "quantity", "value", "unit")
 UNIT_SECONDS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+# A measured serving latency outside this range (seconds) is a unit error, not a measurement: no
+# engine emits a token in under 1 us, and no benchmark run waits a day for one.
+PLAUSIBLE_SECONDS = (1e-6, 86400.0)
 DEFAULT_SETS = ("cost-model-primitives", "cost-model-collectives", "cost-model-host-overheads",
                 "cost-model-attention", "cost-model-recurrent", "cost-model-memory")
 # dtype column -> engine.quantization ("" = the checkpoint's own format, e.g. kimi-k2.5's int4)
@@ -223,7 +226,7 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
     check_measurement_file(path)          # the declared schema: readable text CSV, ranges (schema.py)
     file = str(path)
     try:
-        fh = open(path, newline="")
+        fh = open(path, newline="", encoding="utf-8-sig")       # a byte-order mark is not part of a column name
     except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
         refuse(f"cannot read the measurement file ({type(err).__name__})", file=file)
     with fh:
@@ -233,6 +236,10 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
         if missing:
             refuse(f"missing column(s) {', '.join(missing)} (the layout of inferencex_vllm_dev.csv: "
                    f"{', '.join(REQUIRED_COLUMNS)})", file=f"{file}:1", field=missing[0])
+        twice = [c for c in cols if cols.count(c) > 1]
+        if twice:
+            refuse("column appears twice in the header (which one holds the data?)", file=f"{file}:1",
+                   field="header", value=twice[0])
         points, other, seen, ttft = [], 0, {}, {}
         for i, r in enumerate(reader, start=2):
             where = f"{file}:{i}"
@@ -254,6 +261,7 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
     matched = _attach_ttft(points, ttft)
     return points, {"rows": len(points) + other, "points": len(points), "other_quantity_rows": other,
                     "anchor_mismatch": _anchor_mismatch(points), "ttft_points": matched,
+                    "label_mismatch": [m for m in map(_label_mismatch, points) if m],
                     "ttft_rows_without_tpot": sorted(line for _, line in ttft.values())}
 
 
@@ -262,9 +270,12 @@ def _row_seconds(r, cols, where) -> float:
     in seconds."""
     if None in r:
         refuse(f"row has {len(cols) + len(r[None])} fields, the header {len(cols)}", file=where)
+    short = [c for c in cols if r.get(c) is None]
+    if short:           # a ragged row: its values may sit under the wrong columns
+        req = [c for c in REQUIRED_COLUMNS if c in short]
+        refuse(f"row has fewer fields than the header ({len(cols) - len(short)} of {len(cols)})", file=where,
+               field=(req or short)[0])
     for c in REQUIRED_COLUMNS:
-        if r[c] is None:
-            refuse(f"row has fewer fields than the header ({len(cols)})", file=where, field=c)
         r[c] = r[c].strip()
     unit = r["unit"]
     if unit not in UNIT_SECONDS:
@@ -276,7 +287,12 @@ def _row_seconds(r, cols, where) -> float:
     if not math.isfinite(value) or value <= 0:
         refuse("a measured latency must be a positive, finite number", file=where, field="value",
                value=r["value"])
-    return value * UNIT_SECONDS[unit]
+    seconds = value * UNIT_SECONDS[unit]
+    lo, hi = PLAUSIBLE_SECONDS
+    if not lo <= seconds <= hi:
+        refuse(f"{seconds:.3g} s is not a serving latency (1 us to 1 day): check the value and its unit "
+               f"'{unit}'", file=where, field="value", value=r["value"])
+    return seconds
 
 
 def _add_ttft(ttft, r, seconds, line, where):
@@ -296,20 +312,32 @@ def _row_point(r, line, where, seconds) -> Point:
             refuse("must not be empty", file=where, field=c, value=r[c])
     anchor = (r.get("anchor_concurrency") or "").strip()
     deployment = r["deployment"] or re.sub(r"(-cfg\d+)?(\.ya?ml)?$", "", r["scenario"])
+    isl = _int(r["isl"], where=where, field="isl", minimum=0)
+    osl = _int(r["osl"], where=where, field="osl", minimum=0)
     return Point(
         row=line, scenario=r["scenario"], deployment=deployment, model=r["model"],
         hardware=r["hardware"], dtype=r["dtype"], engine=r["engine"],
         tp=_int(r["tp"], where=where, field="tp", minimum=1),
         ep=_int(r["ep"], where=where, field="ep", minimum=1),
         dp=_int(r["dp"], where=where, field="dp", minimum=1), workload=r["workload"],
-        isl=_int(r["isl"], where=where, field="isl", minimum=0),
-        osl=_int(r["osl"], where=where, field="osl", minimum=0),
+        isl=isl, osl=osl,
         concurrency=_int(r["concurrency"], where=where, field="concurrency"),
         measured=seconds,
         anchor_concurrency=_int(anchor, where=where, field="anchor_concurrency") if anchor else None,
         run_date=(r.get("source_run_date") or "").strip(),
         config_id=(r.get("source_config_id") or "").strip(),
         spec_decode=(r.get("spec_decode") or "").strip().lower() or "none")
+
+
+def _label_mismatch(p) -> str | None:
+    """A workload label of the form ``<a>k<b>k`` (InferenceX's 1k1k, 8k1k, 1k8k) states the lengths,
+    a x 1024 (or 1000) input and b x 1024 (or 1000) output tokens: where the point's isl or osl
+    contradicts it, a note naming the line (the label keys the stated engine settings, the
+    lengths price the point; a report notes it rather than refusing, as a test may vary one)."""
+    m = re.fullmatch(r"(\d+)k(\d+)k", p.workload.strip().lower())
+    if m and not (p.isl in (int(m[1]) * 1024, int(m[1]) * 1000) and p.osl in (int(m[2]) * 1024, int(m[2]) * 1000)):
+        return f"line {p.row} ({p.workload}: isl {p.isl}, osl {p.osl})"
+    return None
 
 
 def _attach_ttft(points, ttft) -> int:
@@ -610,36 +638,47 @@ def _stated_table(path: str) -> dict:
     ``STATED_FIELDS`` and enable_prefix_caching; an empty field is unrecorded). A malformed file
     is refused naming file:line, the column and the value."""
     try:
-        fh = open(path, newline="")
+        fh = open(path, newline="", encoding="utf-8-sig")       # a byte-order mark is not part of a column name
     except (FileNotFoundError, IsADirectoryError, PermissionError) as err:
         refuse(f"cannot read the settings file ({type(err).__name__})", file=path)
+    try:
+        with fh:
+            return _stated_rows(fh, path)
+    except UnicodeDecodeError:
+        refuse("is not a text CSV file (not UTF-8)", file=path)
+
+
+def _stated_rows(fh, path) -> dict:
     table = {}
-    with fh:
-        reader = csv.DictReader(fh)
-        cols = reader.fieldnames or []
-        missing = [c for c in SETTINGS_KEY_COLUMNS if c not in cols]
-        if missing:
-            refuse(f"missing column(s) {', '.join(missing)} (the layout of testdata/measured/inferencex_settings.csv)",
-                   file=f"{path}:1", field=missing[0])
-        if not any(c in cols for c in STATED_FIELDS):
-            refuse(f"no settings column (any of {', '.join(STATED_FIELDS)})", file=f"{path}:1")
-        for i, r in enumerate(reader, start=2):
-            where = f"{path}:{i}"
-            if None in r or any(r.get(c) is None for c in cols):
-                refuse(f"row has a different number of fields than the header ({len(cols)})", file=where)
-            row = {k: (v or "").strip() for k, v in r.items()}
-            for k in STATED_FIELDS:
-                if row.get(k):
-                    _stated_value(k, row[k], where)
-            if row.get("enable_prefix_caching") not in (None, "", "true", "false"):
-                refuse("expected true, false or empty", file=where, field="enable_prefix_caching",
-                       value=row["enable_prefix_caching"])
-            key = (row["scenario"], row["label"], _int(row["concurrency"], where=where, field="concurrency",
-                                                         minimum=1))
-            if key in table:
-                refuse(f"a second row of scenario {key[0]} ({key[1]}) at this concurrency", file=where,
-                       field="concurrency", value=row["concurrency"])
-            table[key] = row
+    reader = csv.DictReader(fh)
+    cols = reader.fieldnames or []
+    missing = [c for c in SETTINGS_KEY_COLUMNS if c not in cols]
+    if missing:
+        refuse(f"missing column(s) {', '.join(missing)} (the layout of testdata/measured/inferencex_settings.csv)",
+               file=f"{path}:1", field=missing[0])
+    twice = [c for c in cols if cols.count(c) > 1]
+    if twice:
+        refuse("column appears twice in the header (which one holds the data?)", file=f"{path}:1",
+               field="header", value=twice[0])
+    if not any(c in cols for c in STATED_FIELDS):
+        refuse(f"no settings column (any of {', '.join(STATED_FIELDS)})", file=f"{path}:1")
+    for i, r in enumerate(reader, start=2):
+        where = f"{path}:{i}"
+        if None in r or any(r.get(c) is None for c in cols):
+            refuse(f"row has a different number of fields than the header ({len(cols)})", file=where)
+        row = {k: (v or "").strip() for k, v in r.items()}
+        for k in STATED_FIELDS:
+            if row.get(k):
+                _stated_value(k, row[k], where)
+        if row.get("enable_prefix_caching") not in (None, "", "true", "false"):
+            refuse("expected true, false or empty", file=where, field="enable_prefix_caching",
+                   value=row["enable_prefix_caching"])
+        key = (row["scenario"], row["label"], _int(row["concurrency"], where=where, field="concurrency",
+                                                     minimum=1))
+        if key in table:
+            refuse(f"a second row of scenario {key[0]} ({key[1]}) at this concurrency", file=where,
+                   field="concurrency", value=row["concurrency"])
+        table[key] = row
     return table
 
 
@@ -1593,11 +1632,16 @@ def select_deployments(points, deployments, csv_path):
     """The points of the named deployments (all for None); refuses a selection matching none."""
     if deployments is None:
         return points
-    keep = set(deployments)
+    keep = {deployments} if isinstance(deployments, str) else set(deployments)   # one name, not its letters
+    have = {p.deployment for p in points}
     points = [p for p in points if p.deployment in keep]
     if not points:
         refuse("no point of the CSV belongs to the selected deployments", file=str(csv_path),
                field="deployment", value=sorted(keep)[:3])
+    missing = sorted(keep - have)
+    if missing:         # a misspelt name among good ones would be dropped silently
+        refuse(f"no point of the CSV belongs to this deployment (the CSV has {len(have)}, e.g. "
+               f"{', '.join(sorted(have)[:3])})", file=str(csv_path), field="deployment", value=missing[0])
     return points
 
 
@@ -1974,6 +2018,11 @@ def _note_lines(info, markdown) -> list:
         notes.append(f"{len(info['anchor_mismatch'])} sweep(s) whose lowest concurrency in the file is not "
                      f"their anchor_concurrency (shape errors relative to the lowest): "
                      + ", ".join(info["anchor_mismatch"][:5]))
+    if info.get("label_mismatch"):
+        bad = info["label_mismatch"]
+        notes.append(f"{len(bad)} point(s) whose isl or osl contradicts its workload label (the label picks the "
+                     f"run's stated engine settings, isl and osl price it; check the file): " + ", ".join(bad[:5])
+                     + (f" and {len(bad) - 5} more" if len(bad) > 5 else ""))
     if not notes:
         return []
     bullet = "- " if markdown else "  "

@@ -226,12 +226,37 @@ def check_inputs(args) -> None:
             check_output_file(plot.with_name(f"{plot.stem}-ttft{plot.suffix}"), flag="--plot", what="image")
     if args.cache_dir is not None:
         check_output_folder(args.cache_dir, flag="--cache-dir")
+    _check_distinct_outputs(args)
     if getattr(args, "settings", None) is not None:
         from .accuracy import _stated_table
         if args.batch_rule != "simulate":
             refuse("the engine flags of each run are read by the serving simulation only (--batch-rule simulate)",
                    field="--settings", value=str(args.settings))
         _stated_table(str(args.settings))          # a malformed file refused before anything is priced
+
+
+def _check_distinct_outputs(args) -> None:
+    """No two outputs of one run in the same file (one would overwrite the other), and none on an
+    input. --markdown may name --out's own accuracy.md: the same tables."""
+    inputs = [("CSV (the input)", args.csv), ("--settings (an input)", getattr(args, "settings", None))]
+    inputs += [("--coefficients (an input)", c) for c in args.coefficients or ()]
+    seen = {Path(v).expanduser().resolve(): flag for flag, v in inputs if v}
+    files = []
+    if args.out is not None:
+        files += [("--out", Path(args.out) / POINTS_CSV), ("--out", Path(args.out) / REPORT_MD)]
+    if args.plot is not None:
+        plot = Path(args.plot)
+        files.append(("--plot", plot))
+        if args.batch_rule == "simulate":
+            files.append(("--plot", plot.with_name(f"{plot.stem}-ttft{plot.suffix}")))
+    if args.markdown is not None:
+        files.append(("--markdown", Path(args.markdown)))
+    for flag, path in files:
+        key = path.expanduser().resolve()
+        if key in seen and not (flag == "--markdown" and key.name == REPORT_MD and seen[key] == "--out"):
+            refuse(f"names the same file as {seen[key]} ({key.name}): one would overwrite the other", field=flag,
+                   value=str(path))
+        seen.setdefault(key, flag)
 
 
 def run(args) -> int:

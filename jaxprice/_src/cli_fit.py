@@ -104,8 +104,8 @@ def add_parser(subparsers):
 
 def _header(path):
     try:
-        with open(path, newline="") as fh:
-            return next(csv.reader(fh), [])
+        with open(path, newline="", encoding="utf-8-sig") as fh:        # a byte-order mark is not a column
+            return [h.strip() for h in next(csv.reader(fh), [])]
     except FileNotFoundError:
         refuse("file not found", file=str(path))
     except IsADirectoryError:
@@ -135,7 +135,7 @@ def _options(args) -> dict:
     """Every numeric option, checked, and the hold-out kind."""
     from . import fit as F
     from .accuracy import check_batch_rule
-    from .cli_price import parse_float, parse_int
+    from .cli_price import parse_float, parse_int, parse_temperature
     check_batch_rule(args.batch_rule, field="--batch-rule")
     if args.batch_rule == "simulate":
         F.parse_targets("tpot" if args.target == "auto" else args.target)
@@ -161,6 +161,9 @@ def _options(args) -> dict:
                "a fraction has none", field="--cv-seeds", value=args.cv_seeds, has_value=True)
     seeds = "0,1,2" if args.cv_seeds is None else args.cv_seeds
     o["cv_seeds"] = [parse_int(x.strip(), flag="--cv-seeds", minimum=0) for x in seeds.split(",") if x.strip()]
+    twice = [x for x in o["cv_seeds"] if o["cv_seeds"].count(x) > 1]
+    if twice:     # the same split twice would count twice in the mean the prior is chosen by
+        refuse("a seed given twice (each seed is one split, counted once)", field="--cv-seeds", value=twice[0])
     if o["cv"] == "deployment" and not o["cv_seeds"]:
         refuse("give at least one seed (e.g. 0,1,2) for --holdout deployment", field="--cv-seeds",
                value=args.cv_seeds, has_value=True)
@@ -185,8 +188,7 @@ def _options(args) -> dict:
     delta = parse_float("0.1" if args.huber_delta is None else args.huber_delta, flag="--huber-delta", minimum=0.0)
     if delta <= 0:
         refuse("must be positive", field="--huber-delta", value=delta)
-    temperature = None if args.temperature is None else parse_float(args.temperature, flag="--temperature",
-                                                                     minimum=0.0)
+    temperature = None if args.temperature is None else parse_temperature(args.temperature)
     o["fit"] = dict(steps=steps, learning_rate=lr, patience=parse_int(args.patience, flag="--patience", minimum=1),
                     eval_every=parse_int(args.eval_every, flag="--eval-every", minimum=1), temperature=temperature,
                     loss=args.loss, huber_delta=delta, weighting=args.weighting,
@@ -198,6 +200,11 @@ def _options(args) -> dict:
             refuse("--name names the set --out writes; give --out FILE.yaml", field="--name", value=args.name)
     if args.out is not None:
         check_output_file(args.out, flag="--out", what="coefficient set")
+        from pathlib import Path
+        out = Path(args.out).expanduser().resolve()
+        for flag, v in (("the measurement CSV", args.csv), ("--settings", getattr(args, "settings", None))):
+            if v is not None and Path(v).expanduser().resolve() == out:
+                refuse(f"names {flag}, an input: the set would overwrite it", field="--out", value=args.out)
     from .accuracy import _stated_table, check_scenario_dirs
     check_scenario_dirs(args.scenario_dir, "--scenario-dir")
     if getattr(args, "settings", None) is not None:

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from .cli_price import (add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float, parse_int,
                         parse_int_list)
-from .client import MAX_RUN_REQUESTS, MAX_SEED
+from .client import MAX_RUN_REQUESTS, MAX_SEED, check_sweep_size
 from .errors import refuse
 from .outputs import check_image, check_output_file
+from .plan import INT_TOKEN_LIMIT
 from .progress import Progress
 
 ENGINE_FLAGS = (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-num-batched-tokens"),
@@ -124,6 +125,15 @@ def check_outputs(args):
         check_output_file(args.csv, flag="--csv", what="CSV")
     check_image(args.plot, "--plot")
     check_image(args.timeline, "--timeline")
+    seen = {} if args.trace is None else {Path(args.trace).expanduser().resolve(): "--trace (the input)"}
+    for flag in ("--csv", "--plot", "--timeline"):      # one file each: a later one would overwrite an earlier
+        path = getattr(args, flag[2:])
+        if path is not None:
+            key = Path(path).expanduser().resolve()
+            if key in seen:
+                refuse(f"names the same file as {seen[key]}: one output would overwrite the other; give two files",
+                       field=flag, value=path)
+            seen[key] = flag
 
 
 def write_csv(path, label, loads, results):
@@ -138,6 +148,15 @@ def write_csv(path, label, loads, results):
             n = r.requests["ttft"].size
             for i in range(n):
                 w.writerow([x, i] + [f"{float(r.requests[k][i]):.9g}" for k in keys])
+
+
+def _no_repeats(values, flag):
+    """A load given twice would run twice and appear twice in the table and the plot."""
+    seen = set()
+    for v in values:
+        if v in seen:
+            refuse("lists this load twice; give each once", field=flag, value=v)
+        seen.add(v)
 
 
 def run(args) -> int:
@@ -156,6 +175,9 @@ def run(args) -> int:
                        field=flag, value=v)
     isl = parse_int(args.isl if args.isl is not None else 1024, flag="--isl", minimum=1)
     osl = parse_int(args.osl if args.osl is not None else 1024, flag="--osl", minimum=1)
+    for flag, v in (("--isl", isl), ("--osl", osl)):
+        if v >= INT_TOKEN_LIMIT:
+            refuse(f"must be below the kernel's token limit {INT_TOKEN_LIMIT} (2**24)", field=flag, value=v)
     rr = parse_float(args.range_ratio if args.range_ratio is not None else 0.8, flag="--range-ratio", minimum=0)
     if rr > 1:
         refuse("must be in [0, 1]", field="--range-ratio", value=rr)
@@ -174,6 +196,8 @@ def run(args) -> int:
         trace = load_trace(args.trace)
     elif args.rate is not None:
         rates = [parse_float(t, flag="--rate", positive=True) for t in str(args.rate).split(",")]
+        _no_repeats(rates, "--rate")
+        check_sweep_size([n or 200] * len(rates), "--rate", args.rate)
     else:
         concs = parse_int_list(args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY,
                                flag="--concurrency", minimum=1)
@@ -181,6 +205,9 @@ def run(args) -> int:
             if c > MAX_CONCURRENCY:
                 refuse(f"must be at most {MAX_CONCURRENCY} (jaxprice's cap on closed-loop clients; 10 x that "
                        f"is the cap of {MAX_RUN_REQUESTS} requests per run)", field="--concurrency", value=c)
+        _no_repeats(concs, "--concurrency")
+        check_sweep_size([n or 10 * c for c in concs], "--concurrency",
+                         args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
     quiet = args.json
     if args.trace is not None:

@@ -11,6 +11,7 @@ import csv
 import dataclasses
 import io
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,38 @@ MAX_SEED = 2**32 - 1
 # scheduler keeps ~7-8 KB per request, so 2**18 (262144) requests take ~2 GB and a minute or so;
 # benchmarks send 10 x concurrency, a few thousand.
 MAX_RUN_REQUESTS = 1 << 18
+# The most requests of all the runs of one sweep together (its levels' states are held at once):
+# two runs at the cap, ~4 GB. A sweep 1,2,...,26214 would otherwise prepare 3.4e9 requests (OOM).
+MAX_SWEEP_REQUESTS = 2 * MAX_RUN_REQUESTS
+# The latest arrival a run may have (s): 2**33 s, about 272 years. Past it float64 seconds resolve
+# steps coarser than 2 us, so step times vanish into the clock (a trace in milliseconds or epoch
+# milliseconds, or a near-zero Poisson rate, would give TTFTs below one step's price).
+MAX_ARRIVAL_S = float(2 ** 33)
+ARRIVAL_WHY = (f"at most 2**33 = {MAX_ARRIVAL_S:.0f} s, about 272 years: past it float64 seconds resolve "
+               "steps coarser than 2 us")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 def _check_seed(seed, source):
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+    if not _is_int(seed) or not 0 <= seed <= MAX_SEED:
         refuse(f"must be an integer in [0, {MAX_SEED}]", file=source, field="seed", value=seed, has_value=True)
+
+
+def check_sweep_size(counts, field, value):
+    """A sweep whose runs' requests (``counts``, one per run) add up past MAX_SWEEP_REQUESTS is
+    refused before any is prepared."""
+    total = int(sum(int(c) for c in counts))
+    if total > MAX_SWEEP_REQUESTS:
+        refuse(f"its {len(counts)} runs hold {total} requests together, past jaxprice's cap of {MAX_SWEEP_REQUESTS} "
+               "per sweep (about 4 GB of scheduler state): sweep fewer or smaller loads", field=field, value=value,
+               has_value=True)
 
 
 def _check_run_size(n, source, field, value, what=""):
@@ -60,10 +88,13 @@ class Workload:
     def validate(self, source="workload"):
         for name in ("isl", "osl"):
             v = getattr(self, name)
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            if not _is_int(v) or v < 1:
                 refuse("must be an integer >= 1", file=source, field=name, value=v, has_value=True)
+            if v >= INT_TOKEN_LIMIT:
+                refuse(f"must be below the kernel's token limit {INT_TOKEN_LIMIT} (2**24)", file=source, field=name,
+                       value=v, has_value=True)
         r = self.range_ratio
-        if not (isinstance(r, (int, float)) and math.isfinite(r) and 0 <= r <= 1):
+        if not (_is_real(r) and math.isfinite(r) and 0 <= r <= 1):
             refuse("must be a number in [0, 1]", file=source, field="range_ratio", value=r, has_value=True)
         _check_seed(self.seed, source)
 
@@ -92,9 +123,9 @@ class ClosedLoop:
 
     def validate(self, source="client"):
         c = self.concurrency
-        if not isinstance(c, (int, np.integer)) or isinstance(c, bool) or c < 1:
+        if not _is_int(c) or c < 1:
             refuse("must be an integer >= 1", file=source, field="concurrency", value=c, has_value=True)
-        if self.num_prompts is not None and (not isinstance(self.num_prompts, (int, np.integer)) or self.num_prompts < 1):
+        if self.num_prompts is not None and (not _is_int(self.num_prompts) or self.num_prompts < 1):
             refuse("must be an integer >= 1", file=source, field="num_prompts", value=self.num_prompts, has_value=True)
         if self.num_prompts is not None:
             _check_run_size(self.num_prompts, source, "num_prompts", self.num_prompts)
@@ -112,9 +143,9 @@ class OpenLoop:
 
     def validate(self, source="client"):
         r = self.rate
-        if not (isinstance(r, (int, float)) and not isinstance(r, bool) and math.isfinite(r) and r > 0):
+        if not (_is_real(r) and math.isfinite(r) and r > 0):
             refuse("must be a number > 0 (requests/s)", file=source, field="rate", value=r, has_value=True)
-        if not isinstance(self.num_prompts, (int, np.integer)) or self.num_prompts < 1:
+        if not _is_int(self.num_prompts) or self.num_prompts < 1:
             refuse("must be an integer >= 1", file=source, field="num_prompts", value=self.num_prompts, has_value=True)
         _check_run_size(self.num_prompts, source, "num_prompts", self.num_prompts)
         _check_seed(self.seed, source)
@@ -123,7 +154,11 @@ class OpenLoop:
         self.validate()
         # the arrivals' stream, apart from the lengths' (seed + 7919, wrapped into RandomState's range)
         rng = np.random.RandomState((int(self.seed) + 7919) % (MAX_SEED + 1))
-        return np.cumsum(rng.exponential(1.0 / self.rate, size=int(self.num_prompts)))
+        arrivals = np.cumsum(rng.exponential(1.0 / float(self.rate), size=int(self.num_prompts)))
+        if not arrivals[-1] <= MAX_ARRIVAL_S:
+            refuse(f"too low: its {int(self.num_prompts)} arrivals reach {arrivals[-1]:.3g} s, and arrival times "
+                   f"must be {ARRIVAL_WHY}", file="client", field="rate", value=self.rate, has_value=True)
+        return arrivals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,13 +170,23 @@ class Trace:
     source: str = "trace"
 
     def __post_init__(self):
-        a = np.asarray(self.arrival_s, float)
-        i = np.asarray(self.input_len)
-        o = np.asarray(self.output_len)
+        src = self.source or "trace"
+        a, i, o = (_trace_column(getattr(self, k), src, k) for k in ("arrival_s", "input_len", "output_len"))
         if not (a.shape == i.shape == o.shape) or a.ndim != 1 or a.size == 0:
-            refuse("arrival_s, input_len and output_len must be equal-length non-empty lists", file=self.source,
+            refuse("arrival_s, input_len and output_len must be equal-length non-empty lists", file=src,
                    field="Trace")
-        _check_run_size(a.size, self.source, "Trace", a.size, "the trace's request count ")
+        _check_run_size(a.size, src, "Trace", a.size, "the trace's request count ")
+        bad = np.flatnonzero(~(np.isfinite(a) & (a >= 0) & (a <= MAX_ARRIVAL_S)))
+        if bad.size:
+            k = int(bad[0])
+            refuse(f"an arrival time must be a finite number of seconds >= 0 and {ARRIVAL_WHY}", file=src,
+                   field=f"arrival_s[{k}]", value=float(a[k]), has_value=True)
+        for name, x in (("input_len", i), ("output_len", o)):
+            bad = np.flatnonzero(~(np.isfinite(x) & (x == np.round(x)) & (x >= 1) & (x < INT_TOKEN_LIMIT)))
+            if bad.size:
+                k = int(bad[0])
+                refuse(f"a token count must be an integer >= 1 and below the kernel's limit {INT_TOKEN_LIMIT}",
+                       file=src, field=f"{name}[{k}]", value=x[k].item(), has_value=True)
         order = np.argsort(a, kind="stable")
         object.__setattr__(self, "arrival_s", tuple(a[order].tolist()))
         object.__setattr__(self, "input_len", tuple(int(x) for x in i[order]))
@@ -155,14 +200,32 @@ class Trace:
         return None
 
 
+def _trace_column(values, source, field):
+    """A Trace column as a float64 array, or refused: it must hold numbers (not text, not booleans)."""
+    try:
+        arr = np.asarray(values)
+        if arr.dtype.kind == "O":        # e.g. an int past int64: still a number, refused by its range
+            arr = arr.astype(float)
+    except (TypeError, ValueError, OverflowError):
+        refuse("must be a list of numbers", file=source, field=field, value=str(values)[:80], has_value=True)
+    if arr.dtype.kind not in "iuf":
+        refuse("must be a list of numbers", file=source, field=field,
+               value=arr.ravel()[0].item() if arr.size else values, has_value=True)
+    return arr.astype(float)
+
+
 def load_trace(path) -> Trace:
     """A trace CSV with a header ``arrival_s,input_len,output_len`` (seconds, tokens, tokens).
     A bad row is refused naming the file, its row (line), the column and the value."""
+    if not isinstance(path, (str, os.PathLike)):
+        refuse("expected a trace file path", field="trace", value=path, has_value=True)
     p = Path(path)
     if str(path).strip() == "":
         refuse("an empty trace file name", field="--trace", value=str(path), has_value=True)
     if p.is_dir():
         refuse("is a folder, not a trace file", file=str(path))
+    if p.exists() and not p.is_file():
+        refuse("is not a regular file (a device or a pipe); expected a trace CSV", file=str(path))
     if not p.is_file():
         refuse("no such trace file", file=str(path))
     with io.StringIO(read_text(p, what="trace file"), newline="") as fh:   # binary, non-UTF-8: refused
@@ -208,6 +271,9 @@ def load_trace(path) -> Trace:
                 if c == "arrival_s":
                     if not (math.isfinite(v) and v >= 0):
                         refuse("arrival time must be a finite number >= 0 (seconds)", file=where, field=c, value=text)
+                    if v > MAX_ARRIVAL_S:
+                        refuse(f"arrival time must be {ARRIVAL_WHY} (seconds, not milliseconds; subtract the "
+                               "first arrival from absolute timestamps)", file=where, field=c, value=text)
                 else:
                     if not (math.isfinite(v) and v == round(v) and v >= 1):
                         refuse("token count must be an integer >= 1", file=where, field=c, value=text)

@@ -261,6 +261,11 @@ def observations_from_measurements(csv_path, *, registry=None, scenario_dirs=Non
 
 STEP_COLUMNS = ("scenario", "requests", "context", "value", "unit")
 STEP_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+# A step CSV's caps: requests in one step (a batch file's, schema.MAX_REQUESTS), padded rows of one
+# scenario (rows x its largest step: 2**22 take ~1.5 GB), and step times a GPU can take (a value
+# outside is a unit error: no step prices under 1 us or runs an hour).
+MAX_STEP_CSV_ROWS = 1 << 22
+PLAUSIBLE_STEP_SECONDS = (1e-6, 3600.0)
 
 
 def read_step_measurements(csv_path, *, registry=None, estimate="no_overlap", extra_coefficient_files=()):
@@ -270,48 +275,89 @@ def read_step_measurements(csv_path, *, registry=None, estimate="no_overlap", ex
     row is one uniform batch of ``requests`` rows; one Observations per scenario."""
     file = str(csv_path)
     try:
-        fh = open(csv_path, newline="")
+        fh = open(csv_path, newline="", encoding="utf-8-sig")      # a spreadsheet's byte-order mark: read
     except (FileNotFoundError, IsADirectoryError):
         refuse("file not found", file=file)
+    try:
+        with fh:
+            return _step_observations(fh, file, registry, estimate, extra_coefficient_files)
+    except UnicodeDecodeError:
+        refuse("not a text CSV file (not UTF-8)", file=file)
+
+
+def _step_observations(fh, file, registry, estimate, extra_coefficient_files):
+    from .plan import INT_TOKEN_LIMIT
+    from .schema import MAX_REQUESTS
     rows: dict = {}
     first_line: dict = {}      # scenario -> the CSV line naming it first (named when it cannot load)
-    with fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in STEP_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            refuse(f"missing column(s) {', '.join(missing)} (step layout: {', '.join(STEP_COLUMNS)}"
-                   ", optional tokens, decode_threshold)", file=file, field="header", value=missing[0])
-        for i, r in enumerate(reader, start=2):
-            where = f"{file}:{i}"
-            vals = {}
-            for col, default in (("requests", None), ("context", None), ("tokens", 1), ("decode_threshold", 8)):
-                text = r.get(col)
-                if (text is None or text == "") and default is not None:
-                    vals[col] = default
-                    continue
-                try:
-                    v = float(text)
-                except (TypeError, ValueError):
-                    v = float("nan")
-                if not math.isfinite(v) or v != int(v) or v < (1 if col != "decode_threshold" else 0):
-                    refuse("expected a positive integer" if col != "decode_threshold" else
-                           "expected a non-negative integer", file=where, field=col, value=text)
-                vals[col] = int(v)
+    reader = csv.DictReader(fh)
+    cols = reader.fieldnames or []
+    missing = [c for c in STEP_COLUMNS if c not in cols]
+    if missing:
+        refuse(f"missing column(s) {', '.join(missing)} (step layout: {', '.join(STEP_COLUMNS)}"
+               ", optional tokens, decode_threshold)", file=file, field="header", value=missing[0])
+    twice = [c for c in cols if cols.count(c) > 1]
+    if twice:
+        refuse("column appears twice in the header (which one holds the data?)", file=f"{file}:1",
+               field="header", value=twice[0])
+    for i, r in enumerate(reader, start=2):
+        where = f"{file}:{i}"
+        if None in r:
+            refuse(f"row has {len(cols) + len(r[None])} fields, the header {len(cols)}", file=where,
+                   field="row", value=r[None][0])
+        short = [c for c in cols if r.get(c) is None]
+        if short:
+            refuse(f"row has fewer fields than the header ({len(cols) - len(short)} of {len(cols)})", file=where,
+                   field=short[0])
+        r = {k: v.strip() for k, v in r.items()}
+        if not r["scenario"]:
+            refuse("must not be empty (a bundled scenario name or a scenario file)", file=where,
+                   field="scenario", value="")
+        vals = {}
+        for col, default in (("requests", None), ("context", None), ("tokens", 1), ("decode_threshold", 8)):
+            text = r.get(col)
+            if (text is None or text == "") and default is not None:
+                vals[col] = default
+                continue
             try:
-                val = float(r["value"])
+                v = float(text)
             except (TypeError, ValueError):
-                refuse("expected a number", file=where, field="value", value=r["value"])
-            if not math.isfinite(val) or val <= 0:
-                refuse("a measured step time must be a positive number", file=where, field="value", value=r["value"])
-            if r["unit"] not in STEP_UNITS:
-                refuse(f"unknown unit (known: {', '.join(STEP_UNITS)})", file=where, field="unit", value=r["unit"])
-            if vals["context"] < vals["tokens"]:
-                refuse("context (tokens in cache after the step) must be >= tokens", file=where, field="context",
-                       value=vals["context"])
-            rows.setdefault(r["scenario"], []).append((vals, val * STEP_UNITS[r["unit"]]))
-            first_line.setdefault(r["scenario"], i)
+                v = float("nan")
+            if not math.isfinite(v) or v != int(v) or v < (1 if col != "decode_threshold" else 0):
+                refuse("expected a positive integer" if col != "decode_threshold" else
+                       "expected a non-negative integer", file=where, field=col, value=text)
+            if col == "requests" and v > MAX_REQUESTS:
+                refuse(f"must be at most {MAX_REQUESTS} (2**20, the most requests in one step)", file=where,
+                       field=col, value=text)
+            if v >= INT_TOKEN_LIMIT:
+                refuse(f"must be below {INT_TOKEN_LIMIT} (the kernel's token limit, 2**24)", file=where, field=col,
+                       value=text)
+            vals[col] = int(v)
+        try:
+            val = float(r["value"])
+        except (TypeError, ValueError):
+            refuse("expected a number", file=where, field="value", value=r["value"])
+        if not math.isfinite(val) or val <= 0:
+            refuse("a measured step time must be a positive number", file=where, field="value", value=r["value"])
+        if r["unit"] not in STEP_UNITS:
+            refuse(f"unknown unit (known: {', '.join(STEP_UNITS)})", file=where, field="unit", value=r["unit"])
+        lo, hi = PLAUSIBLE_STEP_SECONDS
+        if not lo <= val * STEP_UNITS[r["unit"]] <= hi:
+            refuse(f"{val * STEP_UNITS[r['unit']]:.3g} s is not a step time (1 us to 1 hour): check the value "
+                   f"and its unit '{r['unit']}'", file=where, field="value", value=r["value"])
+        if vals["context"] < vals["tokens"]:
+            refuse("context (tokens in cache after the step) must be >= tokens", file=where, field="context",
+                   value=vals["context"])
+        rows.setdefault(r["scenario"], []).append((vals, val * STEP_UNITS[r["unit"]]))
+        first_line.setdefault(r["scenario"], i)
     if not rows:
         refuse("no rows", file=file)
+    for scen, rs in rows.items():
+        pad = max(v["requests"] for v, _ in rs)
+        if len(rs) * pad > MAX_STEP_CSV_ROWS:
+            refuse(f"{len(rs)} steps padded to its largest, {pad} requests, make {len(rs) * pad} rows, past the cap "
+                   f"of {MAX_STEP_CSV_ROWS} (2**22) per scenario", file=f"{file}:{first_line[scen]}",
+                   field="scenario", value=scen)
     obs = []
     reg = registry or Registry()
     for scen, rs in rows.items():
@@ -1327,6 +1373,12 @@ def _build_layout(train, held_out, free, settings, weighting, workers, callback,
     train_terms = _terms(train, layout, settings, weighting, record=True, kind=kinds[0],
                          per_deployment=per_deployment)
     unmatched = [f.label() for f, n in layout.matched.items() if n == 0]
+    for f, n in layout.matched.items():      # matched, but every match taken by an earlier pattern (first wins)
+        names = sorted({c for o in train for c in o.deployment.coefficients.names if fnmatch.fnmatchcase(c, f.pattern)})
+        winner = layout.spec_for(names[0]) if n == 0 and names else None
+        if winner is not None and winner != f and layout.matched.get(winner, 0) > 0:
+            refuse(f"every coefficient it matches (e.g. {names[0]}) is taken by the earlier --free {winner.label()}: "
+                   "the first matching pattern wins; give the narrower pattern first", field="free", value=f.label())
     if unmatched:
         refuse("no coefficient of the training deployments matches this free pattern (patterns match the "
                "names the deployments' kernels read, e.g. hbm_derate, gemm_eps_max_fp8)", field="free",
@@ -2057,6 +2109,9 @@ def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, 
     targets = parse_targets(targets)
     points, _ = A.read_measurements(csv_path)
     points = A.select_deployments(points, deployments, csv_path)
+    if targets == ("ttft",) and not any(math.isfinite(p.measured_ttft) for p in points):
+        refuse("no point has a measured mean TTFT (a mean_ttft row of its sweep at its concurrency): nothing to fit "
+               "target ttft to", file=str(csv_path), field="target", value="ttft")
     if settings is not None:
         points = A.read_settings(points, settings)
     registry = registry or Registry()

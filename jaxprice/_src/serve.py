@@ -88,13 +88,14 @@ import dataclasses
 import functools
 import math
 import os
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from . import schedule as S
-from .client import ClosedLoop, OpenLoop, Trace
+from .client import ClosedLoop, OpenLoop, Trace, Workload, check_sweep_size
 from .errors import JaxpriceError, refuse
 from .step import exact_at_zero, _step_time, temperature_arg
 
@@ -153,6 +154,9 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
     """The engine settings a run uses, and where each came from: ({key: value}, {key: (value, source)}).
     ``ref_len``: the run's typical resident request length (tokens), which sizes the KV cache of a
     model with sliding-window layers (``windowed_kv_capacity``)."""
+    if engine is not None and not isinstance(engine, Mapping):
+        refuse("must be a dict of engine settings, e.g. {'max_num_seqs': 64}", field="engine",
+               value=type(engine).__name__)
     engine = dict(engine or {})
     unknown = [k for k in engine if k not in ENGINE_KEYS]
     if unknown:
@@ -169,6 +173,21 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
         else:
             out[key], src[key] = default, default_src
 
+    def integer(key, minimum):
+        """An integer setting, checked where it is taken (later ones are computed from it)."""
+        v = out[key]
+        if not (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+                and math.isfinite(v) and v == int(v) and v >= minimum):
+            refuse(f"must be an integer >= {minimum}", file=src[key], field=key, value=v, has_value=True)
+        if v > 2 ** 40:
+            refuse("must be at most 2**40 = 1099511627776 (past it the scheduler's int64 lanes overflow)",
+                   file=src[key], field=key, value=v, has_value=True)
+        out[key] = int(v)
+
+    def flag(key):
+        if not isinstance(out[key], (bool, np.bool_)):
+            refuse("must be True or False", file=src[key], field=key, value=out[key], has_value=True)
+
     take("scheduler", "vllm", "vLLM (a scenario prices everything as vLLM 0.29.0, its engine named only in its file "
                               "name: data-formats.md; scheduler= sglang or trtllm follows those engines)")
     if out["scheduler"] not in SCHEDULERS:
@@ -183,26 +202,40 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
         take("max_num_batched_tokens", 8192 if big else 2048, "vLLM default for this part (8192 on >= 70 GiB, else 2048)")
     take("max_num_seqs", dep.resolution.get("max_num_seqs", 1024 if big else 256), "resolve (vLLM default for this part)")
     take("block_size", int(dep.plan.memory.get("block_size", 16)), "plan.memory block_size")
+    for key in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+        integer(key, 1)
     take("kv_capacity_tokens", float(dep.plan.memory["kv_capacity_tokens"]), "plan.memory kv_capacity_tokens (per dp rank)")
     limit = dep.graph.max_model_len          # the model's own, where its graph states it
     default = (max_len + 256) if max_len else 32768
     take("max_model_len", default if limit is None else min(default, limit),
          ("isl + osl + 256 (InferenceX's max-model-len)" if max_len else "32768")
          + ("" if limit is None or default <= limit else f", capped at the model's {limit}"))
+    integer("max_model_len", 1)
     if limit is not None and out["max_model_len"] > limit:
         refuse(f"more than the {limit} tokens {dep.graph.name} serves at (its config's max_position_embeddings, "
                "as vLLM derives max_model_len; vLLM would not start)", file=src["max_model_len"],
                field="max_model_len", value=out["max_model_len"])
     take("reserve_full_isl", True, "vLLM default (scheduler_reserve_full_isl, V-new, PR #37307 2026-03)")
     take("async_scheduling", True, "vLLM default (on unless PP > 1 or non-EAGLE/MTP speculation)")
+    flag("reserve_full_isl")
+    flag("async_scheduling")
     take("decode_threshold", int(dep.resolution.get("decode_threshold", 1)),
          "resolve: 1 + num_spec_tokens (a row scheduling more is a prefill)")
+    integer("decode_threshold", 1)
     spec = (eng.get("speculative") or {})
     take("num_spec_tokens", int(spec.get("num_spec_tokens", 0)) if spec else 0, "scenario speculative.num_spec_tokens")
+    integer("num_spec_tokens", 0)
     k = int(out["num_spec_tokens"])
     take("lookahead", k, "num_spec_tokens (EAGLE/MTP lookahead slots)")
+    integer("lookahead", 0)
     take("watermark", 0.0, "vLLM default 0")
+    w = out["watermark"]
+    if not (isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, (bool, np.bool_))
+            and 0 <= w < 1):
+        refuse("must be a number in [0, 1) (the share of KV blocks kept free)", file=src["watermark"],
+               field="watermark", value=w, has_value=True)
     take("fast_forward", True, "decode runs recorded as one linear record (exact)")
+    flag("fast_forward")
     take("arrival_phase", None, "share of the step in flight a closed-loop request waits for the next schedule() "
                                 "call: 1/2 when its admission latency L > 0 (a random point of a step), 1 when "
                                 "L = 0 (request_latencies)")
@@ -213,12 +246,14 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
     par = dep.scenario.parallel or {}
     take("gpu_count", int(dep.plan.scalars.get("tp", 1)) * int(dep.plan.scalars.get("dp", 1)) * int(par.get("pp", 1)),
          "tp x dp x pp")
+    integer("gpu_count", 1)
     if acceptance is None:
         acceptance = 1.0 + k * DEFAULT_ACCEPTANCE_PER_DRAFT if k else 1.0
         a_src = f"assumed 1 + {DEFAULT_ACCEPTANCE_PER_DRAFT} x num_spec_tokens" if k else "no speculation: 1"
     else:
         a_src = "acceptance= argument"
-    if not (isinstance(acceptance, (int, float)) and math.isfinite(acceptance) and 1 <= acceptance <= k + 1):
+    if not (isinstance(acceptance, (int, float, np.integer, np.floating)) and not isinstance(acceptance, (bool, np.bool_))
+            and math.isfinite(acceptance) and 1 <= acceptance <= k + 1):
         refuse(f"must be a number in [1, 1 + num_spec_tokens = {k + 1}] (mean tokens emitted per decode step)",
                field="acceptance", value=acceptance, has_value=True)
     out["acceptance"], src["acceptance"] = float(acceptance), a_src
@@ -240,7 +275,7 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
                                      f"with the sliding-window layers holding only their window, at the run's mean "
                                      f"prompt + half its mean output (windowed_kv_capacity)")
     blocks = int(cap // out["block_size"]) - 1 if math.isfinite(cap) else 2 ** 40
-    out["kv_blocks"] = max(blocks, 0)
+    out["kv_blocks"] = min(max(blocks, 0), 2 ** 40)      # 2**40 blocks or more: unlimited, as inf (int64 lanes)
     src["kv_blocks"] = "floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)"
     out["dp"] = int(dep.plan.scalars.get("dp", 1))
     src["dp"] = "plan dp"
@@ -262,10 +297,17 @@ def _sglang_chunk(memory_gib):
 def _requests(workload, client):
     """(arrival times or None, input lengths, output lengths) for a client."""
     if isinstance(client, Trace):
+        if workload is not None:
+            refuse("a Trace gives every request's lengths: pass workload=None (this one would be ignored)",
+                   field="workload", value=repr(workload))
         return (np.asarray(client.arrival_s, float), np.asarray(client.input_len, np.int64),
                 np.asarray(client.output_len, np.int64))
+    if not isinstance(client, (ClosedLoop, OpenLoop)):
+        refuse("must be a ClosedLoop, OpenLoop or Trace", field="client", value=type(client).__name__)
     if workload is None:
         refuse("a workload is needed for this client", field="workload")
+    if not isinstance(workload, Workload):
+        refuse("must be a Workload(isl, osl[, range_ratio, seed])", field="workload", value=type(workload).__name__)
     workload.validate()
     client.validate()
     if isinstance(client, ClosedLoop):
@@ -536,7 +578,9 @@ def _prepare(dep, items, engine, acceptance, *, coefficients=None):
         settings, assumptions = engine_settings(dep, engine, max_len=int((ins + outs).max()) if workload is not None else None,
                                                 acceptance=acceptance, ref_len=_resident_length(ins, outs))
         if isinstance(client, Trace) and (engine or {}).get("max_model_len") is None and "max_model_len" not in (dep.scenario.engine or {}):
-            settings["max_model_len"] = int((ins + outs).max()) + 256
+            limit = dep.graph.max_model_len      # the trace's longest + 256, but never past the model's own
+            settings["max_model_len"] = int((ins + outs).max()) + 256 if limit is None else \
+                min(int((ins + outs).max()) + 256, int(limit))
         _check_lengths(settings, ins, outs, getattr(client, "source", "workload"))
         open_loop = arrival is not None
         conc = None if open_loop else int(client.concurrency)
@@ -1206,12 +1250,24 @@ def _result(sched: Schedule, step_times, estimate, coefficients=None):
                          schedule=sched, estimate=estimate)
 
 
+def _check_run(deployment, estimate, temperature, coefficients=None):
+    """The arguments every run takes, refused before anything is scheduled or jitted."""
+    if not (hasattr(deployment, "plan") and hasattr(deployment, "coefficients") and hasattr(deployment, "scenario")):
+        refuse("must be a Deployment (jaxprice.load_deployment(...))", field="deployment",
+               value=type(deployment).__name__)
+    if coefficients is not None and not (hasattr(coefficients, "values") and hasattr(coefficients, "names")):
+        refuse("must be None (the deployment's) or a Coefficients (e.g. deployment.coefficients.replace(...))",
+               field="coefficients", value=type(coefficients).__name__)
+    if estimate not in ESTIMATES:
+        refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
+    temperature_arg(temperature)          # None, or a finite number >= 0
+
+
 def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap", coefficients=None,
              acceptance=None, temperature=None) -> ServingResult:
     """Simulate one benchmark run: the client's requests through vLLM v1's scheduler, every
     step priced by the kernel (see the module docstring for the model and its assumptions)."""
-    if estimate not in ESTIMATES:
-        refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
+    _check_run(deployment, estimate, temperature, coefficients)
     coefs = deployment.coefficients if coefficients is None else coefficients
     sched = build_schedule(deployment, workload, client, engine=engine, acceptance=acceptance, coefficients=coefs,
                            estimate=estimate, temperature=temperature)
@@ -1227,18 +1283,31 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
     shared vmapped scheduler calls (``build_schedules``) and all their steps in ONE vmapped
     pricing call. ``engine`` may
     be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran)."""
-    if estimate not in ESTIMATES:
-        refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
+    _check_run(deployment, estimate, temperature, coefficients)
     coefs = deployment.coefficients if coefficients is None else coefficients
+    if isinstance(concurrencies, (str, bytes, Mapping)) or not hasattr(concurrencies, "__iter__"):
+        refuse("must be a list of concurrencies, e.g. [1, 2, 4]", field="concurrencies", value=concurrencies,
+               has_value=True)
     concs = [int(c) if isinstance(c, (int, np.integer)) and not isinstance(c, bool) else c for c in concurrencies]
+    if not concs:
+        refuse("give at least one concurrency", field="concurrencies", value=[], has_value=True)
     for c in concs:
         ClosedLoop(c).validate()
-    items = [(workload, ClosedLoop(c, num_prompts if num_prompts is None else int(num_prompts))) for c in concs]
+    if num_prompts is not None:
+        ClosedLoop(1, num_prompts).validate()
+        num_prompts = int(num_prompts)
+    items = [(workload, ClosedLoop(c, num_prompts)) for c in concs]
+    check_sweep_size([cl.prompts for _, cl in items], "concurrencies", concs if len(concs) <= 8 else
+                     f"{len(concs)} levels, {concs[0]} to {concs[-1]}")
     if callable(engine):
         scheds = []
         groups = {}
         for i, c in enumerate(concs):
-            key = tuple(sorted((engine(c) or {}).items()))
+            got = engine(c)
+            if got is not None and not isinstance(got, Mapping):
+                refuse("engine(C) must return a dict of engine settings", field="engine",
+                       value=type(got).__name__)
+            key = tuple(sorted((got or {}).items()))
             groups.setdefault(key, []).append(i)
         scheds = [None] * len(items)
         for key, ids in groups.items():
