@@ -79,7 +79,7 @@ def _integer(value, *, file, field, minimum, limit=None):
             except ValueError:
                 num = None
     if num is None:
-        refuse("must be an integer token count", file=file, field=field, value=value, has_value=True)
+        refuse("must be an integer token count", file=file, field=field, value=schema.shown(value), has_value=True)
     if num < minimum:
         what = "at least 1 (a request in a step schedules at least one token)" if field.endswith("scheduled") \
             else "at least 1" if minimum == 1 else "non-negative"
@@ -120,7 +120,7 @@ def _read_yaml(path: Path):
     if doc is None:
         refuse("is empty; expected a list of requests (scheduled, computed)", file=file)
     if isinstance(doc, dict):
-        unknown = sorted(set(doc) - {"requests", "decode_threshold"})
+        unknown = sorted(set(doc) - {"requests", "decode_threshold"}, key=str)     # keys of any type: 1, null
         if unknown:
             refuse("unknown key; expected 'requests' and optionally 'decode_threshold'", file=file,
                    field=str(unknown[0]))
@@ -138,7 +138,7 @@ def _read_yaml(path: Path):
         where = f"requests[{i}]."
         if not isinstance(entry, dict):
             refuse("must be a mapping with scheduled and computed", file=file, field=f"requests[{i}]",
-                   value=entry, has_value=True)
+                   value=schema.shown(entry), has_value=True)
         unknown = sorted(set(map(str, entry)) - set(FIELDS))
         if unknown:
             refuse(f"unknown field; expected {', '.join(FIELDS)}", file=file, field=where + unknown[0])
@@ -157,6 +157,9 @@ def _read_csv(path: Path):
                file=file)
     header_line, header = numbered[0]
     header = [h.strip() for h in header]
+    if "" in header:
+        refuse(f"a column of the header (line {header_line}) has no name, column {header.index('') + 1} of "
+               f"{len(header)}; expected {', '.join(FIELDS)}", file=file, value=",".join(header), has_value=True)
     unknown = [h for h in header if h not in FIELDS]
     if unknown:
         refuse(f"unknown column in the header (line {header_line}); expected {', '.join(FIELDS)}",
@@ -184,7 +187,8 @@ def read_batch_file(path) -> BatchFile:
     if p.is_dir():
         refuse("is a directory, expected a batch file", file=str(path))
     if not p.is_file():
-        refuse("no such batch file", file=str(path))
+        refuse("is not a regular file (a pipe or a device), expected a batch file" if p.exists()
+               else "no such batch file", file=str(path))
     suffix = p.suffix.lower()
     if suffix in (".yaml", ".yml"):
         rows, threshold = _read_yaml(p)

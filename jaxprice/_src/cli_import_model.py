@@ -25,7 +25,8 @@ def add_parser(sub):
                    help="a config.json, a folder holding one, or a bundled config's model name or repository id")
     p.add_argument("--quant-config", metavar="hf_quant_config.json", default=None,
                    help="the checkpoint's ModelOpt quantization file (default: one beside the config)")
-    p.add_argument("--out", metavar="graph.yaml", default=None, help="where to write the graph (default stdout)")
+    p.add_argument("--out", metavar="graph.yaml", default=None,
+                   help="where to write the graph (default, or -: stdout)")
     p.add_argument("--name", default=None, help="the graph's name (default: the bundled name or the repo's)")
     p.add_argument("--hf-repo", default=None, help="the Hugging Face repository (default: from the path)")
     return p
@@ -35,10 +36,15 @@ def run(args) -> int:
     from .errors import refuse
     from .hf import graph_from_doc, graph_yaml, import_result
     from .outputs import check_output_file
+    if not args.config.strip():         # "" would be read as the current folder
+        refuse("an empty name; give a config.json, a folder holding one or a bundled config's name",
+               field="CONFIG.json", value=args.config, has_value=True)
     for flag, value in (("--name", args.name), ("--hf-repo", args.hf_repo)):
         if value is not None and not value.strip():
             refuse(f"an empty {flag[2:].replace('-', ' ')}; leave {flag} out for the default", field=flag,
                    value=value, has_value=True)
+    if args.out == "-":                 # stdout, as `jaxprice sweep --out -` (not a file named "-")
+        args.out = None
     if args.out is not None:
         check_output_file(args.out, flag="--out", what="model graph")
     from .hf import bundled_config
@@ -51,6 +57,10 @@ def run(args) -> int:
         sys.stdout.write(text)
         return 0
     out = Path(args.out)
+    for given in (res.config_path, res.quant_path):      # would overwrite the input with YAML
+        if given is not None and out.resolve() == Path(given).resolve():
+            refuse(f"is the config being imported ({given}); name another file for the graph", field="--out",
+                   value=args.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)

@@ -17,9 +17,9 @@ import sys
 import time
 
 from .cli_price import (UNITS, add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float,
-                        parse_int)
+                        parse_int, parse_temperature)
 from .errors import JaxpriceError
-from .plan import RESOURCES
+from .plan import INT_TOKEN_LIMIT, RESOURCES
 from .progress import Progress
 
 # Caps on the search's effort: the defaults are 16 restarts x 200 steps (~seconds); 1024 restarts (one
@@ -82,6 +82,9 @@ def _options(args) -> tuple[dict, dict]:
     """(the problem's limits, the search's options) from the arguments, refused naming the flag."""
     if args.units not in UNITS:
         raise JaxpriceError("unknown time unit; expected ms or us", field="--units", value=args.units)
+    if args.json and args.units != "ms":       # else ignored silently
+        raise JaxpriceError("JSON times are always in seconds; --units sets the text's", field="--units",
+                            value=args.units)
     itl_ms = parse_float(args.itl_ms, flag="--itl-ms", positive=True)
     limits = {"itl": itl_ms / 1e3,
               "prefill_budget": parse_int(args.prefill_budget, flag="--prefill-budget", minimum=0),
@@ -94,6 +97,11 @@ def _options(args) -> tuple[dict, dict]:
               parse_int(args.max_batched_tokens, flag="--max-batched-tokens", minimum=1),
               "tokens_per_decode": parse_float(args.tokens_per_decode, flag="--tokens-per-decode", positive=True),
               "estimate": args.estimate}
+    from .schema import SPEC_TOKEN_LIMIT
+    if limits["tokens_per_decode"] > SPEC_TOKEN_LIMIT + 1:     # a 1e300 made the optimum 1e300 tokens/s
+        raise JaxpriceError(f"must be at most {SPEC_TOKEN_LIMIT + 1}: a decode emits at most its speculative tokens "
+                            f"+ 1 per step, and speculation is capped at {SPEC_TOKEN_LIMIT} tokens",
+                            field="--tokens-per-decode", value=limits["tokens_per_decode"])
     if (args.prompt_len is None) != (args.output_len is None):
         flag = "--output-len" if args.output_len is None else "--prompt-len"
         raise JaxpriceError("--prompt-len and --output-len go together", field=flag, value=None)
@@ -101,7 +109,7 @@ def _options(args) -> tuple[dict, dict]:
         prompt = parse_int(args.prompt_len, flag="--prompt-len", minimum=1)
         output = parse_int(args.output_len, flag="--output-len", minimum=1)
         limits["prefill_per_output"] = prompt / output
-    search = {"temperature": parse_float(args.temperature, flag="--temperature", positive=True),
+    search = {"temperature": parse_temperature(args.temperature, positive=True),
               "restarts": parse_int(args.restarts, flag="--restarts", minimum=1),
               "iterations": parse_int(args.iterations, flag="--iterations", minimum=1)}
     for key, cap in (("restarts", MAX_RESTARTS), ("iterations", MAX_ITERATIONS)):
@@ -109,6 +117,20 @@ def _options(args) -> tuple[dict, dict]:
             raise JaxpriceError(f"must be at most {cap} (jaxprice's cap on the search's effort)",
                                 field=FLAGS[key], value=search[key])
     return limits, search
+
+
+def _check_request_length(dep, prompt, output):
+    """The workload's request (prompt + output tokens) must fit the deployment's max_model_len, else
+    the engine could not serve it (and a 10**11-token prompt made the optimum 0 tokens/s)."""
+    from .cli_price import engine_limits
+    model_len = engine_limits(dep).get("max_model_len")
+    if model_len is not None and prompt + output > model_len:
+        flag = "--prompt-len" if prompt >= output else "--output-len"
+        raise JaxpriceError(f"a request of {prompt} prompt + {output} output tokens exceeds the deployment's "
+                            f"max_model_len {model_len}", field=flag, value=prompt if prompt >= output else output)
+    if prompt + output >= INT_TOKEN_LIMIT:
+        raise JaxpriceError(f"a request of {prompt} + {output} tokens is past the kernel's token limit "
+                            f"{INT_TOKEN_LIMIT}", field="--prompt-len", value=prompt)
 
 
 def _as_flags(err: JaxpriceError) -> JaxpriceError:
@@ -146,6 +168,9 @@ def run(args) -> int:
     from .search import grid_search, make_limits, optimize_batch
     limits, search = _options(args)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
+    if args.prompt_len is not None:
+        _check_request_length(dep, parse_int(args.prompt_len, flag="--prompt-len"),
+                              parse_int(args.output_len, flag="--output-len"))
     try:
         make_limits(dep, **limits)
         bar = Progress(2, "optimize", enabled=not args.json or sys.stderr.isatty())

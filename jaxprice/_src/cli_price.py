@@ -23,8 +23,8 @@ import numpy as np
 from .batchfile import DEFAULT_DECODE_THRESHOLD, read_batch_file
 from .errors import refuse
 from .outputs import check_image
-from .plan import RESOURCES, Batch
-from .schema import MAX_REQUESTS
+from .plan import INT_TOKEN_LIMIT, RESOURCES, Batch
+from .schema import MAX_REQUESTS, TOKEN_WHY, WIDTH_LIMIT
 
 DEFAULT_CONTEXT = 4096
 MAX_LIST = 100_000
@@ -35,6 +35,9 @@ MAX_STEP_REQUESTS = MAX_REQUESTS
 # seconds; a list like --decode 1,2,...,100000 would pad 100000 batches to 131072 rows each (OOM).
 MAX_PRICED_ROWS = 1 << 22
 UNITS = {"ms": 1e3, "us": 1e6}
+# The largest smooth-mode temperature: up to 1 the power-mean surrogates stay within their documented bounds
+# (numerics: smax <= sum for tau <= 1); past it they blow up (tau 10 prices a 26 ms step at 0.9 s, tau 1e5 at inf).
+MAX_TEMPERATURE = 1.0
 
 # ----------------------------------------------------------------------------- shared helpers
 
@@ -71,6 +74,24 @@ def parse_float(text, *, flag, minimum=None, positive=False):
         refuse(f"must be a finite number >= {minimum}" if minimum is not None else "must be finite",
                field=flag, value=v)
     return v
+
+
+def parse_temperature(text, *, flag="--temperature", positive=False):
+    """A smooth-mode temperature: finite, >= 0 (> 0 when ``positive``) and at most MAX_TEMPERATURE."""
+    v = parse_float(text, flag=flag, minimum=0, positive=positive)
+    if v > MAX_TEMPERATURE:
+        refuse(f"must be at most {MAX_TEMPERATURE:g} (past it the smooth surrogates leave their bounds and the "
+               "price is meaningless; 0.01 to 0.1 is typical)", field=flag, value=v)
+    return v
+
+
+def check_tokens(values, *, flag):
+    """Token counts from the command line (contexts, prefill lengths), --ignore-limits or not, are below
+    the kernel's token limit, as a batch file's are."""
+    for v in values:
+        if v >= INT_TOKEN_LIMIT:
+            refuse(f"must be below {INT_TOKEN_LIMIT}{TOKEN_WHY}", field=flag, value=v)
+    return values
 
 
 def _continue(terms, end, *, flag, text):
@@ -162,6 +183,9 @@ def load_scenario_deployment(name, pool=None, args=None):
     """The deployment a command prices: the scenario's only pool, or pool number `pool` (--pool);
     with --chip (``args``), one built from the model SCENARIO names (``model_deployment``)."""
     from .resolve import load_deployment
+    if not str(name).strip():           # "" would be read as the current folder
+        refuse("an empty name; give a bundled scenario name or a scenario file (with --chip, a model)",
+               field="SCENARIO", value=name, has_value=True)
     if args is not None and getattr(args, "chip", None) is not None:
         if pool is not None:
             refuse("a deployment built from a model has one pool", field="--pool", value=pool)
@@ -172,7 +196,25 @@ def load_scenario_deployment(name, pool=None, args=None):
             refuse(f"{given[0]} builds a deployment from a model: it needs --chip (a scenario states its own)",
                    field=given[0])
     index = None if pool is None else parse_int(pool, flag="--pool", minimum=0)
-    return load_deployment(find_scenario(name), pool_index=index)
+    from .errors import JaxpriceError
+    try:
+        return load_deployment(find_scenario(name), pool_index=index)
+    except JaxpriceError:
+        if not _names_a_model(name):
+            raise
+    refuse("names a model, not a scenario: add --chip CHIP to build a deployment of it on a chip",
+           field="SCENARIO", value=name)
+
+
+def _names_a_model(name) -> bool:
+    """Whether SCENARIO, which is no scenario, names a model (registry name, graph file, config.json)."""
+    from .errors import JaxpriceError
+    from .size import load_model
+    try:
+        load_model(name)
+    except (JaxpriceError, OSError):
+        return False
+    return True
 
 
 def model_deployment(model, args):
@@ -198,6 +240,9 @@ def model_deployment(model, args):
         refuse("expert parallelism over one GPU is none: give --tp or --dp above 1", field="--ep")
     per_node = parse_int(8 if args.gpus_per_node is None else args.gpus_per_node, flag="--gpus-per-node",
                          minimum=1)
+    for flag, v in (("--tp", tp), ("--dp", dp), ("--gpus-per-node", per_node)):
+        if v > WIDTH_LIMIT:          # as a scenario file's widths are capped (schema.WIDTH_LIMIT)
+            refuse(f"must be at most {WIDTH_LIMIT}", field=flag, value=v)
     if args.fabric is not None:
         registry.network(args.fabric, field="--fabric")
     elif width > per_node:
@@ -219,19 +264,25 @@ def describe_deployment(dep) -> str:
 
 
 def engine_limits(dep) -> dict:
-    """The deployment's engine limits a step cannot exceed (those the scenario states)."""
+    """The deployment's engine limits a step cannot exceed (those the scenario states; an unstated
+    max_model_len is vLLM's default, the model's own length, where its graph states one)."""
     e = dep.scenario.engine or {}
     out = {}
     for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         v = e.get(key)
         if isinstance(v, (int, float)) and v > 0:
             out[key] = int(v)
+    model_len = getattr(getattr(dep, "graph", None), "max_model_len", None)
+    if "max_model_len" not in out and isinstance(model_len, int) and model_len > 0:
+        out["max_model_len"] = model_len
     return out
 
 
-def check_limits(dep, *, requests, tokens, context, flag_requests, flag_tokens, flag_context, where=None):
+def check_limits(dep, *, requests, tokens, context, flag_requests, flag_tokens, flag_context, where=None,
+                 tokens_value=None, tokens_how=""):
     """Refuse a step the engine could not run: more requests than max_num_seqs, more tokens
-    than max_num_batched_tokens, a context past max_model_len."""
+    than max_num_batched_tokens, a context past max_model_len. ``tokens_value``: the value of
+    ``flag_tokens`` to name (default the token total), ``tokens_how`` how the total adds up."""
     lim = engine_limits(dep)
     tail = " (--ignore-limits prices it anyway)"
     file = where
@@ -239,8 +290,9 @@ def check_limits(dep, *, requests, tokens, context, flag_requests, flag_tokens, 
         refuse(f"{requests} requests in one step exceed the deployment's max_num_seqs "
                f"{lim['max_num_seqs']}{tail}", file=file, field=flag_requests, value=requests)
     if "max_num_batched_tokens" in lim and tokens > lim["max_num_batched_tokens"]:
-        refuse(f"{tokens} tokens in one step exceed the deployment's max_num_batched_tokens "
-               f"{lim['max_num_batched_tokens']}{tail}", file=file, field=flag_tokens, value=tokens)
+        refuse(f"{tokens} tokens{tokens_how} in one step exceed the deployment's max_num_batched_tokens "
+               f"{lim['max_num_batched_tokens']}{tail}", file=file, field=flag_tokens,
+               value=tokens if tokens_value is None else tokens_value)
     if "max_model_len" in lim and context > lim["max_model_len"]:
         refuse(f"a context of {context} tokens exceeds the deployment's max_model_len "
                f"{lim['max_model_len']}{tail}", file=file, field=flag_context, value=context)
@@ -268,10 +320,21 @@ def add_common_arguments(p, *, batch_files=False):
 def common_options(args):
     thr = None if args.decode_threshold is None else parse_int(args.decode_threshold, flag="--decode-threshold",
                                                                minimum=0)
-    temp = None if args.temperature is None else parse_float(args.temperature, flag="--temperature", minimum=0)
+    if thr is not None:
+        check_tokens([thr], flag="--decode-threshold")        # as a batch file's decode_threshold
+    temp = None if args.temperature is None else parse_temperature(args.temperature)
     if args.units not in UNITS:
         refuse("unknown time unit; expected ms or us", field="--units", value=args.units)
     return thr, temp
+
+
+def check_finite(resources, overlap, no_overlap, *, labels, what):
+    """Never print an inf or NaN price: refuse naming the first step whose price is not finite."""
+    ok = np.isfinite(resources).all(axis=-1) & np.isfinite(overlap) & np.isfinite(no_overlap)
+    if not ok.all():
+        i = int(np.flatnonzero(~ok.reshape(-1))[0])
+        refuse("the price of this step is not finite (inputs past what the cost model covers)", field=what,
+               value=labels[i] if i < len(labels) else i)
 
 
 def mode_text(temperature) -> str:
@@ -327,6 +390,8 @@ def build_batches(args, dep, threshold):
     thr = threshold if threshold is not None else DEFAULT_DECODE_THRESHOLD
     context = DEFAULT_CONTEXT if args.context is None else parse_int(args.context, flag="--context", minimum=1)
     prefill = [] if args.prefill is None else parse_int_list(args.prefill, flag="--prefill", minimum=1)
+    check_tokens([context], flag="--context")
+    check_tokens(prefill, flag="--prefill")
     if args.decode is None:
         if prefill:
             decode = [0]
@@ -352,6 +417,8 @@ def build_batches(args, dep, threshold):
             check_limits(dep, requests=len(sched), tokens=int(sched.sum()),
                          context=max([context] * bool(d) + prefill), flag_requests="--decode",
                          flag_tokens="--decode" if not prefill else "--prefill",
+                         tokens_value=None if not prefill else args.prefill,
+                         tokens_how="" if not prefill else f" ({d} decode + {' + '.join(map(str, prefill))} prefill)",
                          flag_context="--context" if d and context >= max(prefill, default=0) else "--prefill")
         info = {"decode": d, "context": context, "prefill": prefill}
         specs.append((str(d), info, sched, comp, sched + comp, thr))
@@ -431,6 +498,8 @@ def format_breakdown(dep, label, rec, layers, units) -> str:
 def run(args) -> int:
     check_image(args.plot, "--plot")
     threshold, temperature = common_options(args)
+    if args.json and args.units != "ms":       # else ignored silently
+        refuse("JSON times are always in seconds; --units sets the table's", field="--units", value=args.units)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
     specs = build_batches(args, dep, threshold)
     if args.batch:
@@ -440,6 +509,8 @@ def run(args) -> int:
                    f"jaxprice's cap of {MAX_PRICED_ROWS} rows per command; price them in separate runs",
                    field="--batch", value=args.batch[-1])
     result, batches = price_specs(dep, specs, temperature)
+    check_finite(np.asarray(result.resources), np.asarray(result.overlap), np.asarray(result.no_overlap),
+                 labels=[s[0] for s in specs], what="batch")
     records = step_records(specs, result, smooth=temperature is not None)
     labels = [s[0] for s in specs]
     layers = None

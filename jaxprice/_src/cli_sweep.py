@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli_price import (MAX_STEP_REQUESTS, UNITS, add_common_arguments, check_limits, common_options,
-                        describe_deployment, engine_limits, load_scenario_deployment, mode_text, parse_int,
-                        parse_int_list)
+from .cli_price import (MAX_STEP_REQUESTS, UNITS, add_common_arguments, check_finite, check_limits, check_tokens,
+                        common_options, describe_deployment, engine_limits, load_scenario_deployment, mode_text,
+                        parse_int, parse_int_list)
 from .batchfile import DEFAULT_DECODE_THRESHOLD
 from .errors import refuse
 from .outputs import check_image, check_output_file
@@ -83,6 +83,8 @@ def grid_axes(args, dep):
     else:
         context = parse_int_list(args.context, flag="--context", minimum=1)
     prefill = parse_int_list(args.prefill_chunk, flag="--prefill-chunk", minimum=0)
+    check_tokens(context, flag="--context")
+    check_tokens(prefill, flag="--prefill-chunk")
     for flag, values in (("--decode", decode), ("--context", context), ("--prefill-chunk", prefill)):
         seen = set()
         for v in values:
@@ -106,7 +108,9 @@ def grid_axes(args, dep):
         check_limits(dep, requests=max(decode) + has_p, tokens=max(decode) + max(prefill),
                      context=max(context) if max(decode) else 1,
                      flag_requests="--decode" + (" plus a prefill chunk" if has_p else ""),
-                     flag_tokens="--prefill-chunk" if has_p else "--decode", flag_context="--context")
+                     flag_tokens="--prefill-chunk" if has_p else "--decode", flag_context="--context",
+                     tokens_value=max(prefill) if has_p else max(decode),
+                     tokens_how=f" ({max(decode)} decode + a {max(prefill)}-token chunk)" if has_p else "")
         if "max_model_len" in lim and max(prefill) > lim["max_model_len"]:
             check_limits(dep, requests=0, tokens=0, context=max(prefill), flag_requests="", flag_tokens="",
                          flag_context="--prefill-chunk")
@@ -195,7 +199,14 @@ def run(args) -> int:
     check_image(args.heatmap, "--heatmap")
     if args.out not in (None, "-"):
         check_output_file(args.out, flag="--out", what="CSV")
+    writes_csv = args.out not in (None, "-")
+    if args.heatmap is not None and writes_csv and Path(args.out).resolve() == Path(args.heatmap).resolve():
+        refuse("is the --heatmap path too: the image would overwrite the CSV", field="--out", value=args.out)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
+    scen_path = getattr(dep.scenario, "path", None)
+    if writes_csv and scen_path and Path(str(scen_path)).is_file() \
+            and Path(args.out).resolve() == Path(str(scen_path)).resolve():
+        refuse("is the scenario file being priced; name another file for the CSV", field="--out", value=args.out)
     decode, context, prefill = grid_axes(args, dep)
     pad = max(1, max(decode) + (1 if max(prefill) > 0 else 0))
     if min(chunk, len(decode) * len(context) * len(prefill)) * pad > MAX_CALL_ROWS:
@@ -209,6 +220,9 @@ def run(args) -> int:
             if v not in prefill:
                 refuse(f"is not on the grid's --prefill-chunk ({', '.join(map(str, prefill))})",
                        field="--heatmap-prefill", value=v)
+        if args.heatmap is None:        # else ignored silently
+            refuse("picks the heat maps' rows: it needs --heatmap", field="--heatmap-prefill",
+                   value=args.heatmap_prefill)
     total = len(decode) * len(context) * len(prefill)
     small = [p for p in prefill if 0 < p <= threshold]
     if small:
@@ -223,6 +237,10 @@ def run(args) -> int:
         grid = price_grid(dep, decode, context, prefill, threshold=threshold, temperature=temperature,
                           chunk=chunk, callback=lambda done, tot: bar.update(done))
     elapsed, compiled = time.perf_counter() - t0, kernel_compiles() - compiled
+    points = [f"decode {d}, context {c}, prefill chunk {q}" for q in prefill for d in decode for c in context] \
+        if not np.isfinite(grid["no_overlap"]).all() or not np.isfinite(grid["resources"]).all() else []
+    check_finite(grid["resources"].reshape(-1, len(RESOURCES)), grid["overlap"].reshape(-1),
+                 grid["no_overlap"].reshape(-1), labels=points, what="grid point")
     if args.out in (None, "-"):
         write_csv(sys.stdout, grid, decode, context, prefill, units=args.units, estimate=args.estimate)
     else:

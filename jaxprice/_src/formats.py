@@ -217,6 +217,9 @@ def _parse_stack(stack, kinds, *, file, where="stack"):
             if kid not in kinds:
                 refuse("the stack names an undeclared layer kind", file=file,
                        field=f"{where}.{part}", value=kid)
+    if not (out["prologue"] or out["epilogue"] or (out["pattern"] and out["repeat"])):
+        refuse("the stack has no layers (prologue, pattern x repeat and epilogue are all empty)", file=file,
+               field=where, value=stack, has_value=True)
     return out
 
 
@@ -613,6 +616,13 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
                    "load_deployment(path, pool_index=i))", file=file,
                    field="Deployment.pools", value=len(pools))
         pool_index = 0
+    if isinstance(pool_index, bool) or not isinstance(pool_index, int):    # "0", 0.0, True: not an index
+        import numbers
+        if isinstance(pool_index, numbers.Integral) and not isinstance(pool_index, bool):
+            pool_index = int(pool_index)
+        else:
+            refuse("expected an integer pool index (0-based)", file=file, field="Deployment.pools",
+                   value=pool_index)
     if not 0 <= pool_index < len(pools):
         refuse(f"pool index out of range (the deployment has {len(pools)})", file=file,
                field="Deployment.pools", value=pool_index)
@@ -696,6 +706,9 @@ class Registry:
     """
 
     def __init__(self, roots=None):
+        env = os.environ.get("JAXPRICE_REGISTRY")
+        if roots is None and env and not Path(env).is_dir():      # else "unknown chip (no entry under ...)"
+            refuse("the registry named by the environment is not a folder", field="JAXPRICE_REGISTRY", value=env)
         roots = [default_registry_root()] if roots is None else roots
         self.roots = [Path(r) for r in (roots if isinstance(roots, (list, tuple)) else [roots])]
         self._chips = None

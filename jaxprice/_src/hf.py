@@ -247,7 +247,8 @@ class _Reader:
         return self(field)
 
     def _check(self, spec, key, val):
-        f = dict(file=self.file, field=self.where + key, value=val, has_value=True)
+        from .schema import shown      # a long list or mapping is described, not pasted into the line
+        f = dict(file=self.file, field=self.where + key, value=shown(val), has_value=True)
         if val is None and spec.allow_null:
             return None
         if spec.type == "int":
@@ -286,13 +287,16 @@ def _check_rope(r):
         rope = r(field)
         if not rope:
             continue
-        for key in ("factor", "original_max_position_embeddings"):
-            if key not in rope:
-                continue
-            val = rope[key]
-            if isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0 or val == float("inf"):
-                refuse("impossible value: must be a positive number", file=r.file,
-                       field=f"{r.where}{field}.{key}", value=val, has_value=True)
+        # one mapping, or one per layer type ({"full_attention": {...}, "sliding_attention": {...}})
+        nested = all(isinstance(v, dict) for v in rope.values())
+        for sub, params in (rope.items() if nested else [("", rope)]):
+            for key in ("factor", "original_max_position_embeddings"):
+                if key not in params:
+                    continue
+                val = params[key]
+                if isinstance(val, bool) or not isinstance(val, (int, float)) or not val > 0 or val == float("inf"):
+                    refuse("impossible value: must be a positive number", file=r.file,
+                           field=f"{r.where}{field}.{sub + '.' if sub else ''}{key}", value=val, has_value=True)
 
 
 def _derived_max_len(r, model_type):
@@ -307,15 +311,22 @@ def _derived_max_len(r, model_type):
     rope = r("rope_parameters") or r("rope_scaling")
     if not rope or "gemma3" in str(model_type):
         return int(n)
-    layers = rope.values() if all(isinstance(v, dict) for v in rope.values()) else [rope]
-    factor = 1.0
-    for rp in layers:
+    field = "rope_parameters" if r("rope_parameters") else "rope_scaling"
+    nested = all(isinstance(v, dict) for v in rope.values())
+    layers = rope.items() if nested else [("", rope)]
+    factor, where = 1.0, None
+    for sub, rp in layers:
         kind = rp.get("rope_type", rp.get("type"))
         if kind not in ("su", "longrope", "llama3"):
-            factor = rp.get("factor", factor)
+            if "factor" in rp:
+                factor, where = rp["factor"], f"{field}.{sub + '.' if sub else ''}factor"
             if kind == "yarn" and rp.get("original_max_position_embeddings"):
                 n = rp["original_max_position_embeddings"]
-    return int(n * factor)
+    length = n * factor
+    if not 1 <= length < 2 ** 53:      # a factor that scales the context to nothing or past any number
+        refuse(f"impossible value: scales the context of {n} tokens to {length:.4g}", file=r.file,
+               field=r.where + (where or "max_position_embeddings"), value=factor if where else n)
+    return int(length)
 
 
 def _div(r, num, den):
@@ -364,6 +375,10 @@ def _patterns(entries, kind, file, field):
     out = []
     for e in entries:
         if e.startswith("re:"):
+            try:
+                re.compile(f"(?:{e[3:]})")
+            except re.error as err:
+                refuse(f"not a regular expression ({err})", file=file, field=field, value=e)
             out.append(("re", e[3:]))
         else:
             out.append((kind, e))
@@ -430,7 +445,13 @@ def read_quantization(cfg: dict, raw: dict, file: str, quant_doc: dict | None, q
                    file=file, field=f"{where}.config_groups", value=groups)
         fmts = set()
         for gname, g in groups.items():
+            if g is not None and not isinstance(g, dict):
+                refuse("expected a mapping (weights, targets, ...)", file=file, field=f"{where}.config_groups.{gname}",
+                       value=g)
             w = (g or {}).get("weights") or {}
+            if not isinstance(w, dict):
+                refuse("expected a mapping (num_bits, type, ...)", file=file,
+                       field=f"{where}.config_groups.{gname}.weights", value=w)
             bits, typ, gs = w.get("num_bits"), w.get("type"), w.get("group_size")
             fmtname = str((g or {}).get("format") or qc.get("format") or "").lower()
             gf = dict(file=file, field=f"{where}.config_groups.{gname}.weights", value=w, has_value=True)
@@ -782,6 +803,10 @@ def _fam_dsa(r, arch, act):
             pre, post = _mla_block(r, act, fused_index_norm=True)
             if ix:
                 ih, idim = r("index_n_heads"), r("index_head_dim")
+                if not r("q_lora_rank"):     # else a GEMM of width 0, refused as the graph's field
+                    refuse("impossible value: the indexer's wq_b projects the q LoRA latent, so it must be at "
+                           "least 1", file=r.file, field=r.where + "q_lora_rank", value=r("q_lora_rank"),
+                           has_value=True)
                 pre += [_gemm("index_wq_b", ih * idim, r("q_lora_rank")),
                         dict(_gemm("index_wk_weights_proj", idim + ih, h), weight_dtype=base),
                         _n("Attention", "block_index_scores", kind="gqa", n_q=ih, n_kv=1, d_h=idim)]
@@ -1029,18 +1054,18 @@ def _no_constant(name):
 
 
 def _read_json(path: Path, what: str) -> tuple:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        refuse(f"{what} not found", file=str(path))
-    except OSError as err:
-        refuse(f"cannot read {what} ({err.strerror})", file=str(path))
+    from .schema import read_bytes
+    data = read_bytes(path, what=what, missing=f"{what} not found")     # a folder, a device, too large: refused
     try:
         doc = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         refuse(f"not JSON ({getattr(err, 'msg', err)} at line {getattr(err, 'lineno', '?')})", file=str(path))
     except _BadJson as err:
         refuse(f"not valid JSON: {err}", file=str(path))
+    except RecursionError:
+        refuse("not valid JSON: nested too deeply", file=str(path))
+    except ValueError as err:          # e.g. an integer of more than 4300 digits
+        refuse(f"not valid JSON: {str(err).split(';')[0]}", file=str(path))
     if not isinstance(doc, dict):
         refuse("expected a JSON object", file=str(path), value=type(doc).__name__)
     return doc, hashlib.sha256(data).hexdigest()
@@ -1214,9 +1239,16 @@ def graph_yaml(res: Imported) -> str:
     if res.quant_path:
         lines.append(f"# quantization config: {res.quant_path} (sha256 {res.quant_sha256})")
     lines += [f"# inferred: {x}" for x in res.inferred]
+    def plain(text):        # a name as it stands where YAML reads it back as the same string, else quoted
+        try:
+            same = yaml.safe_load(f"k: {text}") == {"k": text}
+        except yaml.YAMLError:
+            same = False
+        return str(text) if same and "\n" not in str(text) and "#" not in str(text) else json.dumps(text)
     for key in ("format", "name", "source", "hf_repo", "config_sha256"):
         if key in d:
-            lines.append(f"{key}: {json.dumps(d[key]) if key in ('source', 'hf_repo', 'config_sha256') else d[key]}")
+            quoted = key in ('source', 'hf_repo', 'config_sha256')
+            lines.append(f"{key}: {json.dumps(d[key]) if quoted else plain(d[key])}")
     for key in ("hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality", "max_model_len"):
         if key in d:
             lines.append(f"{key}: {flow(d[key])}")

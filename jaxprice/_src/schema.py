@@ -117,8 +117,10 @@ def number(value, *, file=None, field=None, integer=False, minimum=None, above=N
         if value != int(value):
             refuse("expected an integer", file=file, field=field, value=raw, has_value=True)
         value = int(value)
-    if ((minimum is not None and value < minimum) or (above is not None and value <= above)
-            or (maximum is not None and value > maximum) or (below is not None and value >= below)):
+    low = (minimum is not None and value < minimum) or (above is not None and value <= above)
+    if low or (maximum is not None and value > maximum) or (below is not None and value >= below):
+        if low and why == TOKEN_WHY:       # the token limit explains the upper bound, not "must be >= 1"
+            why = ""
         refuse(_range_text(value, minimum, above, maximum, below) + why, file=file, field=field, value=raw,
                has_value=True)
     return value
@@ -175,19 +177,39 @@ def boolean(value, *, file=None, field=None, message=None):
 # ----------------------------------------------------------------------------- files
 
 
-def read_text(path, *, what="file", missing="file not found", allow_empty=True) -> str:
-    """A file's text (UTF-8), refused in one line when it is missing, a directory, unreadable
-    or binary."""
+# The most bytes an input file may hold: far past any scenario, graph, batch, trace or measurement file
+# (a batch file of MAX_REQUESTS lines is ~20 MB); a device such as /dev/zero would otherwise be read forever.
+MAX_FILE_BYTES = 1 << 30
+
+
+def read_bytes(path, *, what="file", missing="file not found") -> bytes:
+    """A file's bytes, refused in one line when it is missing, a directory, a device, unreadable or
+    larger than MAX_FILE_BYTES (a pipe is read, up to that size)."""
+    import stat
     p = Path(str(path))
     file = str(path)
     if p.is_dir():
         refuse(f"is a directory, expected a {what}", file=file)
     try:
-        data = p.read_bytes()
+        mode = p.stat().st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+            refuse(f"is a device, not a file; expected a {what}", file=file)
+        with open(p, "rb") as fh:
+            data = fh.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         refuse(missing, file=file)
     except OSError as err:
         refuse(f"cannot read the {what} ({err.strerror or type(err).__name__})", file=file)
+    if len(data) > MAX_FILE_BYTES:
+        refuse(f"is larger than {MAX_FILE_BYTES >> 20} MiB; expected a {what}", file=file)
+    return data
+
+
+def read_text(path, *, what="file", missing="file not found", allow_empty=True) -> str:
+    """A file's text (UTF-8), refused in one line when it is missing, a directory, a device,
+    unreadable or binary."""
+    file = str(path)
+    data = read_bytes(path, what=what, missing=missing)
     if b"\x00" in data:
         at = data.index(b"\x00")
         refuse(f"is not a text file (a NUL byte at offset {at}); expected a {what}", file=file)
@@ -227,14 +249,65 @@ class StrictLoader(_BASE_LOADER):
                 seen.add(key)
         return super().construct_mapping(node, deep)
 
+    def construct_yaml_int(self, node):
+        """An integer, refused as bad YAML (not a ValueError traceback) past Python's 4300-digit limit."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as err:
+            raise yaml.constructor.ConstructorError(None, None, f"an integer too long to read "
+                                                    f"({str(err).split(';')[0]})", node.start_mark)
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+
+
+# Aliases may repeat a written value (a merge key, a request used twice) but not multiply the document:
+# nested aliases of aliases ("billion laughs") expand 9 lines into 10**9 values, which a refusal
+# quoting the value would then try to print.
+ALIAS_EXPANSION_LIMIT = 100_000
+
+
+def _expanded_size(doc) -> tuple[int, int]:
+    """(values the document holds with every alias expanded, distinct containers), in time linear in
+    what was written (shared containers are counted once, their expansion memoised); raises
+    yaml.YAMLError for an alias that contains itself."""
+    memo, active, stack = {}, set(), [(doc, False)]
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, (dict, list)):
+            continue
+        key = id(node)
+        children = list(node.keys()) + list(node.values()) if isinstance(node, dict) else node
+        if done:
+            active.discard(key)
+            memo[key] = 1 + sum(memo.get(id(c), 1) for c in children)
+            continue
+        if key in memo:
+            continue
+        if key in active:
+            raise yaml.YAMLError("an alias refers to a value that contains it (a recursive alias)")
+        active.add(key)
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if isinstance(c, (dict, list)) and id(c) not in memo)
+    return memo.get(id(doc), 1), len(memo)
+
 
 def load_yaml_documents(text) -> list:
-    """Every document of a YAML stream (None for empty ones), duplicate keys refused.
+    """Every document of a YAML stream (None for empty ones), duplicate keys refused, and aliases
+    that multiply the document (more than ALIAS_EXPANSION_LIMIT values and ten times what is
+    written) or refer to themselves refused.
     Raises yaml.YAMLError (a RecursionError from absurd nesting is turned into one)."""
     try:
-        return list(yaml.load_all(text, Loader=StrictLoader))
+        docs = list(yaml.load_all(text, Loader=StrictLoader))
     except RecursionError:
         raise yaml.YAMLError("the YAML is nested too deeply")
+    if "*" in text:          # no alias, nothing shared: skip the walk
+        for i, doc in enumerate(docs):
+            size, written = _expanded_size(doc)
+            if size > max(ALIAS_EXPANSION_LIMIT, 10 * written):
+                raise yaml.YAMLError(f"aliases expand document {i + 1} to {size} values from {written} lists and "
+                                     "mappings written (nested aliases of aliases)")
+    return docs
 
 
 def yaml_problem(err, *, column=True) -> tuple[str, str]:
@@ -267,6 +340,10 @@ def read_json(path, *, what="JSON file"):
         refuse(f"malformed JSON at line {err.lineno}, column {err.colno}: {err.msg}", file=str(path))
     except RecursionError:
         refuse("the JSON is nested too deeply", file=str(path))
+    except JaxpriceError:
+        raise
+    except ValueError as err:          # e.g. an integer of more than 4300 digits
+        refuse(f"malformed JSON: {str(err).split(';')[0]}", file=str(path))
 
 
 def read_csv(path, *, what="CSV file", missing="file not found") -> list:
@@ -603,7 +680,9 @@ INT_NODE_FIELDS = {"n", "k", "experts", "top_k", "shared_experts", "shared_inter
                    "qk_nope_head_dim", "v_head_dim",
                    "index_topk", "n_heads", "state_size", "n_groups", "conv_kernel",
                    "intermediate_size", "streams", "mix_n", "mix_k"}
-NODE_FIELDS = {**{k: Int(0, below=DIM_LIMIT) for k in INT_NODE_FIELDS},
+# A GEMM's or an attention's shape: zero is no model (a GEMM with n 0 or attention with no heads priced as free)
+POSITIVE_NODE_FIELDS = {"n", "k", "n_q", "n_kv", "d_h"}
+NODE_FIELDS = {**{k: Int(1 if k in POSITIVE_NODE_FIELDS else 0, below=DIM_LIMIT) for k in INT_NODE_FIELDS},
                "op": Str(), "role": Str(nullable=True), "emit": Str(nullable=True), "phase": Str(),
                "replicated": Bool(message="replicated must be true or false"),
                "weight_dtype": Str(), "state_dtype": Str(nullable=True), "kind": Str(), "recurrent_kind": Str(),

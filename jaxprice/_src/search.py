@@ -88,7 +88,7 @@ import optax
 
 from .errors import refuse
 from .numerics import min2
-from .plan import RESOURCES, Batch
+from .plan import INT_TOKEN_LIMIT, RESOURCES, Batch
 from .step import step_time
 
 ESTIMATES = ("no_overlap", "overlap")
@@ -199,6 +199,8 @@ def make_limits(dep, *, itl, prefill_budget, min_prefill=0, context=4096, prefix
     if context < w:
         refuse(f"must hold at least the {w} tokens a decode schedules", field="context", value=context)
     model_len = _engine(dep).get("max_model_len")
+    if model_len is None:       # unstated: vLLM's default, the model's own length (where its graph states one)
+        model_len = getattr(getattr(dep, "graph", None), "max_model_len", None)
     if isinstance(model_len, (int, float)) and model_len > 0:
         if context > model_len:
             refuse(f"exceeds the deployment's max_model_len {int(model_len)}", field="context", value=context)
@@ -208,6 +210,16 @@ def make_limits(dep, *, itl, prefill_budget, min_prefill=0, context=4096, prefix
                 ("prefill_budget", budget)
             refuse(f"prefix + prefill_budget ({prefix} + {budget}) exceeds the deployment's max_model_len "
                    f"{int(model_len)}", field=who, value=val)
+    # past the deployment's max_model_len (above) or, where none is known, the kernel's token limit
+    for field, v in (("context", context), ("prefix", prefix), ("prefill_budget", budget),
+                     ("min_prefill", min_prefill)):
+        if v >= INT_TOKEN_LIMIT:
+            refuse(f"must be below {INT_TOKEN_LIMIT} (the kernel's token limit, plan.INT_TOKEN_LIMIT = 2**24)",
+                   field=field, value=v)
+    if prefix + budget >= INT_TOKEN_LIMIT:
+        refuse(f"prefix + prefill_budget ({prefix} + {budget}) must be below {INT_TOKEN_LIMIT} (the kernel's token "
+               "limit, plan.INT_TOKEN_LIMIT = 2**24)", field="prefill_budget" if budget > prefix else "prefix",
+               value=budget if budget > prefix else prefix)
     if min_prefill > budget:
         refuse(f"exceeds prefill_budget {budget}: no chunk satisfies both", field="min_prefill", value=min_prefill)
     lim = Limits(itl, budget, min_prefill, context, prefix, max_decode, max_batched_tokens, r, a, estimate, w, seqs)
