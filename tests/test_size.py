@@ -20,7 +20,7 @@ import pytest
 import jaxprice as jp
 from jaxprice import cli
 from jaxprice._src import size as S
-from jaxprice._src.layouts import weight_formats
+from jaxprice._src.layouts import heads_reason, weight_formats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "llama-3.1-70b-instruct"
@@ -486,3 +486,19 @@ def test_vllm_line_says_a_four_bit_format_needs_a_prequantized_checkpoint():
     fp8 = dataclasses.replace(lay, weights="fp8")
     text = S.vllm_command(S.build_scenario(MODEL, "b200", fp8, isl=1024, osl=256, graph=graph), fp8, graph)
     assert "--quantization fp8" in text and "online" not in text
+
+
+def test_a_width_the_attention_heads_do_not_divide_is_rejected_as_vllm_does(capsys):
+    """Qwen3.5-27B has 24 attention heads: vLLM refuses tensor-parallel size 16 (the heads must
+    divide by tp); size rejects that layout with the reason, price --chip refuses it in one line."""
+    from clirefusal import assert_refused
+    config = os.path.join(ROOT, "testdata", "hf", "Qwen--Qwen3.5-27B")
+    graph, reg, _ = S.load_model(config)
+    assert heads_reason(graph, 8) == "" and "24 attention heads" in heads_reason(graph, 16)
+    lay = S.Layout(16, 1, False, graph.weight_dtype, 256, 8192, "PIECEWISE")
+    cand, = S.build_candidates(graph.name, graph, "h200", 16, [lay], isl=1024, osl=1024, registry=reg,
+                               gpus_per_node=16)
+    assert cand.status == "rejected" and "divide by tp" in cand.reason
+    assert_refused(capsys, ["price", config, "--chip", "h200", "--tp", "16", "--gpus-per-node", "16"],
+                   "--tp", "24 attention heads")
+

@@ -223,10 +223,12 @@ def model_deployment(model, args):
     max_num_seqs, max_num_batched_tokens, max_model_len and the graph mode are left to vLLM's
     defaults (and to serve's isl + osl + 256), which the commands state where they use them."""
     from .resolve import resolve
-    from .layouts import base_scenario, is_moe, load_model, spans_nodes_reason, weight_formats
+    from .layouts import base_scenario, heads_reason, is_moe, load_model, spans_nodes_reason, weight_formats
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
     tp = parse_int(1 if args.tp is None else args.tp, flag="--tp", minimum=1)
+    if heads_reason(graph, tp):
+        refuse(heads_reason(graph, tp), field="--tp", value=tp)
     dp = parse_int(1 if args.dp is None else args.dp, flag="--dp", minimum=1)
     weights = graph.weight_dtype if args.weights is None else args.weights
     allowed = weight_formats(graph, chip)

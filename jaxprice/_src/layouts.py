@@ -104,6 +104,25 @@ def weight_formats(graph: ModelGraph, chip) -> list:
     return out
 
 
+def attention_heads(graph: ModelGraph) -> list:
+    """The query-head counts of the model's primary attention nodes (those with no role), one per
+    distinct count."""
+    return sorted({int(n["n_q"]) for nodes in graph.layer_kinds.values() for n in nodes
+                   if n["op"] == "Attention" and not n.get("role")})
+
+
+def heads_reason(graph: ModelGraph, tp: int) -> str:
+    """Why vLLM refuses a tensor-parallel width for the model ("" when it does not): its attention
+    heads must divide by tp (ModelConfig.verify_with_parallel_config, vllm-project/vllm
+    vllm/config.py@c0c2335: "Total number of attention heads (H) must be divisible by tensor
+    parallel size (tp)"). The reference kernel prices any width; this is the engine's rule."""
+    bad = [h for h in attention_heads(graph) if h % int(tp)]
+    if not bad:
+        return ""
+    return (f"{bad[0]} attention heads do not divide by tensor-parallel size {tp} (vLLM refuses it: the heads "
+            "must divide by tp)")
+
+
 def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
     """The engine's max_model_len for a workload: ISL + OSL + 256 (InferenceX's rule), at most
     ``limit``, the model's own (``ModelGraph.max_model_len``, where its graph states one)."""
@@ -271,6 +290,9 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
         if fabric is None and lay.width > gpus_per_node:
             out.append(Candidate(lay, replicas, "rejected",
                                  spans_nodes_reason(lay.width, gpus_per_node, registry.network_names())))
+            continue
+        if heads_reason(graph, lay.tp):
+            out.append(Candidate(lay, replicas, "rejected", heads_reason(graph, lay.tp)))
             continue
         scen = build_scenario(model, chip_name, lay, isl=isl, osl=osl, graph=graph, gpus_per_node=gpus_per_node,
                               fabric=fabric)
