@@ -67,15 +67,16 @@ def add_parser(subparsers):
                         "auto (default): steady for every layout, then the serving simulation at 10 x C for the "
                         "frontier, the best and the layouts near the targets (--simulate), its numbers replacing "
                         "the steady ones")
-    p.add_argument("--simulate", default=str(S.DEFAULT_SIMULATE),
+    p.add_argument("--simulate", default=None,
                    help="auto: layouts near the targets re-run under the serving simulation at 10 x C prompts "
-                        "beside the frontier, best and runner-up (always re-run), at most (default %(default)s; "
-                        "0: no simulation)")
-    p.add_argument("--search-prompts", default=str(S.DEFAULT_SEARCH_PROMPTS),
-                   help="serve: prompts per client for the search over every layout (default %(default)s, i.e. "
-                        "2 x C per point; 'none': 10 x C)")
-    p.add_argument("--verify", default="0",
-                   help="steady: re-run the best (and runner-up) layout under the serving simulation (default 0)")
+                        "beside the frontier, best and runner-up (always re-run), at most "
+                        f"(default {S.DEFAULT_SIMULATE}; 0: no simulation)")
+    p.add_argument("--search-prompts", default=None,
+                   help="serve: prompts per client for the search over every layout "
+                        f"(default {S.DEFAULT_SEARCH_PROMPTS}, i.e. 2 x C per point; 'none': 10 x C)")
+    p.add_argument("--verify", default=None,
+                   help="steady: re-run the best (1) and the runner-up (2) layout under the serving simulation "
+                        "(default 0)")
     p.add_argument("--num-prompts", default=None,
                    help="prompts per simulated point, every simulated run (default 10 x C, the benchmark's)")
     p.add_argument("--show-rejected", action="store_true", help="list every rejected layout with its reason")
@@ -118,6 +119,7 @@ def options(args) -> dict:
     rr = parse_float(args.range_ratio, flag="--range-ratio")
     if not 0 < rr <= 1:
         refuse("must be in (0, 1] (1: fixed lengths)", field="--range-ratio", value=args.range_ratio)
+    simulation = _simulation_options(args)
     return dict(chip=args.chip, gpus=parse_int(args.gpus, flag="--gpus", minimum=1),
                 gpus_per_node=parse_int(args.gpus_per_node, flag="--gpus-per-node", minimum=1), fabric=args.fabric,
                 isl=parse_int(args.isl, flag="--isl", minimum=1), osl=parse_int(args.osl, flag="--osl", minimum=2),
@@ -130,11 +132,36 @@ def options(args) -> dict:
                 max_num_batched_tokens=parse_int_list(args.max_num_batched_tokens, flag="--max-num-batched-tokens",
                                                       minimum=1),
                 cudagraph_modes=modes, range_ratio=rr, evaluator=args.evaluator,
-                num_prompts=parse_int(args.num_prompts, flag="--num-prompts", minimum=1) if args.num_prompts else None,
-                verify=parse_int(args.verify, flag="--verify", minimum=0),
-                simulate=parse_int(args.simulate, flag="--simulate", minimum=0),
-                search_prompts=(None if str(args.search_prompts).lower() == "none"
-                                else parse_float(args.search_prompts, flag="--search-prompts", positive=True)))
+                **simulation)
+
+
+def _simulation_options(args) -> dict:
+    """--simulate, --search-prompts, --verify and --num-prompts, each refused where the evaluator
+    would ignore it (a silent no-op would read as an answer to a question that was not asked)."""
+    from . import size as S
+    ev = args.evaluator
+    verify = 0 if args.verify is None else parse_int(args.verify, flag="--verify", minimum=0)
+    if verify > 2:
+        refuse("must be 0, 1 (re-run the best layout) or 2 (the best and the runner-up)", field="--verify",
+               value=verify)
+    simulate = S.DEFAULT_SIMULATE if args.simulate is None else parse_int(args.simulate, flag="--simulate", minimum=0)
+    search = (S.DEFAULT_SEARCH_PROMPTS if args.search_prompts is None else
+              None if str(args.search_prompts).strip().lower() == "none"
+              else parse_float(args.search_prompts, flag="--search-prompts", positive=True))
+    num = None if args.num_prompts is None else parse_int(args.num_prompts, flag="--num-prompts", minimum=1)
+    if verify and ev != "steady":
+        refuse(f"re-runs the steady evaluator's choice; --evaluator {ev} simulates the frontier and the best "
+               "already", field="--verify", value=verify)
+    if args.simulate is not None and simulate and ev == "steady":
+        refuse("is for --evaluator auto or serve: --evaluator steady simulates nothing (--verify re-runs its best "
+               "layout)", field="--simulate", value=simulate)
+    if args.search_prompts is not None and ev != "serve":
+        refuse(f"is for --evaluator serve (its search over every layout); --evaluator {ev} searches with the steady "
+               "state", field="--search-prompts", value=args.search_prompts)
+    if num is not None and not (ev == "serve" or (ev == "auto" and simulate) or verify):
+        refuse("sets the prompts of simulated runs, and none would run: use --evaluator auto or serve, or --verify",
+               field="--num-prompts", value=num)
+    return dict(num_prompts=num, verify=verify, simulate=simulate, search_prompts=search)
 
 
 def describe_space(cands, ctx, show_rejected=False) -> str:
@@ -238,13 +265,27 @@ def describe_sources(result) -> str:
 
 
 def check_outputs(args) -> None:
-    """Refuse, before the search, an output path that cannot be written."""
+    """Refuse, before the search, an output path that cannot be written, two outputs onto one
+    file (the later would overwrite the earlier), and an output onto the model file read."""
     if args.json is not None and args.json != "-":
         check_output_file(args.json, flag="--json", what="JSON")
     if args.plot is not None:
         check_image(args.plot, "--plot")
     if args.write_scenario is not None:
         check_output_file(args.write_scenario, flag="--write-scenario", what="scenario")
+    seen = {}
+    model = Path(str(args.model))
+    if model.is_file():
+        seen[model.resolve()] = "the MODEL file"
+    elif model.is_dir():
+        seen[(model / "config.json").resolve()] = "the MODEL's config.json"
+    for flag, path in (("--json", args.json), ("--plot", args.plot), ("--write-scenario", args.write_scenario)):
+        if path is None or path == "-":
+            continue
+        key = Path(path).resolve()
+        if key in seen:
+            refuse(f"is the same file as {seen[key]}: one would overwrite the other", field=flag, value=path)
+        seen[key] = flag
 
 
 def run(args) -> int:

@@ -418,6 +418,14 @@ def read_quantization(cfg: dict, raw: dict, file: str, quant_doc: dict | None, q
     if method in ("fp8", "fbgemm_fp8"):
         block = qc.get("weight_block_size")
         desc = f"FP8 block-wise {block}" if block else "FP8 per tensor"
+        # vLLM's Fp8Config reads the layers an FP8 checkpoint keeps at its 16-bit precision from
+        # ``ignored_layers``, falling back to ``modules_to_not_convert`` when that is empty, and
+        # serves them (linear and fused-MoE layers alike) unquantized: Fp8Config.from_config and
+        # get_quant_method, vllm-project/vllm vllm/model_executor/layers/quantization/fp8.py
+        # @1436674bcb3f46f4c960d09334cf7dd1534943ca
+        ignored = _patterns(qc.get("ignored_layers"), "hf", file, f"{where}.ignored_layers")
+        if ignored:
+            excl = ignored + _patterns(qc.get("ignore"), "hf", file, f"{where}.ignore")
         return Quant("fp8", desc + f", activations {qc.get('activation_scheme', 'dynamic')}", excl, src)
     if method in ("mxfp4", "nvfp4", "mxfp8"):
         return Quant(method, method.upper(), excl, src)

@@ -27,6 +27,10 @@ DEFAULT_GRAPH_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
 QUANT_FLAG = {"fp8": "fp8", "nvfp4": "modelopt_fp4", "mxfp4": "mxfp4"}
 # Formats vLLM serves only from a checkpoint quantized ahead of time (FP8 it also quantizes online).
 PREQUANTIZED = ("nvfp4", "mxfp4")
+# The most layouts one search considers: the default space of DeepSeek-V3 on 8 GPUs is 342; each
+# layout is resolved and fit-checked, 2-4 ms each on this project's machine (10 000: ~30 s) before
+# any is priced, so a space of millions (lists of engine settings multiplied) would run for hours.
+MAX_CANDIDATES = 10_000
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -193,7 +197,13 @@ def load_model(model, registry: Registry | None = None) -> tuple[ModelGraph, Reg
     imports it)."""
     registry = registry or Registry()
     text = str(model)
+    if not text.strip():          # Path("") is the working folder: never read it as a model folder
+        refuse("an empty model name (a registry model, a model graph file or a config.json)", field="model",
+               value=text)
     p = Path(text)
+    if p.is_dir() and not (p / "config.json").is_file():
+        refuse("a folder without a config.json (expected a Hugging Face model folder, a model graph file or a "
+               "registry model name)", field="model", value=text)
     if p.exists():
         graph = load_model_graph(p / "config.json" if p.is_dir() else p)
         return graph, _GraphRegistry(graph, registry), text
@@ -225,6 +235,18 @@ def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=
     dps = ([w for w in WIDTHS if w <= gpus] if moe else [1]) if dp is None else sorted(set(dp))
     eps = ([False, True] if moe else [False]) if ep is None else sorted(set(ep))
     fmts = weight_formats(graph, chip) if weights is None else list(dict.fromkeys(weights))
+    # a value listed twice is one layout, not two (the duplicates would be resolved and priced again)
+    max_num_seqs, max_num_batched_tokens, cudagraph_modes = (
+        list(dict.fromkeys(int(v) for v in max_num_seqs)), list(dict.fromkeys(int(v) for v in max_num_batched_tokens)),
+        list(dict.fromkeys(str(v) for v in cudagraph_modes)))
+    parallel = sum(1 for t, d, e in itertools.product(tps, dps, eps)
+                   if not gpus % (t * d) and not (e and (not moe or t * d == 1)))
+    count = parallel * len(fmts) * len(max_num_seqs) * len(max_num_batched_tokens) * len(cudagraph_modes)
+    if count > MAX_CANDIDATES:     # refused before any is built: each one is resolved and fit-checked
+        refuse(f"{count} layouts ({parallel} parallel layouts x {len(fmts)} weight formats x {len(max_num_seqs)} "
+               f"max_num_seqs x {len(max_num_batched_tokens)} max_num_batched_tokens x {len(cudagraph_modes)} graph "
+               f"modes) is more than the {MAX_CANDIDATES} a search takes: list fewer values", field="candidates",
+               value=count)
     out = []
     for t, d, e, f in itertools.product(tps, dps, eps, fmts):
         if gpus % (t * d):

@@ -89,20 +89,29 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from .client import Workload
+from .client import MAX_RUN_REQUESTS, MAX_SWEEP_REQUESTS, Workload
 from .errors import JaxpriceError, refuse
 from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario
 from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS,
                       PREQUANTIZED, QUANT_FLAG, WIDTHS, Candidate, Layout, build_candidates, build_scenario,
-                      candidate_space, fits, is_moe, load_model, max_model_len, _is_hf, _kv_tokens)
-from .plan import Batch
+                      candidate_space, fits, is_moe, load_model, max_model_len, weight_formats, _is_hf, _kv_tokens)
+from .plan import INT_TOKEN_LIMIT, Batch
 from .resolve import Deployment, resolve
+from .schema import TOKEN_WHY, WIDTH_LIMIT
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 64, 128, 256, 512, 1024)
 DEFAULT_SIMULATE = 8           # 'auto': layouts near the targets re-run under the serving simulation beside
 #                                the frontier, best and runner-up (always re-run), at most
 DEFAULT_SEARCH_PROMPTS = 2     # 'serve': prompts per client of the search over every layout (then 10 x C)
 EVALUATORS = ("auto", "serve", "steady")
+# Input caps, refused in one line before anything is resolved or priced:
+MAX_GPUS = 1 << 20             # GPUs a search sizes for (replicas of one engine layout)
+MAX_CONCURRENCY = MAX_RUN_REQUESTS // 10   # clients per engine: the simulation's 10 x C prompts per point within
+#                                its cap on one run (as `jaxprice serve --concurrency`); the steady state too
+MAX_LEVELS = 64                # concurrency levels per search (every level of every layout is priced)
+MAX_SEARCH_REQUESTS = 1 << 22  # requests the serving simulation may run in one search, all layouts together:
+#                                the default serve search of DeepSeek-V3 on 8 GPUs runs ~0.8 M (minutes); past
+#                                4 M it runs for hours and its shared scheduler calls hold many GB
 DECODE_THRESHOLD = 8
 
 
@@ -117,13 +126,15 @@ class SizeWorkload:
     range_ratio: float = 0.8
     seed: int = 0
 
+    # the shortest length is at least one token, as the serving simulation's client draws them
+    # (client.Workload: max(int(L x range_ratio), 1))
     @property
     def mean_isl(self) -> float:
-        return (math.floor(self.range_ratio * self.isl) + self.isl) / 2.0
+        return (max(math.floor(self.range_ratio * self.isl), 1) + self.isl) / 2.0
 
     @property
     def mean_osl(self) -> float:
-        return (math.floor(self.range_ratio * self.osl) + self.osl) / 2.0
+        return (max(math.floor(self.range_ratio * self.osl), 1) + self.osl) / 2.0
 
 
 @dataclasses.dataclass
@@ -876,7 +887,8 @@ def miss_message(results, ttft_t, tpot_t) -> str:
         if tgt is None:
             continue
         if val > tgt:
-            parts.append(f"{name} {val * 1e3:.2f} ms, {(val - tgt) * 1e3:.2f} ms ({val / tgt - 1:.0%}) over the "
+            over = f"{val / tgt - 1:.0%}" if val / tgt < 100 else f"{val / tgt:.3g} x the target"
+            parts.append(f"{name} {val * 1e3:.2f} ms, {(val - tgt) * 1e3:.3g} ms ({over}) over the "
                          f"{tgt * 1e3:g} ms target")
         else:
             parts.append(f"{name} {val * 1e3:.2f} ms meets {tgt * 1e3:g} ms")
@@ -911,34 +923,50 @@ def _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, template: L
     return out
 
 
-def _positive(value, field, integer=False):
+def _positive(value, field, integer=False, maximum=None, why=""):
     if value is None:
         return None
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        refuse("expected a number", field=field, value=value)
+    if isinstance(value, bool):
+        refuse("expected a number, not a boolean", field=field, value=value)
+    if integer and isinstance(value, (int, np.integer)):     # exact, however large (float() would round it)
+        v = int(value)
+    else:
+        try:
+            v = float(value)
+        except (TypeError, ValueError, OverflowError):
+            refuse("expected a number", field=field, value=value)
     if not math.isfinite(v) or v <= 0 or (integer and v != int(v)):
         refuse("must be a positive " + ("integer" if integer else "number"), field=field, value=value,
                has_value=True)
+    if maximum is not None and v > maximum:
+        refuse(f"must be at most {maximum}{why}", field=field, value=value, has_value=True)
     return int(v) if integer else v
 
 
 def _checked_workload(gpus, isl, osl, ttft_ms, tpot_ms, concurrency, range_ratio):
     """The workload, targets and concurrency sweep of a search, each refused in one line when
     malformed: (gpus, SizeWorkload, ttft target s or None, tpot target s or None, sorted levels)."""
-    gpus = _positive(gpus, "gpus", integer=True)
-    isl = _positive(isl, "isl", integer=True)
-    osl = _positive(osl, "osl", integer=True)
+    gpus = _positive(gpus, "gpus", integer=True, maximum=MAX_GPUS, why=" (2**20: past any cluster one engine "
+                     "layout is replicated over)")
+    isl = _positive(isl, "isl", integer=True, maximum=INT_TOKEN_LIMIT - 1, why=TOKEN_WHY)
+    osl = _positive(osl, "osl", integer=True, maximum=INT_TOKEN_LIMIT - 1, why=TOKEN_WHY)
     if osl < 2:
         refuse("must be at least 2: sizing trades tokens/s per GPU against tokens/s per user (1 / TPOT), "
                "and a one-token output has no TPOT (jaxprice serve prices prefill-only runs)", field="osl", value=osl)
     ttft_t = None if ttft_ms is None else _positive(ttft_ms, "ttft_ms") / 1e3
     tpot_t = None if tpot_ms is None else _positive(tpot_ms, "tpot_ms") / 1e3
-    conc = sorted({_positive(c, "concurrency", integer=True) for c in concurrency})
+    if isinstance(concurrency, (str, bytes)) or not hasattr(concurrency, "__iter__"):
+        refuse("expected a list of client counts per engine", field="concurrency", value=concurrency)
+    conc = sorted({_positive(c, "concurrency", integer=True, maximum=MAX_CONCURRENCY,
+                             why=" clients per engine (the serving simulation's 10 x C prompts per point must stay "
+                                 f"within its cap of {MAX_RUN_REQUESTS} requests per run)") for c in concurrency})
     if not conc:
         refuse("needs at least one concurrency", field="concurrency")
-    if not 0 < float(range_ratio) <= 1:
+    if len(conc) > MAX_LEVELS:
+        refuse(f"{len(conc)} concurrency levels; a search sweeps at most {MAX_LEVELS} (every level of every layout "
+               "is priced)", field="concurrency", value=f"{conc[0]}..{conc[-1]}")
+    if isinstance(range_ratio, bool) or not isinstance(range_ratio, (int, float, np.integer, np.floating)) \
+            or not 0 < float(range_ratio) <= 1:
         refuse("must be in (0, 1]", field="range_ratio", value=range_ratio)
     return gpus, SizeWorkload(isl, osl, float(range_ratio)), ttft_t, tpot_t, conc
 
@@ -948,7 +976,7 @@ def _checked_evaluator(evaluator: str, simulate) -> tuple[str, int]:
     simulation: 'auto' searches with 'steady' and refines with the simulation where installed."""
     if evaluator not in EVALUATORS:
         refuse(f"unknown evaluator (known: {', '.join(EVALUATORS)})", field="evaluator", value=evaluator)
-    simulate = int(simulate or 0)
+    simulate = _nonnegative_int(0 if simulate is None else simulate, "simulate")
     if evaluator == "auto":
         return "steady", simulate if _serve_module() is not None else 0
     if evaluator == "steady":
@@ -959,12 +987,26 @@ def _checked_evaluator(evaluator: str, simulate) -> tuple[str, int]:
     return evaluator, simulate
 
 
-def _check_axes(*, tp, dp, weights, max_num_seqs, max_num_batched_tokens, cudagraph_modes):
-    """Refuse a malformed candidate axis in one line, before anything is resolved."""
+def _check_axes(*, tp, dp, weights, max_num_seqs, max_num_batched_tokens, cudagraph_modes, ep=None):
+    """Refuse a malformed candidate axis in one line, before anything is resolved: widths at most
+    WIDTH_LIMIT (a scenario file's), engine limits below the kernel's token limit (a scenario
+    file's ``engine`` block's), ep a list of booleans."""
     for name, vals in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                       ("tp", tp or ()), ("dp", dp or ())):
+                       ("tp", tp or ()), ("dp", dp or ()), ("cudagraph_modes", cudagraph_modes),
+                       ("weights", weights or ()), ("ep", ep or ())):
+        if isinstance(vals, (str, bytes)) or not hasattr(vals, "__iter__"):
+            refuse("expected a list", field=name, value=vals)
+    for name, vals in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+        if not len(vals):
+            refuse("expected at least one value", field=name, value=list(vals))
         for v in vals:
-            _positive(v, name, integer=True)
+            _positive(v, name, integer=True, maximum=INT_TOKEN_LIMIT - 1, why=TOKEN_WHY)
+    for name, vals in (("tp", tp or ()), ("dp", dp or ())):
+        for v in vals:
+            _positive(v, name, integer=True, maximum=WIDTH_LIMIT, why=" (a scenario's widths' limit)")
+    for v in ep or ():
+        if not isinstance(v, (bool, np.bool_)):
+            refuse("expected booleans (True: expert parallelism on, False: off)", field="ep", value=v)
     from .resolve import GRAPH_MODES
     for m in cudagraph_modes:
         if m not in GRAPH_MODES:
@@ -972,6 +1014,112 @@ def _check_axes(*, tp, dp, weights, max_num_seqs, max_num_batched_tokens, cudagr
     for f in weights or ():
         if f not in DTYPE_BYTES:
             refuse(f"unknown weight format (known: {', '.join(DTYPE_BYTES)})", field="weights", value=f)
+
+
+def _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_prompts, search_prompts) -> int:
+    """Refuse, before anything is built, a simulated run past the serving simulation's caps
+    (client.MAX_RUN_REQUESTS per run, MAX_SWEEP_REQUESTS per layout's sweep): --num-prompts,
+    --search-prompts x C and the default 10 x C, wherever the simulation will run; and a
+    ``verify`` other than 0, 1 or 2 (returned as an int)."""
+    verify = _nonnegative_int(verify, "verify")
+    if verify > 2:
+        refuse("must be 0, 1 (re-run the best layout) or 2 (the best and the runner-up)", field="verify", value=verify)
+    if num_prompts is not None:
+        num_prompts = _positive(num_prompts, "num_prompts", integer=True, maximum=MAX_RUN_REQUESTS,
+                                why=" (jaxprice's cap on the requests of one simulated run)")
+    if search_prompts is not None:
+        search_prompts = _positive(search_prompts, "search_prompts")
+    sweeps = evaluator == "serve" or (requested == "auto" and simulate > 0)
+    if not sweeps:
+        return verify
+    per_point = [num_prompts or 10 * c for c in conc]
+    if evaluator == "serve" and num_prompts is None and search_prompts is not None:
+        worst = max(max(int(round(search_prompts * c)), 1) for c in conc)
+        if worst > MAX_RUN_REQUESTS:
+            refuse(f"{search_prompts:g} x {max(conc)} clients = {worst} prompts in one simulated run, past jaxprice's "
+                   f"cap of {MAX_RUN_REQUESTS}", field="search_prompts", value=search_prompts)
+        per_point = [max(a, max(int(round(search_prompts * c)), 1)) for a, c in zip(per_point, conc)]
+    if sum(per_point) > MAX_SWEEP_REQUESTS:
+        refuse(f"the serving simulation's sweep of one layout would hold {sum(per_point)} requests at once "
+               f"({'num_prompts' if num_prompts else '10 x C'} prompts at each of {len(conc)} levels), past "
+               f"jaxprice's cap of {MAX_SWEEP_REQUESTS} per sweep: sweep fewer or smaller levels",
+               field="num_prompts" if num_prompts else "concurrency", value=num_prompts or max(conc))
+    return verify
+
+
+def _check_search_size(evaluator, requested, simulate, conc, num_prompts, search_prompts, layouts: int):
+    """Refuse, before anything is priced, a search whose serving simulation would run more than
+    MAX_SEARCH_REQUESTS requests: 'serve' simulates every fitting layout (``search_prompts`` x C
+    prompts per point), then, as 'auto' does, re-runs at 10 x C (or ``num_prompts``) at most
+    ``simulate`` layouts beside the frontier, best and runner-up (counted here as at most one
+    layout per concurrency level, plus two)."""
+    final_per_layout = sum(int(num_prompts) if num_prompts else 10 * c for c in conc)
+    total = 0
+    if evaluator == "serve":
+        per_layout = (final_per_layout if search_prompts is None or num_prompts
+                      else sum(max(int(round(search_prompts * c)), 1) for c in conc))
+        total += layouts * per_layout
+    if evaluator == "serve" or (requested == "auto" and simulate > 0):
+        total += min(layouts, simulate + len(conc) + 2) * final_per_layout
+    if total > MAX_SEARCH_REQUESTS:
+        refuse(f"the serving simulation of this search would run about {total} requests ({layouts} fitting layouts, "
+               f"{len(conc)} concurrency levels up to {max(conc)}), past jaxprice's cap of {MAX_SEARCH_REQUESTS} per "
+               "search (hours, and many GB): sweep fewer or smaller levels, narrow the layouts, or use --evaluator "
+               "steady", field="concurrency", value=max(conc))
+
+
+def _nonnegative_int(value, field) -> int:
+    if isinstance(value, bool) or value is None:
+        refuse("expected an integer >= 0", field=field, value=value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        refuse("expected an integer >= 0", field=field, value=value)
+    if not (math.isfinite(v) and v >= 0 and v == int(v)):
+        refuse("expected an integer >= 0", field=field, value=value, has_value=True)
+    return int(v)
+
+
+def _check_layout_axes(graph, chip_obj, gpus, *, tp, dp, ep, weights):
+    """Refuse listed layout values the search would drop or mislabel: a weight format vLLM does
+    not serve the checkpoint in on the chip (``weight_formats``; its layouts would be priced at
+    the checkpoint's format under another name), expert parallelism for a model without experts
+    or on widths of one GPU (``_check_unused_widths`` then refuses a tp or dp value no layout uses)."""
+    allowed = weight_formats(graph, chip_obj)
+    for f in weights or ():
+        if f not in allowed:
+            refuse(f"not a format vLLM serves {graph.name} in on {chip_obj.name} (from its {graph.weight_dtype} "
+                   f"checkpoint: {', '.join(allowed)})", field="weights", value=f)
+    moe = is_moe(graph)
+    if ep is not None and True in list(ep):
+        if not moe:
+            refuse(f"expert parallelism needs experts: {graph.name} has no MoE layer", field="ep", value=True)
+        tps = list(tp) if tp else [w for w in WIDTHS if w <= gpus]
+        dps = list(dp) if dp else [w for w in WIDTHS if w <= gpus]
+        dividing = {t * d for t in tps for d in dps if gpus % (t * d) == 0}
+        if dividing == {1}:
+            refuse("expert parallelism over one GPU is none: every width tp x dp here is 1 GPU (give more GPUs, "
+                   "or --tp / --dp above 1)", field="ep", value=True)
+
+
+def _check_unused_widths(graph, gpus, layouts, *, tp, dp):
+    """Refuse a listed tp or dp value that no layout of the candidate space uses (when some
+    layouts exist; none at all is refused naming the GPU count): its widths tp x dp do not
+    divide the GPUs, or expert parallelism alone (ep on) leaves out its one-GPU width."""
+    moe = is_moe(graph)
+    tps = list(tp) if tp else [w for w in WIDTHS if w <= gpus]
+    dps = list(dp) if dp else (([w for w in WIDTHS if w <= gpus]) if moe else [1])
+    for name, vals, other in (("tp", tp, dps), ("dp", dp, tps)):
+        used = {getattr(x, name) for x in layouts}
+        for v in vals or ():
+            if int(v) in used:
+                continue
+            widths = sorted({int(v) * int(o) for o in other})
+            if all(gpus % w for w in widths):
+                refuse(f"no layout uses it: its widths tp x dp ({', '.join(map(str, widths))}) do not divide the "
+                       f"{gpus} GPUs (replicas = GPUs / (tp x dp))", field=name, value=int(v))
+            refuse("no layout uses it: its only width dividing the GPUs is one GPU, and expert parallelism (ep on) "
+                   "needs tp x dp above 1", field=name, value=int(v))
 
 
 def _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node):
@@ -1141,25 +1289,31 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     requested = evaluator
     evaluator, simulate = _checked_evaluator(evaluator, simulate)
     _check_axes(tp=tp, dp=dp, weights=weights, max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens, cudagraph_modes=cudagraph_modes)
+                max_num_batched_tokens=max_num_batched_tokens, cudagraph_modes=cudagraph_modes, ep=ep)
+    verify = _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_prompts, search_prompts)
     graph, registry, source = load_model(model, registry or Registry())
     if graph.max_model_len is not None and workload.isl + workload.osl > graph.max_model_len:
         refuse(f"isl + osl = {workload.isl + workload.osl} tokens exceeds the {graph.max_model_len} tokens "
                f"{graph.name} serves at (its config's max_position_embeddings, as vLLM derives max_model_len)",
                field="isl", value=workload.isl)
     chip_obj = registry.chip(chip, field="chip")
-    gpus_per_node = _positive(gpus_per_node, "gpus_per_node", integer=True)
+    gpus_per_node = _positive(gpus_per_node, "gpus_per_node", integer=True, maximum=WIDTH_LIMIT,
+                              why=" (a scenario's limit)")
     if fabric is not None:
         registry.network(fabric, field="fabric")
+    _check_layout_axes(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights)
     layouts = candidate_space(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                               cudagraph_modes=cudagraph_modes)
     if not layouts:
         widths = sorted({t * d for t in (tp or WIDTHS) for d in (dp or [1])})
         refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field="gpus", value=gpus)
+    _check_unused_widths(graph, gpus, layouts, tp=tp, dp=dp)
     cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=workload.isl, osl=workload.osl,
                              registry=registry, gpus_per_node=gpus_per_node, fabric=fabric)
     t_resolve = time.perf_counter() - t0
+    _check_search_size(evaluator, requested, simulate, conc, num_prompts, search_prompts,
+                       sum(c.status == "ok" for c in cands))
     if on_candidates is not None:
         on_candidates(cands, {"model": graph.name, "model_source": source, "chip": chip, "gpus": gpus,
                               "workload": workload})
