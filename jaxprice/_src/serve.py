@@ -150,6 +150,45 @@ def windowed_kv_capacity(capacity_tokens: float, kv_bytes_per_token: float, wind
     return capacity_tokens * kv_bytes_per_token / held
 
 
+class _Settings:
+    """The engine settings of a run as they are taken: each from the ``engine=`` override, else the
+    scenario's engine block, else its default, with where it came from (``src``)."""
+
+    def __init__(self, dep, engine: dict):
+        self.engine, self.scenario = engine, dict(dep.scenario.engine or {})
+        self.path = str(dep.scenario.path) if getattr(dep.scenario, "path", None) else dep.name
+        self.out, self.src = {}, {}
+
+    def take(self, key, default, default_src, *, scen_key=None):
+        scen_key = scen_key or key
+        if key in self.engine and self.engine[key] is not None:
+            self.out[key], self.src[key] = self.engine[key], "engine= override"
+        elif scen_key in self.scenario and self.scenario[scen_key] is not None:
+            self.out[key], self.src[key] = self.scenario[scen_key], f"{self.path}: engine.{scen_key}"
+        else:
+            self.out[key], self.src[key] = default, default_src
+
+    def refuse(self, message, key):
+        refuse(message, file=self.src[key], field=key, value=self.out[key], has_value=True)
+
+    def integer(self, key, minimum):
+        """An integer setting, checked where it is taken (later ones are computed from it)."""
+        v = self.out[key]
+        if not (_is_number(v) and math.isfinite(v) and v == int(v) and v >= minimum):
+            self.refuse(f"must be an integer >= {minimum}", key)
+        if v > 2 ** 40:
+            self.refuse("must be at most 2**40 = 1099511627776 (past it the scheduler's int64 lanes overflow)", key)
+        self.out[key] = int(v)
+
+    def flag(self, key):
+        if not isinstance(self.out[key], (bool, np.bool_)):
+            self.refuse("must be True or False", key)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
 def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=None):
     """The engine settings a run uses, and where each came from: ({key: value}, {key: (value, source)}).
     ``ref_len``: the run's typical resident request length (tokens), which sizes the KV cache of a
@@ -161,115 +200,104 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
     unknown = [k for k in engine if k not in ENGINE_KEYS]
     if unknown:
         refuse(f"unknown engine setting (known: {', '.join(ENGINE_KEYS)})", field="engine", value=unknown[0])
-    eng = dict(dep.scenario.engine or {})
-    path = str(dep.scenario.path) if getattr(dep.scenario, "path", None) else dep.name
-    out, src = {}, {}
-
-    def take(key, default, default_src, *, scen_key=None):
-        if key in engine and engine[key] is not None:
-            out[key], src[key] = engine[key], "engine= override"
-        elif (scen_key or key) in eng and eng[scen_key or key] is not None:
-            out[key], src[key] = eng[scen_key or key], f"{path}: engine.{scen_key or key}"
-        else:
-            out[key], src[key] = default, default_src
-
-    def integer(key, minimum):
-        """An integer setting, checked where it is taken (later ones are computed from it)."""
-        v = out[key]
-        if not (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-                and math.isfinite(v) and v == int(v) and v >= minimum):
-            refuse(f"must be an integer >= {minimum}", file=src[key], field=key, value=v, has_value=True)
-        if v > 2 ** 40:
-            refuse("must be at most 2**40 = 1099511627776 (past it the scheduler's int64 lanes overflow)",
-                   file=src[key], field=key, value=v, has_value=True)
-        out[key] = int(v)
-
-    def flag(key):
-        if not isinstance(out[key], (bool, np.bool_)):
-            refuse("must be True or False", file=src[key], field=key, value=out[key], has_value=True)
-
-    take("scheduler", "vllm", "vLLM (a scenario prices everything as vLLM 0.29.0, its engine named only in its file "
-                              "name: data-formats.md; scheduler= sglang or trtllm follows those engines)")
-    if out["scheduler"] not in SCHEDULERS:
-        refuse(f"unknown scheduler (known: {', '.join(SCHEDULERS)})", file=src["scheduler"], field="scheduler",
-               value=out["scheduler"], has_value=True)
-    big = dep.chip.memory_gib >= 70 and "a100" not in dep.chip.name
-    if out["scheduler"] == "sglang":
-        take("max_num_batched_tokens", *_sglang_chunk(dep.chip.memory_gib))
-    elif out["scheduler"] == "trtllm":
-        take("max_num_batched_tokens", *TRTLLM_MAX_NUM_TOKENS)
-    else:
-        take("max_num_batched_tokens", 8192 if big else 2048, "vLLM default for this part (8192 on >= 70 GiB, else 2048)")
-    take("max_num_seqs", dep.resolution.get("max_num_seqs", 1024 if big else 256), "resolve (vLLM default for this part)")
-    take("block_size", int(dep.plan.memory.get("block_size", 16)), "plan.memory block_size")
-    for key in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
-        integer(key, 1)
-    take("kv_capacity_tokens", float(dep.plan.memory["kv_capacity_tokens"]), "plan.memory kv_capacity_tokens (per dp rank)")
-    limit = dep.graph.max_model_len          # the model's own, where its graph states it
-    default = (max_len + 256) if max_len else 32768
-    take("max_model_len", default if limit is None else min(default, limit),
-         ("isl + osl + 256 (InferenceX's max-model-len)" if max_len else "32768")
-         + ("" if limit is None or default <= limit else f", capped at the model's {limit}"))
-    integer("max_model_len", 1)
-    if limit is not None and out["max_model_len"] > limit:
-        refuse(f"more than the {limit} tokens {dep.graph.name} serves at (its config's max_position_embeddings, "
-               "as vLLM derives max_model_len; vLLM would not start)", file=src["max_model_len"],
-               field="max_model_len", value=out["max_model_len"])
-    take("reserve_full_isl", True, "vLLM default (scheduler_reserve_full_isl, V-new, PR #37307 2026-03)")
-    take("async_scheduling", True, "vLLM default (on unless PP > 1 or non-EAGLE/MTP speculation)")
-    flag("reserve_full_isl")
-    flag("async_scheduling")
-    take("decode_threshold", int(dep.resolution.get("decode_threshold", 1)),
-         "resolve: 1 + num_spec_tokens (a row scheduling more is a prefill)")
-    integer("decode_threshold", 1)
-    spec = (eng.get("speculative") or {})
-    take("num_spec_tokens", int(spec.get("num_spec_tokens", 0)) if spec else 0, "scenario speculative.num_spec_tokens")
-    integer("num_spec_tokens", 0)
-    k = int(out["num_spec_tokens"])
-    take("lookahead", k, "num_spec_tokens (EAGLE/MTP lookahead slots)")
-    integer("lookahead", 0)
-    take("watermark", 0.0, "vLLM default 0")
-    w = out["watermark"]
-    if not (isinstance(w, (int, float, np.integer, np.floating)) and not isinstance(w, (bool, np.bool_))
-            and 0 <= w < 1):
-        refuse("must be a number in [0, 1) (the share of KV blocks kept free)", file=src["watermark"],
-               field="watermark", value=w, has_value=True)
-    take("fast_forward", True, "decode runs recorded as one linear record (exact)")
-    flag("fast_forward")
-    take("arrival_phase", None, "share of the step in flight a closed-loop request waits for the next schedule() "
-                                "call: 1/2 when its admission latency L > 0 (a random point of a step), 1 when "
-                                "L = 0 (request_latencies)")
-    ph = out["arrival_phase"]
-    if ph is not None and not (isinstance(ph, (int, float)) and not isinstance(ph, bool) and 0 <= ph <= 1):
-        refuse("must be a number in [0, 1] or None (1/2 when the admission latency > 0, else 1)",
-               file=src["arrival_phase"], field="arrival_phase", value=ph, has_value=True)
-    par = dep.scenario.parallel or {}
-    take("gpu_count", int(dep.plan.scalars.get("tp", 1)) * int(dep.plan.scalars.get("dp", 1)) * int(par.get("pp", 1)),
-         "tp x dp x pp")
-    integer("gpu_count", 1)
+    s = _Settings(dep, engine)
+    _take_limits(s, dep, max_len)
+    _take_behaviour(s, dep)
+    out, src = s.out, s.src
+    k = out["num_spec_tokens"]
     if acceptance is None:
         acceptance = 1.0 + k * DEFAULT_ACCEPTANCE_PER_DRAFT if k else 1.0
         a_src = f"assumed 1 + {DEFAULT_ACCEPTANCE_PER_DRAFT} x num_spec_tokens" if k else "no speculation: 1"
     else:
         a_src = "acceptance= argument"
-    if not (isinstance(acceptance, (int, float, np.integer, np.floating)) and not isinstance(acceptance, (bool, np.bool_))
-            and math.isfinite(acceptance) and 1 <= acceptance <= k + 1):
+    if not (_is_number(acceptance) and math.isfinite(acceptance) and 1 <= acceptance <= k + 1):
         refuse(f"must be a number in [1, 1 + num_spec_tokens = {k + 1}] (mean tokens emitted per decode step)",
                field="acceptance", value=acceptance, has_value=True)
     out["acceptance"], src["acceptance"] = float(acceptance), a_src
-    for key in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
-        v = out[key]
-        if not (isinstance(v, (int, float, np.integer)) and not isinstance(v, bool) and v == int(v) and v >= 1):
-            refuse("must be an integer >= 1", file=src[key], field=key, value=v, has_value=True)
-        out[key] = int(v)
+    _kv_blocks(s, dep, ref_len)
+    out["dp"] = int(dep.plan.scalars.get("dp", 1))
+    src["dp"] = "plan dp"
+    return out, {key: (out[key], src[key]) for key in src}
+
+
+def _take_limits(s: _Settings, dep, max_len):
+    """The scheduler and its limits: the token budget (the engine's default for the part), the
+    sequences, the block size, the KV capacity and max_model_len (isl + osl + 256, at most the
+    model's own)."""
+    s.take("scheduler", "vllm", "vLLM (a scenario prices everything as vLLM 0.29.0, its engine named only in its "
+                                "file name: data-formats.md; scheduler= sglang or trtllm follows those engines)")
+    if s.out["scheduler"] not in SCHEDULERS:
+        s.refuse(f"unknown scheduler (known: {', '.join(SCHEDULERS)})", "scheduler")
+    big = dep.chip.memory_gib >= 70 and "a100" not in dep.chip.name
+    if s.out["scheduler"] == "sglang":
+        s.take("max_num_batched_tokens", *_sglang_chunk(dep.chip.memory_gib))
+    elif s.out["scheduler"] == "trtllm":
+        s.take("max_num_batched_tokens", *TRTLLM_MAX_NUM_TOKENS)
+    else:
+        s.take("max_num_batched_tokens", 8192 if big else 2048,
+               "vLLM default for this part (8192 on >= 70 GiB, else 2048)")
+    s.take("max_num_seqs", dep.resolution.get("max_num_seqs", 1024 if big else 256),
+           "resolve (vLLM default for this part)")
+    s.take("block_size", int(dep.plan.memory.get("block_size", 16)), "plan.memory block_size")
+    for key in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+        s.integer(key, 1)
+    s.take("kv_capacity_tokens", float(dep.plan.memory["kv_capacity_tokens"]),
+           "plan.memory kv_capacity_tokens (per dp rank)")
+    limit = dep.graph.max_model_len          # the model's own, where its graph states it
+    default = (max_len + 256) if max_len else 32768
+    s.take("max_model_len", default if limit is None else min(default, limit),
+           ("isl + osl + 256 (InferenceX's max-model-len)" if max_len else "32768")
+           + ("" if limit is None or default <= limit else f", capped at the model's {limit}"))
+    s.integer("max_model_len", 1)
+    if limit is not None and s.out["max_model_len"] > limit:
+        s.refuse(f"more than the {limit} tokens {dep.graph.name} serves at (its config's max_position_embeddings, "
+                 "as vLLM derives max_model_len; vLLM would not start)", "max_model_len")
+
+
+def _take_behaviour(s: _Settings, dep):
+    """How the scheduler behaves: full-prompt reservation, async scheduling, the decode
+    threshold, speculation (draft tokens, lookahead slots), the watermark, fast-forwarded decode
+    runs, the arrival phase and the GPUs a run counts."""
+    s.take("reserve_full_isl", True, "vLLM default (scheduler_reserve_full_isl, V-new, PR #37307 2026-03)")
+    s.take("async_scheduling", True, "vLLM default (on unless PP > 1 or non-EAGLE/MTP speculation)")
+    s.flag("reserve_full_isl")
+    s.flag("async_scheduling")
+    s.take("decode_threshold", int(dep.resolution.get("decode_threshold", 1)),
+           "resolve: 1 + num_spec_tokens (a row scheduling more is a prefill)")
+    s.integer("decode_threshold", 1)
+    spec = (s.scenario.get("speculative") or {})
+    s.take("num_spec_tokens", int(spec.get("num_spec_tokens", 0)) if spec else 0,
+           "scenario speculative.num_spec_tokens")
+    s.integer("num_spec_tokens", 0)
+    s.take("lookahead", s.out["num_spec_tokens"], "num_spec_tokens (EAGLE/MTP lookahead slots)")
+    s.integer("lookahead", 0)
+    s.take("watermark", 0.0, "vLLM default 0")
+    if not (_is_number(s.out["watermark"]) and 0 <= s.out["watermark"] < 1):
+        s.refuse("must be a number in [0, 1) (the share of KV blocks kept free)", "watermark")
+    s.take("fast_forward", True, "decode runs recorded as one linear record (exact)")
+    s.flag("fast_forward")
+    s.take("arrival_phase", None, "share of the step in flight a closed-loop request waits for the next schedule() "
+                                  "call: 1/2 when its admission latency L > 0 (a random point of a step), 1 when "
+                                  "L = 0 (request_latencies)")
+    ph = s.out["arrival_phase"]
+    if ph is not None and not (isinstance(ph, (int, float)) and not isinstance(ph, bool) and 0 <= ph <= 1):
+        s.refuse("must be a number in [0, 1] or None (1/2 when the admission latency > 0, else 1)", "arrival_phase")
+    par = dep.scenario.parallel or {}
+    s.take("gpu_count", int(dep.plan.scalars.get("tp", 1)) * int(dep.plan.scalars.get("dp", 1))
+           * int(par.get("pp", 1)), "tp x dp x pp")
+    s.integer("gpu_count", 1)
+
+
+def _kv_blocks(s: _Settings, dep, ref_len):
+    """KV blocks per dp rank: floor(capacity / block) - 1 (vLLM's null block), the capacity
+    counted with sliding-window layers holding only their window at the run's typical length."""
+    out, src = s.out, s.src
     cap = out["kv_capacity_tokens"]
     if not (isinstance(cap, (int, float)) and cap >= 0):
-        refuse("must be a number >= 0 (tokens per dp rank)", file=src["kv_capacity_tokens"], field="kv_capacity_tokens",
-               value=cap, has_value=True)
+        s.refuse("must be a number >= 0 (tokens per dp rank)", "kv_capacity_tokens")
     windows = dep.plan.memory.get("kv_window_bytes_per_token", ())
     if windows and ref_len and math.isfinite(cap):
-        full = cap
-        cap = out["kv_capacity_tokens"] = windowed_kv_capacity(full, float(dep.plan.memory["kv_bytes_per_token"]),
+        cap = out["kv_capacity_tokens"] = windowed_kv_capacity(cap, float(dep.plan.memory["kv_bytes_per_token"]),
                                                                windows, float(ref_len), out["block_size"])
         src["kv_capacity_tokens"] = (f"{src['kv_capacity_tokens']}, counted at the full KV bytes per token; more "
                                      f"with the sliding-window layers holding only their window, at the run's mean "
@@ -277,10 +305,6 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
     blocks = int(cap // out["block_size"]) - 1 if math.isfinite(cap) else 2 ** 40
     out["kv_blocks"] = min(max(blocks, 0), 2 ** 40)      # 2**40 blocks or more: unlimited, as inf (int64 lanes)
     src["kv_blocks"] = "floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)"
-    out["dp"] = int(dep.plan.scalars.get("dp", 1))
-    src["dp"] = "plan dp"
-    assumptions = {key: (out[key], src[key]) for key in src}
-    return out, assumptions
 
 
 def _sglang_chunk(memory_gib):
