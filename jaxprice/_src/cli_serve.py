@@ -160,9 +160,28 @@ def _no_repeats(values, flag):
 
 
 def run(args) -> int:
-    from .client import OpenLoop, Workload, load_trace
-    from .serve import simulate, simulate_sweep
     check_outputs(args)
+    opts = _options(args)
+    label, loads = _loads(args, opts)
+    dep = load_scenario_deployment(args.scenario, args.pool, args)
+    results = _simulate_loads(dep, args, opts, label, loads)
+    if label == "trace":
+        loads = [Path(args.trace).name]
+    if args.csv:
+        write_csv(args.csv, label, loads, results)
+    _write_figures(dep, args, opts, label, loads, results)
+    if args.json:
+        json.dump(_json_report(dep, args, opts, label, loads, results), sys.stdout, indent=1)
+        print()
+        return 0
+    print(_text_report(dep, args, opts, label, loads, results))
+    return 0
+
+
+def _options(args) -> dict:
+    """The client's options, checked: lengths, range ratio, seed, acceptance, prompts, engine
+    overrides (none of the length options with --trace, which gives every request's)."""
+    from .client import Workload
     modes = sum(x is not None for x in (args.concurrency, args.rate, args.trace))
     if modes > 1:
         refuse("give one of --concurrency, --rate, --trace", field="--rate" if args.rate is not None else "--trace",
@@ -185,88 +204,102 @@ def run(args) -> int:
     if not 0 <= seed <= MAX_SEED:
         refuse(f"must be an integer in [0, {MAX_SEED}] (a numpy RandomState seed)", field="--seed", value=seed)
     acc = None if args.acceptance is None else parse_float(args.acceptance, flag="--acceptance", minimum=1)
-    eng = _engine(args)
-    workload = Workload(isl, osl, rr, seed)
     n = None if args.num_prompts is None else parse_int(args.num_prompts, flag="--num-prompts", minimum=1)
     if n is not None and n > MAX_RUN_REQUESTS:
         refuse(f"must be at most {MAX_RUN_REQUESTS} (jaxprice's cap on the requests of one run)",
                field="--num-prompts", value=n)
-    rates = concs = trace = None
+    return {"isl": isl, "osl": osl, "rr": rr, "seed": seed, "acceptance": acc, "num_prompts": n,
+            "engine": _engine(args), "workload": Workload(isl, osl, rr, seed)}
+
+
+def _loads(args, opts) -> tuple:
+    """(label, loads): ('trace', [the Trace]), ('rate', request rates) or ('C', concurrencies),
+    each list refused when it repeats a load or passes the sweep's size cap."""
+    from .client import load_trace
+    n = opts["num_prompts"]
     if args.trace is not None:
-        trace = load_trace(args.trace)
-    elif args.rate is not None:
+        return "trace", [load_trace(args.trace)]
+    if args.rate is not None:
         rates = [parse_float(t, flag="--rate", positive=True) for t in str(args.rate).split(",")]
         _no_repeats(rates, "--rate")
         check_sweep_size([n or 200] * len(rates), "--rate", args.rate)
-    else:
-        concs = parse_int_list(args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY,
-                               flag="--concurrency", minimum=1)
-        for c in concs:
-            if c > MAX_CONCURRENCY:
-                refuse(f"must be at most {MAX_CONCURRENCY} (jaxprice's cap on closed-loop clients; 10 x that "
-                       f"is the cap of {MAX_RUN_REQUESTS} requests per run)", field="--concurrency", value=c)
-        _no_repeats(concs, "--concurrency")
-        check_sweep_size([n or 10 * c for c in concs], "--concurrency",
-                         args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY)
-    dep = load_scenario_deployment(args.scenario, args.pool, args)
-    quiet = args.json
-    if args.trace is not None:
-        label, loads = "trace", [Path(args.trace).name]
-        with Progress(1, "serve", enabled=not quiet) as bar:
-            results = [simulate(dep, None, trace, engine=eng, estimate=args.estimate, acceptance=acc)]
+        return "rate", rates
+    text = args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY
+    concs = parse_int_list(text, flag="--concurrency", minimum=1)
+    for c in concs:
+        if c > MAX_CONCURRENCY:
+            refuse(f"must be at most {MAX_CONCURRENCY} (jaxprice's cap on closed-loop clients; 10 x that "
+                   f"is the cap of {MAX_RUN_REQUESTS} requests per run)", field="--concurrency", value=c)
+    _no_repeats(concs, "--concurrency")
+    check_sweep_size([n or 10 * c for c in concs], "--concurrency", text)
+    return "C", concs
+
+
+def _simulate_loads(dep, args, opts, label, loads) -> list:
+    """One ServingResult per load: the trace's run, a Poisson run per rate (200 prompts unless
+    --num-prompts), or the closed-loop sweep in one simulate_sweep call; a progress bar unless --json."""
+    from .client import OpenLoop
+    from .serve import simulate, simulate_sweep
+    common = dict(engine=opts["engine"], estimate=args.estimate, acceptance=opts["acceptance"])
+    if label == "trace":
+        with Progress(1, "serve", enabled=not args.json) as bar:
+            results = [simulate(dep, None, loads[0], **common)]
             bar.update(1)
-    elif args.rate is not None:
-        label = "rate"
-        loads = rates
+        return results
+    if label == "rate":
         results = []
-        with Progress(len(loads), "serve", enabled=not quiet) as bar:
+        with Progress(len(loads), "serve", enabled=not args.json) as bar:
             for i, r in enumerate(loads):
-                results.append(simulate(dep, workload, OpenLoop(r, n or 200, seed), engine=eng,
-                                        estimate=args.estimate, acceptance=acc))
+                results.append(simulate(dep, opts["workload"], OpenLoop(r, opts["num_prompts"] or 200, opts["seed"]),
+                                        **common))
                 bar.update(i + 1, rate=r)
-    else:
-        label = "C"
-        loads = concs
-        with Progress(2, "serve", enabled=not quiet) as bar:
-            results = simulate_sweep(dep, workload, loads, engine=eng, estimate=args.estimate, num_prompts=n,
-                                     acceptance=acc, callback=lambda d, t, **i: bar.update(d, **i))
-    if args.csv:
-        write_csv(args.csv, label, loads, results)
+        return results
+    with Progress(2, "serve", enabled=not args.json) as bar:
+        return simulate_sweep(dep, opts["workload"], loads, num_prompts=opts["num_prompts"],
+                              callback=lambda d, t, **i: bar.update(d, **i), **common)
+
+
+def _write_figures(dep, args, opts, label, loads, results) -> None:
+    """--plot (TTFT and TPOT against the load; throughput per GPU against tokens/s per user) and
+    --timeline (the last load's run, step by step)."""
     if args.plot:
         from .figures_serve import plot_serving_sweep
         plot_serving_sweep(results, [float(x) if not isinstance(x, str) else i for i, x in enumerate(loads)],
                            load_label={"C": "concurrency", "rate": "rate (requests/s)"}.get(label, label),
-                           path=args.plot, title=f"{dep.name}  " + (f"trace {loads[0]}" if args.trace is not None
-                                                                   else f"isl {isl} osl {osl}"))
+                           path=args.plot, title=f"{dep.name}  " + (f"trace {loads[0]}" if label == "trace"
+                                                                   else f"isl {opts['isl']} osl {opts['osl']}"))
     if args.timeline:
         from .figures_serve import plot_serving_timeline
         plot_serving_timeline(results[-1], path=args.timeline,
                               title=f"{dep.name}  {label} {loads[-1]}: " + (
                                   f"mean TTFT {results[-1].summary['ttft_mean'] * 1e3:.1f} ms, mean TPOT "
                                   f"{results[-1].summary['tpot_mean'] * 1e3:.2f} ms"))
-    if args.json:
-        if args.trace is not None:       # the trace gave the lengths: no isl, osl, range ratio
-            isl = osl = rr = None
-        out = {"scenario": dep.name, "estimate": args.estimate, "isl": isl, "osl": osl, "range_ratio": rr,
-               "runs": [{label: x, "summary": r.summary,
-                         "assumptions": {k: {"value": v[0] if isinstance(v[0], (int, float, str, bool)) else str(v[0]),
-                                             "source": v[1]} for k, v in r.assumptions.items()}}
-                        for x, r in zip(loads, results)]}
-        json.dump(out, sys.stdout, indent=1)
-        print()
-        return 0
-    print(f"{dep.name}: {describe_deployment(dep)}")
+
+
+def _json_report(dep, args, opts, label, loads, results) -> dict:
+    """--json: each load's summary and assumptions (times in seconds); a trace states no isl, osl
+    or range ratio (it gave the lengths)."""
+    given = label != "trace"
+    return {"scenario": dep.name, "estimate": args.estimate, "isl": opts["isl"] if given else None,
+            "osl": opts["osl"] if given else None, "range_ratio": opts["rr"] if given else None,
+            "runs": [{label: x, "summary": r.summary,
+                      "assumptions": {k: {"value": v[0] if isinstance(v[0], (int, float, str, bool)) else str(v[0]),
+                                          "source": v[1]} for k, v in r.assumptions.items()}}
+                     for x, r in zip(loads, results)]}
+
+
+def _text_report(dep, args, opts, label, loads, results) -> str:
+    """The deployment, the engine settings the runs used, the workload and the table."""
     a = results[0].assumptions
-    print("engine: " + ", ".join(f"{k} {a[k][0]}" for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
-                                                              "block_size",
-                                                              "kv_blocks", "max_model_len", "reserve_full_isl",
-                                                              "async_scheduling") if k in a)
-          + f"; dp {a['dp'][0]}; estimate {args.estimate}")
-    if args.trace is not None:
-        print(f"workload: the trace {args.trace}, {results[0].requests['ttft'].size} requests (its lengths and "
-              "arrivals)")
+    engine = ", ".join(f"{k} {a[k][0]}" for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                                                  "kv_blocks", "max_model_len", "reserve_full_isl",
+                                                  "async_scheduling") if k in a)
+    if label == "trace":
+        workload = (f"workload: the trace {args.trace}, {results[0].requests['ttft'].size} requests (its lengths "
+                    "and arrivals)")
     else:
-        print(f"workload: isl {isl}, osl {osl}, range ratio {rr:g} (lengths uniform on [floor(r*L), L]), "
-              f"seed {seed}")
-    print(format_table(label, loads, results))
-    return 0
+        workload = (f"workload: isl {opts['isl']}, osl {opts['osl']}, range ratio {opts['rr']:g} (lengths uniform "
+                    f"on [floor(r*L), L]), seed {opts['seed']}")
+    return "\n".join([f"{dep.name}: {describe_deployment(dep)}",
+                      f"engine: {engine}; dp {a['dp'][0]}; estimate {args.estimate}", workload,
+                      format_table(label, loads, results)])
