@@ -227,8 +227,6 @@ def model_deployment(model, args):
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
     tp = parse_int(1 if args.tp is None else args.tp, flag="--tp", minimum=1)
-    if heads_reason(graph, tp):
-        refuse(heads_reason(graph, tp), field="--tp", value=tp)
     dp = parse_int(1 if args.dp is None else args.dp, flag="--dp", minimum=1)
     weights = graph.weight_dtype if args.weights is None else args.weights
     allowed = weight_formats(graph, chip)
@@ -245,6 +243,8 @@ def model_deployment(model, args):
     for flag, v in (("--tp", tp), ("--dp", dp), ("--gpus-per-node", per_node)):
         if v > WIDTH_LIMIT:          # as a scenario file's widths are capped (schema.WIDTH_LIMIT)
             refuse(f"must be at most {WIDTH_LIMIT}", field=flag, value=v)
+    if heads_reason(graph, tp):
+        refuse(heads_reason(graph, tp), field="--tp", value=tp)
     if args.fabric is not None:
         registry.network(args.fabric, field="--fabric")
     elif width > per_node:

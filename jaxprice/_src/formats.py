@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import hashlib
 import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any
@@ -571,94 +572,16 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
     ``pool_index`` picks the Deployment pool to price; it may be left out only when the
     Deployment has one pool (a second pool is never ignored silently)."""
     file = str(path)
-    docs = read_yaml_documents(path)
-    if len(docs) != 2:
-        refuse(f"expected two documents (Scenario, then Deployment), found {len(docs)}", file=file)
-    scen, dep = docs
-    if scen.get("kind") != "Scenario":
-        refuse("the first document must be kind: Scenario", file=file, field="kind",
-               value=scen.get("kind"))
-    if dep.get("kind") != "Deployment":
-        refuse("the second document must be kind: Deployment", file=file, field="kind",
-               value=dep.get("kind"))
-    # the declared schema first (types, ranges, allowed values, every pool); then the reading below
-    schema.check_scenario(scen, dep, file=file)
-    check_keys(scen, {"kind", "name", "engine_version", "model", "coefficients", "cluster",
-                      "workload"}, file=file, where="Scenario.",
-               required=("name", "model", "coefficients", "cluster"))
-    cluster = scen["cluster"]
-    if not isinstance(cluster, dict):
-        refuse("expected a mapping", file=file, field="Scenario.cluster")
-    check_keys(cluster, {"hardware", "fabric", "nodes", "gpus_per_node", "gpus_per_rack", "storage"},
-               file=file, where="Scenario.cluster.", required=("hardware",))
-    sets = scen["coefficients"]
-    if not isinstance(sets, list) or not sets or not all(isinstance(s, str) for s in sets):
-        refuse("expected a non-empty list of coefficient set names", file=file,
-               field="Scenario.coefficients", value=sets)
-    check_keys(dep, {"kind", "name", "pools", "offload", "pd_transfer"}, file=file,
-               where="Deployment.", required=("pools",))
-    pools = dep["pools"]
-    if not isinstance(pools, list) or not pools:
-        refuse("expected a non-empty list of pools", file=file, field="Deployment.pools")
-    nodes = _number(cluster.get("nodes", 1), file=file, field="Scenario.cluster.nodes", integer=True, minimum=1)
-    for i, other in enumerate(pools):    # every pool, whichever is priced (as the schema checks every pool)
-        want = _number(other.get("nodes", 1), file=file, field=f"Deployment.pools[{i}].nodes", integer=True,
-                       minimum=1)
-        if want > nodes:
-            refuse(f"the pool needs more nodes than the cluster has (Scenario.cluster.nodes {nodes})",
-                   file=file, field=f"Deployment.pools[{i}].nodes", value=want)
-    if pool_index is None:
-        if len(pools) > 1:
-            roles = ", ".join(str(p.get("role", "colocated")) if isinstance(p, dict) else "?" for p in pools)
-            refuse(f"COVERAGE LIMIT [one-pool]: the deployment has {len(pools)} pools ({roles}) and jaxprice "
-                   f"prices one pool's step at a time, not the deployment as a whole: write one scenario per "
-                   f"pool, or pick one (the commands' --pool 0..{len(pools) - 1}; "
-                   "load_deployment(path, pool_index=i))", file=file,
-                   field="Deployment.pools", value=len(pools))
-        pool_index = 0
-    if isinstance(pool_index, bool) or not isinstance(pool_index, int):    # "0", 0.0, True: not an index
-        import numbers
-        if isinstance(pool_index, numbers.Integral) and not isinstance(pool_index, bool):
-            pool_index = int(pool_index)
-        else:
-            refuse("expected an integer pool index (0-based)", file=file, field="Deployment.pools",
-                   value=pool_index)
-    if not 0 <= pool_index < len(pools):
-        refuse(f"pool index out of range (the deployment has {len(pools)})", file=file,
-               field="Deployment.pools", value=pool_index)
+    scen, dep = _scenario_documents(path, file)
+    cluster, sets, pools, nodes = _cluster_and_pools(scen, dep, file)
+    pool_index = _pool_index(pools, pool_index, file)
     pool = pools[pool_index]
     where = f"Deployment.pools[{pool_index}]."
     check_keys(pool, {"role", "nodes", "parallel", "engine"}, file=file, where=where,
                required=("parallel",))
-    parallel = dict(pool["parallel"] or {})
-    check_keys(parallel, PARALLEL_KEYS, file=file, where=where + "parallel.")
-    for key in ("tp", "pp", "dp", "dp_local", "pcp", "dcp"):
-        if key in parallel:
-            parallel[key] = _number(parallel[key], file=file, field=f"{where}parallel.{key}",
-                                    integer=True, minimum=1)
-    engine = dict(pool.get("engine") or {})
-    check_keys(engine, ENGINE_KEYS, file=file, where=where + "engine.")
-    for key in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                "max_cudagraph_capture_size"):
-        if key in engine:
-            engine[key] = _number(engine[key], file=file, field=f"{where}engine.{key}",
-                                  integer=True, minimum=1)
-    if "block_size" in engine and engine["block_size"] not in VLLM_BLOCK_SIZES:
-        refuse(f"vLLM would not start: the block size must be one of {', '.join(map(str, VLLM_BLOCK_SIZES))} "
-               "(vLLM's CacheConfig.BlockSize)", file=file, field=f"{where}engine.block_size",
-               value=engine["block_size"])
-    # COVERAGE LIMIT [max-model-len-vs-context]: max_model_len is checked against the model's own
-    # (resolve._check_context) only where its graph states one: imported graphs do, from config.json,
-    # and the bundled graphs whose repo's config.json is bundled (all of them today); a graph file
-    # written by hand without it is not checked
-    spec = engine.get("speculative")
-    if spec is not None:
-        if not isinstance(spec, dict):
-            refuse("expected a mapping", file=file, field=f"{where}engine.speculative")
-        check_keys(spec, {"method", "num_spec_tokens"}, file=file,
-                   where=f"{where}engine.speculative.", required=("num_spec_tokens",))
-        _number(spec["num_spec_tokens"], file=file, field=f"{where}engine.speculative.num_spec_tokens",
-                integer=True, minimum=1)
+    parallel = _pool_parallel(pool, file, where)
+    engine = _pool_engine(pool, file, where)
+
     def count(key, default):
         val = cluster.get(key, default)
         val = _number(val, file=file, field=f"Scenario.cluster.{key}", integer=True, minimum=0)
@@ -683,6 +606,114 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
         engine_version=str(scen.get("engine_version", "")),
         pool_nodes=pool_nodes, parallel=parallel, engine=engine, path=file, pool_index=pool_index,
         pool_role=str(pool.get("role", "colocated")), pools=len(pools))
+
+
+def _scenario_documents(path, file) -> tuple:
+    """The (Scenario, Deployment) documents, their kinds checked, then the declared schema
+    (types, ranges, allowed values, every pool)."""
+    docs = read_yaml_documents(path)
+    if len(docs) != 2:
+        refuse(f"expected two documents (Scenario, then Deployment), found {len(docs)}", file=file)
+    scen, dep = docs
+    if scen.get("kind") != "Scenario":
+        refuse("the first document must be kind: Scenario", file=file, field="kind",
+               value=scen.get("kind"))
+    if dep.get("kind") != "Deployment":
+        refuse("the second document must be kind: Deployment", file=file, field="kind",
+               value=dep.get("kind"))
+    schema.check_scenario(scen, dep, file=file)
+    return scen, dep
+
+
+def _cluster_and_pools(scen, dep, file) -> tuple:
+    """(cluster, coefficient sets, pools, cluster nodes): the keys each block may hold, and every
+    pool's node count within the cluster's (whichever pool is priced)."""
+    check_keys(scen, {"kind", "name", "engine_version", "model", "coefficients", "cluster",
+                      "workload"}, file=file, where="Scenario.",
+               required=("name", "model", "coefficients", "cluster"))
+    cluster = scen["cluster"]
+    if not isinstance(cluster, dict):
+        refuse("expected a mapping", file=file, field="Scenario.cluster")
+    check_keys(cluster, {"hardware", "fabric", "nodes", "gpus_per_node", "gpus_per_rack", "storage"},
+               file=file, where="Scenario.cluster.", required=("hardware",))
+    sets = scen["coefficients"]
+    if not isinstance(sets, list) or not sets or not all(isinstance(s, str) for s in sets):
+        refuse("expected a non-empty list of coefficient set names", file=file,
+               field="Scenario.coefficients", value=sets)
+    check_keys(dep, {"kind", "name", "pools", "offload", "pd_transfer"}, file=file,
+               where="Deployment.", required=("pools",))
+    pools = dep["pools"]
+    if not isinstance(pools, list) or not pools:
+        refuse("expected a non-empty list of pools", file=file, field="Deployment.pools")
+    nodes = _number(cluster.get("nodes", 1), file=file, field="Scenario.cluster.nodes", integer=True, minimum=1)
+    for i, other in enumerate(pools):
+        want = _number(other.get("nodes", 1), file=file, field=f"Deployment.pools[{i}].nodes", integer=True,
+                       minimum=1)
+        if want > nodes:
+            refuse(f"the pool needs more nodes than the cluster has (Scenario.cluster.nodes {nodes})",
+                   file=file, field=f"Deployment.pools[{i}].nodes", value=want)
+    return cluster, sets, pools, nodes
+
+
+def _pool_index(pools, pool_index, file) -> int:
+    """The pool to price: the only one, or ``pool_index`` (an integer in range); a deployment of
+    several pools with none named is refused (COVERAGE LIMIT [one-pool])."""
+    if pool_index is None:
+        if len(pools) > 1:
+            roles = ", ".join(str(p.get("role", "colocated")) if isinstance(p, dict) else "?" for p in pools)
+            refuse(f"COVERAGE LIMIT [one-pool]: the deployment has {len(pools)} pools ({roles}) and jaxprice "
+                   f"prices one pool's step at a time, not the deployment as a whole: write one scenario per "
+                   f"pool, or pick one (the commands' --pool 0..{len(pools) - 1}; "
+                   "load_deployment(path, pool_index=i))", file=file,
+                   field="Deployment.pools", value=len(pools))
+        pool_index = 0
+    if isinstance(pool_index, bool) or not isinstance(pool_index, numbers.Integral):   # "0", 0.0, True
+        refuse("expected an integer pool index (0-based)", file=file, field="Deployment.pools", value=pool_index)
+    pool_index = int(pool_index)
+    if not 0 <= pool_index < len(pools):
+        refuse(f"pool index out of range (the deployment has {len(pools)})", file=file,
+               field="Deployment.pools", value=pool_index)
+    return pool_index
+
+
+def _pool_parallel(pool, file, where) -> dict:
+    """The pool's parallel block, its widths integers >= 1."""
+    parallel = dict(pool["parallel"] or {})
+    check_keys(parallel, PARALLEL_KEYS, file=file, where=where + "parallel.")
+    for key in ("tp", "pp", "dp", "dp_local", "pcp", "dcp"):
+        if key in parallel:
+            parallel[key] = _number(parallel[key], file=file, field=f"{where}parallel.{key}",
+                                    integer=True, minimum=1)
+    return parallel
+
+
+def _pool_engine(pool, file, where) -> dict:
+    """The pool's engine block: its limits integers >= 1, a block size vLLM starts with, the
+    speculative block's keys."""
+    engine = dict(pool.get("engine") or {})
+    check_keys(engine, ENGINE_KEYS, file=file, where=where + "engine.")
+    for key in ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                "max_cudagraph_capture_size"):
+        if key in engine:
+            engine[key] = _number(engine[key], file=file, field=f"{where}engine.{key}",
+                                  integer=True, minimum=1)
+    if "block_size" in engine and engine["block_size"] not in VLLM_BLOCK_SIZES:
+        refuse(f"vLLM would not start: the block size must be one of {', '.join(map(str, VLLM_BLOCK_SIZES))} "
+               "(vLLM's CacheConfig.BlockSize)", file=file, field=f"{where}engine.block_size",
+               value=engine["block_size"])
+    # COVERAGE LIMIT [max-model-len-vs-context]: max_model_len is checked against the model's own
+    # (resolve._check_context) only where its graph states one: imported graphs do, from config.json,
+    # and the bundled graphs whose repo's config.json is bundled (all of them today); a graph file
+    # written by hand without it is not checked
+    spec = engine.get("speculative")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            refuse("expected a mapping", file=file, field=f"{where}engine.speculative")
+        check_keys(spec, {"method", "num_spec_tokens"}, file=file,
+                   where=f"{where}engine.speculative.", required=("num_spec_tokens",))
+        _number(spec["num_spec_tokens"], file=file, field=f"{where}engine.speculative.num_spec_tokens",
+                integer=True, minimum=1)
+    return engine
 
 
 # ----------------------------------------------------------------------------- registry lookup
