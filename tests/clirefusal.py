@@ -1,7 +1,10 @@
-"""The CLI's refusal contract, asserted one way by every test that checks it: exit 2, nothing
-on stdout, one line on stderr starting ``jaxprice COMMAND: error:`` and holding every word."""
+"""The refusal contract, asserted one way by every test that checks it: for the CLI, exit 2,
+nothing on stdout, one line on stderr starting ``jaxprice COMMAND: error:`` and holding every
+word; for the library, one JaxpriceError of one line holding every word."""
 
-from jaxprice import cli
+import pytest
+
+from jaxprice import JaxpriceError, cli
 
 
 def assert_refused(capsys, argv, *words) -> str:
@@ -14,6 +17,17 @@ def assert_refused(capsys, argv, *words) -> str:
     for w in words:
         assert w in lines[0], (w, lines[0])
     return lines[0]
+
+
+def refused(call, *words) -> str:
+    """``call()`` raises one JaxpriceError, its message one line holding every word."""
+    with pytest.raises(JaxpriceError) as info:
+        call()
+    msg = str(info.value)
+    assert "\n" not in msg, msg
+    for w in words:
+        assert w in msg, (w, msg)
+    return msg
 
 
 def share_deployment(monkeypatch, name, dep, modules):

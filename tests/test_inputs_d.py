@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clirefusal import assert_refused
+from clirefusal import assert_refused, refused
 
-from jaxprice import JaxpriceError, load_deployment
+from jaxprice import load_deployment
 from jaxprice._src import schema
 from jaxprice._src.batchfile import read_batch_file
 from jaxprice._src.formats import load_model_graph
@@ -29,16 +29,6 @@ HF = ROOT / "testdata" / "hf"
 LLAMA = "meta-llama--Llama-3.1-8B-Instruct"
 S = "deepseek-v3-h200-fp8-sglang-tp8"
 BIG_INT = "1" + "0" * 5000          # past Python's 4300-digit int() limit: a ValueError, not a parse error
-
-
-def refused(call, *words) -> str:
-    with pytest.raises(JaxpriceError) as info:
-        call()
-    msg = str(info.value)
-    assert "\n" not in msg, msg
-    for w in words:
-        assert w in msg, (w, msg)
-    return msg
 
 
 # ----------------------------------------------------------------------------- command-line options

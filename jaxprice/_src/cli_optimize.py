@@ -21,12 +21,8 @@ from .cli_price import (UNITS, add_scenario_argument, describe_deployment, load_
 from .errors import JaxpriceError
 from .plan import INT_TOKEN_LIMIT, RESOURCES
 from .progress import Progress
+from .search import MAX_ITERATIONS, MAX_RESTARTS     # the search's effort caps, the library's own
 
-# Caps on the search's effort: the defaults are 16 restarts x 200 steps (~seconds); 1024 restarts (one
-# vmapped batch of ~64x the default's memory) and 20000 steps (100x, minutes) are far past what converges,
-# and 10**8 of either hangs or exhausts the device's memory.
-MAX_RESTARTS = 1024
-MAX_ITERATIONS = 20_000
 
 FLAGS = {"itl": "--itl-ms", "prefill_budget": "--prefill-budget", "min_prefill": "--min-prefill",
          "context": "--context", "prefix": "--prefix", "max_decode": "--max-decode",

@@ -25,6 +25,7 @@ from .errors import refuse
 from .outputs import check_image
 from .plan import INT_TOKEN_LIMIT, RESOURCES, Batch
 from .schema import MAX_REQUESTS, TOKEN_WHY, WIDTH_LIMIT
+from .step import MAX_TEMPERATURE      # the smooth surrogates' bound, the library's own
 
 DEFAULT_CONTEXT = 4096
 MAX_LIST = 100_000
@@ -35,9 +36,6 @@ MAX_STEP_REQUESTS = MAX_REQUESTS
 # seconds; a list like --decode 1,2,...,100000 would pad 100000 batches to 131072 rows each (OOM).
 MAX_PRICED_ROWS = 1 << 22
 UNITS = {"ms": 1e3, "us": 1e6}
-# The largest smooth-mode temperature: up to 1 the power-mean surrogates stay within their documented bounds
-# (numerics: smax <= sum for tau <= 1); past it they blow up (tau 10 prices a 26 ms step at 0.9 s, tau 1e5 at inf).
-MAX_TEMPERATURE = 1.0
 
 # ----------------------------------------------------------------------------- shared helpers
 

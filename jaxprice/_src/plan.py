@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import numbers
 from typing import Any
 
 import jax
@@ -89,9 +91,19 @@ class Coefficients:
         return self[name] if name in self._index else default
 
     def replace(self, **updates):
+        """These coefficients with some changed (``coefs.replace(hbm_derate=0.75)``): each a name
+        they carry and a finite number >= 0 (or an array of them, one per set of stacked values).
+        A traced value (under jit, grad or vmap) passes unchecked."""
         values = jnp.asarray(self.values)
         for name, val in updates.items():
-            values = values.at[..., self.index(name)].set(val)
+            if name not in self._index:
+                import difflib
+                near = difflib.get_close_matches(name, self.names, n=3)
+                refuse("is not a name these Coefficients carry" + (f"; near matches: {', '.join(near)}" if near else
+                       f" ({len(self.names)} names, e.g. {', '.join(self.names[:3])})"), field=name)
+            if not isinstance(val, jax.core.Tracer):
+                _check_coefficient_value(name, val, values.shape[:-1])
+            values = values.at[..., self._index[name]].set(val)
         return Coefficients(values, self.names, self.units, self.cites)
 
     def to_dict(self) -> dict:
@@ -100,6 +112,27 @@ class Coefficients:
 
     def __repr__(self):
         return f"Coefficients({len(self.names)} names)"
+
+
+def _check_coefficient_value(name, val, shape):
+    """A concrete coefficient value for ``Coefficients.replace``: numbers, finite, >= 0 (every
+    coefficient is a time, a rate, a size or a fraction), of a shape that fits ``shape``."""
+    try:
+        arr = np.asarray(val)
+    except Exception:                                   # noqa: BLE001 - anything NumPy cannot read
+        arr = np.asarray(None)
+    if isinstance(val, (str, bytes)) or arr.dtype.kind not in "iuf":
+        refuse("must be a number (SI units)", field=name, value=_short(val), has_value=True)
+    try:
+        fits = np.broadcast_shapes(arr.shape, shape) == tuple(shape)
+    except ValueError:
+        fits = False
+    if not fits:
+        refuse(f"has shape {arr.shape}; these Coefficients take a value of shape {tuple(shape)} here", field=name)
+    bad = ~np.isfinite(arr) | (arr < 0)
+    if bad.any():
+        v = arr.reshape(-1)[int(np.flatnonzero(bad.reshape(-1))[0])].item()
+        refuse("must be a finite number >= 0 (SI units)", field=name, value=v, has_value=True)
 
 
 # ----------------------------------------------------------------------------- batch
@@ -140,14 +173,16 @@ class Batch:
 
         dtype: of the token counts, float64 (None) or int32 (counts below INT_TOKEN_LIMIT).
         """
-        sched = np.asarray(scheduled, dtype=float).reshape(-1)
-        comp = np.asarray(computed, dtype=float).reshape(-1) if np.ndim(computed) else np.full(sched.shape, float(computed))
+        sched = _counts(scheduled, "scheduled", source).reshape(-1)
+        comp = _counts(computed, "computed", source)
+        comp = comp.reshape(-1) if comp.ndim else np.full(sched.shape, float(comp))
         if comp.shape != sched.shape:
             refuse(f"has {comp.size} values for {sched.size} requests", file=source, field="computed")
         if prompt_len is None:
             prompt = comp + sched
         else:
-            prompt = np.asarray(prompt_len, dtype=float).reshape(-1) if np.ndim(prompt_len) else np.full(sched.shape, float(prompt_len))
+            prompt = _counts(prompt_len, "prompt_len", source)
+            prompt = prompt.reshape(-1) if prompt.ndim else np.full(sched.shape, float(prompt))
         for name, arr in (("scheduled", sched), ("computed", comp), ("prompt_len", prompt)):
             if arr.shape != sched.shape:
                 refuse(f"has {arr.size} values for {sched.size} requests", file=source, field=name)
@@ -156,12 +191,20 @@ class Batch:
                 i = int(np.flatnonzero(bad)[0])
                 refuse("token counts must be non-negative integers", file=source,
                        field=f"{name}[{i}]", value=arr[i].item(), has_value=True)
-        thr = float(decode_threshold)
-        if not np.isfinite(thr) or thr < 0 or thr != round(thr):
-            refuse("must be a non-negative integer", file=source, field="decode_threshold",
-                   value=decode_threshold, has_value=True)
+            big = arr >= INT_TOKEN_LIMIT
+            if big.any():
+                i = int(np.flatnonzero(big)[0])
+                refuse(f"token counts must be below {INT_TOKEN_LIMIT}{_TOKEN_WHY}", file=source,
+                       field=f"{name}[{i}]", value=arr[i].item(), has_value=True)
+        thr = float(_whole(decode_threshold, source=source, field="decode_threshold",
+                           what="a non-negative integer", below=INT_TOKEN_LIMIT, why=_TOKEN_WHY))
         n = sched.size
-        rows = n if pad_to is None else int(pad_to)
+        max_rows = _max_rows()
+        if n > max_rows:
+            refuse(f"holds {n} requests; a batch holds at most {max_rows} (2**20)", file=source, field="scheduled")
+        rows = n if pad_to is None else _whole(pad_to, source=source, field="pad_to",
+                                               what="None or a whole number of rows", maximum=max_rows,
+                                               why=" (2**20, the most requests in one batch)")
         if rows < n:
             refuse(f"{n} requests do not fit in {rows} rows", file=source, field="pad_to", value=pad_to)
         pad = rows - n
@@ -182,9 +225,13 @@ class Batch:
     def decode(requests: int, context: int, *, pad_to=None, decode_threshold=1, tokens=1, dtype=None):
         """`requests` decode rows, each scheduling `tokens` with `context` tokens in cache
         after this step (computed = context - tokens). dtype: as for from_requests."""
-        if requests < 0 or context < tokens:
-            refuse("need requests >= 0 and context >= tokens", field="decode",
-                   value=(requests, context), has_value=True)
+        src = "Batch.decode"
+        requests = _whole(requests, source=src, field="requests", what="a non-negative integer",
+                          maximum=_max_rows(), why=" (2**20, the most requests in one batch)")
+        tokens = _whole(tokens, source=src, field="tokens", what="a non-negative integer", below=INT_TOKEN_LIMIT,
+                        why=_TOKEN_WHY)
+        context = _whole(context, source=src, field="context", what=f"an integer >= tokens ({tokens})",
+                         minimum=tokens, below=INT_TOKEN_LIMIT, why=_TOKEN_WHY)
         return Batch.from_requests([tokens] * requests, [context - tokens] * requests,
                                    pad_to=pad_to, decode_threshold=decode_threshold, dtype=dtype)
 
@@ -212,14 +259,96 @@ class Batch:
         Concrete batches are stacked in NumPy (jnp.stack of thousands of arrays compiles a
         concatenate with one operand each and takes minutes); traced ones with jnp.stack.
         """
-        batches = list(batches)
+        batches = _stackable(batches)
         if any(isinstance(x, jax.core.Tracer) for b in batches for x in jax.tree_util.tree_leaves(b)):
             return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *batches)
         return jax.tree_util.tree_map(lambda *xs: jax.device_put(np.stack([np.asarray(x) for x in xs])), *batches)
 
 
+_TOKEN_WHY = f" (the kernel's token limit, plan.INT_TOKEN_LIMIT = 2**{INT_TOKEN_LIMIT.bit_length() - 1})"
+
+
+def _max_rows() -> int:
+    from .schema import MAX_REQUESTS          # schema imports this module: read at call time
+    return MAX_REQUESTS
+
+
+def _whole(value, *, source, field, what, minimum=0, below=None, maximum=None, why=""):
+    """A scalar argument that must be a whole number (an int, an integer-valued float or a 0-d
+    array of one; never a bool, a string or None) in [minimum, below) and at most ``maximum``:
+    the int, else refused."""
+    if isinstance(value, (bool, np.bool_, str, bytes)):
+        refuse(f"must be {what}", file=source, field=field, value=value, has_value=True)
+    if isinstance(value, numbers.Integral):
+        x = int(value)
+    else:
+        try:
+            arr = np.asarray(value)
+        except Exception:                               # noqa: BLE001 - anything NumPy cannot read
+            arr = np.asarray(None)
+        if arr.ndim != 0 or arr.dtype.kind not in "iuf":
+            refuse(f"must be {what}", file=source, field=field, value=value, has_value=True)
+        x = float(arr)
+        if not math.isfinite(x) or x != round(x):
+            refuse(f"must be {what}", file=source, field=field, value=value, has_value=True)
+    if x < minimum:
+        refuse(f"must be {what}", file=source, field=field, value=value, has_value=True)
+    if below is not None and x >= below:
+        refuse(f"must be below {below}{why}", file=source, field=field, value=value, has_value=True)
+    if maximum is not None and x > maximum:
+        refuse(f"must be at most {maximum}{why}", file=source, field=field, value=value, has_value=True)
+    return int(x)
+
+
+def _counts(values, name, source):
+    """Token counts as a float64 array (a scalar or one value per request), refusing what is not
+    numbers (strings, None, ragged or nested lists) in one line."""
+    if values is None:
+        refuse("needs token counts (a number or one per request), got None", file=source, field=name)
+    try:
+        arr = np.asarray(values)
+    except Exception:                                   # noqa: BLE001 - ragged lists and the like
+        refuse("must be numbers, one per request", file=source, field=name, value=_short(values), has_value=True)
+    if arr.dtype.kind not in "iuf" and not (arr.size == 0 and arr.dtype.kind in "Ob"):
+        refuse(f"must be numbers, one per request (got {arr.dtype.name if arr.dtype.kind != 'U' else 'strings'})",
+               file=source, field=name, value=_short(values), has_value=True)
+    if arr.ndim > 1:
+        refuse(f"must be a flat list, one value per request; got shape {arr.shape}", file=source, field=name)
+    return arr.astype(float)
+
+
+def _short(value):
+    text = repr(value)
+    return value if len(text) <= 60 else text[:57] + "..."
+
+
+def _stackable(batches):
+    """The list Batch.stack stacks: at least one Batch, all of one padding and rank."""
+    if isinstance(batches, Batch) or not hasattr(batches, "__iter__"):
+        refuse("needs a list of Batches", field="batches", value=type(batches).__name__)
+    batches = list(batches)
+    if not batches:
+        refuse("needs at least one Batch to stack", field="batches")
+    shape = None
+    for i, b in enumerate(batches):
+        if not isinstance(b, Batch):
+            refuse("is not a Batch (Batch.from_requests, Batch.decode)", field=f"batches[{i}]",
+                   value=type(b).__name__)
+        s = np.shape(b.scheduled)
+        if shape is None:
+            shape = s
+        elif s != shape:
+            refuse(f"has token counts of shape {s}, batches[0] {shape}: one stack holds batches of one padding "
+                   "(pad_to) and rank", field=f"batches[{i}]", value=s, has_value=True)
+    return batches
+
+
 def _token_dtype(dtype, source):
-    dtype = np.dtype(np.float64 if dtype is None else dtype)
+    try:
+        dtype = np.dtype(np.float64 if dtype is None else dtype)
+    except TypeError:
+        refuse("token counts are float64, float32, int32 or int64", file=source, field="dtype", value=dtype,
+               has_value=True)
     if dtype not in (np.float64, np.float32, np.int32, np.int64):
         refuse("token counts are float64, float32, int32 or int64", file=source, field="dtype", value=str(dtype))
     return dtype

@@ -1395,7 +1395,16 @@ def load_deployment(path, registry=None, *, pool_index: int | None = None, regis
     the scenario's own (e.g. a fitted set), overriding by name. pool_index: the Deployment
     pool to price; required when the Deployment has more than one.
     """
+    import os
     from .formats import load_coefficient_set
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str):
+        refuse("needs a bundled scenario name or a scenario file's path (a str or a path)", field="path",
+               value=path if isinstance(path, (bytes, int, float)) or path is None else type(path).__name__,
+               has_value=True)
+    if not text.strip():            # "" would be read as the current folder (".: is a directory")
+        refuse("an empty name; give a bundled scenario name or a scenario file", field="path", value=path,
+               has_value=True)
     if registry is None:
         registry = Registry(registry_roots) if registry_roots else Registry()
     scenario = load_scenario(scenario_path(path), pool_index)

@@ -89,9 +89,15 @@ import optax
 from .errors import refuse
 from .numerics import min2
 from .plan import INT_TOKEN_LIMIT, RESOURCES, Batch
-from .step import step_time
+from .step import MAX_TEMPERATURE, step_time
 
 ESTIMATES = ("no_overlap", "overlap")
+# Caps on optimize_batch's effort (jaxprice optimize applies the same): the defaults are 16 restarts x 200 steps (~seconds); 1024 restarts (one vmapped batch of
+# ~64x the default's memory) and 20000 steps (100x, minutes) are far past what converges, and 10**8
+# of either hangs or exhausts the device's memory.
+MAX_RESTARTS = 1024
+MAX_ITERATIONS = 20_000
+EFFORT_WHY = " (jaxprice's cap on the search's effort)"
 RHO = (10.0, 1e4)            # the penalty weight's start and end
 EXACT_CHUNK = 256            # candidates per exact call in the local search (one compile)
 GRID_CHUNK = 32768           # compositions per exact call in the grid
@@ -142,7 +148,9 @@ class Limits:
         return dataclasses.asdict(self)
 
 
-def _number(value, field, *, integer=False, minimum=None, positive=False):
+def _number(value, field, *, integer=False, minimum=None, positive=False, maximum=None, why=""):
+    if isinstance(value, (str, bytes, bool, np.bool_)):         # "16", True: a number was meant, not coerced
+        refuse("must be a number", field=field, value=value, has_value=True)
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -155,6 +163,8 @@ def _number(value, field, *, integer=False, minimum=None, positive=False):
         refuse("must be > 0", field=field, value=value, has_value=True)
     if minimum is not None and x < minimum:
         refuse(f"must be >= {minimum}", field=field, value=value, has_value=True)
+    if maximum is not None and x > maximum:
+        refuse(f"must be at most {maximum:g}{why}", field=field, value=value, has_value=True)
     return int(round(x)) if integer else x
 
 
@@ -605,10 +615,16 @@ def optimize_batch(deployment, *, itl, prefill_budget, min_prefill=0, context=40
                       prefix=prefix, max_decode=max_decode, max_batched_tokens=max_batched_tokens,
                       prefill_per_output=prefill_per_output, tokens_per_decode=tokens_per_decode,
                       estimate=estimate)
-    tau = _number(temperature, "temperature", positive=True)
-    restarts = _number(restarts, "restarts", integer=True, minimum=1)
-    iterations = _number(iterations, "iterations", integer=True, minimum=1)
+    tau = _number(temperature, "temperature", positive=True, maximum=MAX_TEMPERATURE,
+                  why=" (past it the smooth surrogates leave their bounds; 0.01 to 0.1 is typical)")
+    restarts = _number(restarts, "restarts", integer=True, minimum=1, maximum=MAX_RESTARTS, why=EFFORT_WHY)
+    iterations = _number(iterations, "iterations", integer=True, minimum=1, maximum=MAX_ITERATIONS, why=EFFORT_WHY)
     lr = _number(learning_rate, "learning_rate", positive=True)
+    seed = _number(seed, "seed", integer=True, minimum=0)
+    max_polish_rounds = _number(max_polish_rounds, "max_polish_rounds", integer=True, minimum=0)
+    if callback is not None and not callable(callback):
+        refuse("must be None or a function callback(done, total, **info)", field="callback",
+               value=type(callback).__name__)
     ex = _Exact(dep, lim, EXACT_CHUNK)
     _check_possible(ex)
     rows = lim.max_decode + 1

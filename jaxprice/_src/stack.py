@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import refuse
-from .plan import Coefficients, Plan
+from .plan import Batch, Coefficients, Plan
 
 # arrays that shape the computation (segment and phase ids, the attention read-law table)
 STATIC_ARRAYS = ("gemm_kind", "gemm_phase", "attn_kind", "attn_phase", "attn_window", "attn_topk",
@@ -489,7 +489,7 @@ def stack_plans(plans) -> PlanStack:
     Refuses an empty list, and plans of different structures (a JaxpriceError naming the
     plan and what differs: e.g. the layer kinds, an array's shape, a segment id, a graph
     flag, a coefficient role). ``group_by_structure`` sorts a mixed list first."""
-    plans = [getattr(p, "plan", p) for p in plans]
+    plans = _plans(plans)
     if not plans:
         refuse("needs at least one plan", field="plans")
     splits = [split_plan(p) for p in plans]
@@ -503,12 +503,23 @@ def stack_plans(plans) -> PlanStack:
                      [p.name for p in plans])
 
 
+def _plans(plans) -> list:
+    """A list of Plans from a list of Plans or Deployments, refusing anything else in one line."""
+    if isinstance(plans, (str, bytes, Plan)) or not hasattr(plans, "__iter__"):
+        refuse("needs a list of Plans or Deployments", field="plans", value=type(plans).__name__)
+    out = [getattr(p, "plan", p) for p in plans]
+    for i, p in enumerate(out):
+        if not isinstance(p, Plan):
+            refuse("is not a Plan or a Deployment", field=f"plans[{i}]", value=type(p).__name__)
+    return out
+
+
 def group_by_structure(plans) -> list:
     """[(Structure, [indices into plans])] in order of first appearance: the stacks a mixed
     list of plans (or Deployments) needs, one compile each."""
     groups: dict = {}
-    for i, p in enumerate(plans):
-        groups.setdefault(structure_of(getattr(p, "plan", p)), []).append(i)
+    for i, p in enumerate(_plans(plans)):
+        groups.setdefault(structure_of(p), []).append(i)
     return list(groups.items())
 
 
@@ -518,9 +529,14 @@ def stack_coefficients(sets, *, union=True) -> Coefficients:
     With ``union`` (the default) the names are the union of the sets' names in order of
     first appearance, and a name a set lacks is NaN in its row (pricing refuses a deployment
     whose roles read one); otherwise every set must carry the same names in the same order."""
+    if isinstance(sets, Coefficients) or not hasattr(sets, "__iter__"):
+        refuse("needs a list of Coefficients", field="sets", value=type(sets).__name__)
     sets = list(sets)
     if not sets:
         refuse("needs at least one coefficient set", field="sets")
+    for i, c in enumerate(sets):
+        if not isinstance(c, Coefficients):
+            refuse("is not a Coefficients", field=f"sets[{i}]", value=type(c).__name__)
     first = sets[0]
     if not union or all(c.names == first.names for c in sets):
         for i, c in enumerate(sets):
@@ -551,7 +567,12 @@ def stack_coefficients(sets, *, union=True) -> Coefficients:
 
 
 def _batch_layout(batches):
+    from .step import check_batch_shape
+    if not isinstance(batches, Batch):
+        refuse("needs a Batch (Batch.stack)", field="batches", value=type(batches).__name__)
     nd = np.ndim(batches.scheduled)
+    if nd in (2, 3):
+        check_batch_shape(batches, rank=nd, field="batches")
     if nd not in (2, 3):
         refuse("needs stacked batches [batches, rows] (shared by every deployment) or "
                "[deployments, batches, rows] (Batch.stack, twice)", field="batches",
@@ -622,6 +643,9 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
     from .step import temperature_arg
     if not isinstance(stack, PlanStack):
         refuse("needs a PlanStack (stack_plans)", field="stack", value=type(stack).__name__)
+    if not isinstance(coefs, Coefficients):
+        refuse("needs a Coefficients (shared, or stack_coefficients: one per deployment)", field="coefs",
+               value=type(coefs).__name__)
     values = _put(coefs.values)
     D = len(stack)
     if values.ndim == 2:
@@ -691,9 +715,13 @@ def price_plans(plans, coefs, batches, *, temperature=None):
     within a structure they are padded to the largest B and rows with empty batches and
     padding rows, which price exactly as without them). Returns a list of StepResults, one per
     plan, with fields [B_i, ...]."""
-    plans = [getattr(p, "plan", p) for p in plans]
+    plans = _plans(plans)
     shared_coefs = isinstance(coefs, Coefficients)
     shared_batches = not isinstance(batches, (list, tuple))
+    for name, arg, shared in (("coefs", coefs, shared_coefs), ("batches", batches, shared_batches)):
+        if not shared and (not isinstance(arg, (list, tuple)) or len(arg) != len(plans)):
+            refuse(f"needs one shared value or a list of one per plan ({len(plans)})", field=name,
+                   value=f"{len(arg)} items" if isinstance(arg, (list, tuple)) else type(arg).__name__)
     out = [None] * len(plans)
     for _, idx in group_by_structure(plans):
         stack = stack_plans([plans[i] for i in idx])
@@ -715,6 +743,12 @@ def pad_batches(groups, *, min_batches=0, min_rows=0):
     (at least ``min_batches`` and ``min_rows``): extra rows are padding (mask False, zero
     counts) and extra batches are empty. Returns (Batch, [B_i])."""
     from .plan import Batch
+    from .step import check_batch_shape
+    groups = list(groups)
+    if not groups:
+        refuse("needs at least one stacked Batch", field="groups")
+    for i, b in enumerate(groups):
+        check_batch_shape(b, rank=2, field=f"groups[{i}]")
     leaves = [[np.asarray(x) for x in (b.scheduled, b.computed, b.prompt_len, b.mask, b.decode_threshold)]
               for b in groups]
     B = max([l[0].shape[0] for l in leaves] + [min_batches])

@@ -617,19 +617,92 @@ def _price_jit(plan, coefs, batch, tau, smooth, breakdown):
                                                breakdown), tau if smooth else None)
 
 
+# The largest smooth-mode temperature (the commands' --temperature cap too): up to 1 the power-mean
+# surrogates stay within their documented bounds (numerics: smax <= sum for tau <= 1); past it the smooth surrogates leave their bounds and the price is meaningless (at 10 a 9.7 ms
+# step priced 0.9 s; at 1e300, inf); 0.01 to 0.1 is typical.
+MAX_TEMPERATURE = 1.0
+
+
 def temperature_arg(temperature):
     """(smooth, tau) for the jitted entry points: exact mode (None) is (False, None); otherwise
     tau is a Python float or a traced array, traced either way, so a new temperature never
-    recompiles. Refuses a concrete temperature that is not a number >= 0."""
+    recompiles. Refuses a concrete temperature that is not a number in [0, MAX_TEMPERATURE]
+    (a string, a bool, an array of several); a traced one passes unchecked."""
     if temperature is None:
         return False, None         # no argument at all: even a Python float is a device transfer a call
-    if not isinstance(temperature, jax.core.Tracer) and np.ndim(temperature) == 0:
+    if not isinstance(temperature, jax.core.Tracer):
+        kind = getattr(temperature, "dtype", None)
+        kind = np.dtype(kind).kind if kind is not None else \
+            "f" if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) else "?"
+        if kind not in "iuf" or np.ndim(temperature) != 0:
+            refuse("must be None (exact mode) or one number >= 0", field="temperature",
+                   value=temperature if np.ndim(temperature) == 0 else f"shape {np.shape(temperature)}",
+                   has_value=True)
         t = float(temperature)
         if not (np.isfinite(t) and t >= 0):
             refuse("must be None (exact mode) or a finite number >= 0", field="temperature",
                    value=temperature, has_value=True)
+        if t > MAX_TEMPERATURE:
+            refuse(f"must be at most {MAX_TEMPERATURE:g} (past it the smooth surrogates leave their bounds and "
+                   "the price is meaningless; 0.01 to 0.1 is typical)", field="temperature", value=temperature,
+                   has_value=True)
         return True, t
     return True, jnp.asarray(temperature, dtype=float)
+
+
+def check_pricing_args(plan, coefs, batch, *, rank, field="batch"):
+    """Refuse, in one line and before jit, what the pricing entry points cannot price: a plan
+    that is not a Plan (a Deployment: its ``.plan``), coefficients that are not Coefficients,
+    a batch that is not a Batch of ``rank`` (1: one batch [rows]; 2: stacked [batches, rows])
+    with fields of matching shapes. Shapes are static, so tracers are checked too; values
+    never are (a few isinstance and shape reads: well under a microsecond's work each)."""
+    if not isinstance(plan, Plan):
+        hint = "; give deployment.plan" if isinstance(getattr(plan, "plan", None), Plan) else ""
+        refuse(f"needs a Plan (load_deployment(...).plan){hint}", field="plan", value=type(plan).__name__)
+    if not isinstance(coefs, Coefficients):
+        hint = "; give deployment.coefficients" if isinstance(getattr(coefs, "coefficients", None), Coefficients) \
+            else ""
+        refuse(f"needs a Coefficients (load_deployment(...).coefficients){hint}", field="coefs",
+               value=type(coefs).__name__)
+    check_batch_shape(batch, rank=rank, field=field)
+
+
+def _shape_of(x, field, name):
+    """x.shape (an array's or a tracer's: a tuple, cheap), else NumPy's; a Python list is refused
+    (jit cannot take one)."""
+    s = getattr(x, "shape", None)
+    if s is None:
+        if isinstance(x, (list, tuple)):
+            refuse("is a Python list; build batches with Batch.from_requests (padded arrays)", field=f"{field}.{name}")
+        s = np.shape(x)
+    return s if type(s) is tuple else tuple(s)
+
+
+def check_batch_shape(batch, *, rank, field="batch"):
+    """A Batch whose token counts have ``rank`` dimensions (the last the rows), its fields agreeing."""
+    if not isinstance(batch, Batch):
+        refuse("needs a Batch (Batch.from_requests, Batch.decode; Batch.stack for many)", field=field,
+               value=type(batch).__name__)
+    try:                        # the usual case, arrays of agreeing shapes: a few attribute reads
+        shape = batch.scheduled.shape
+        if (len(shape) == rank and batch.computed.shape == shape and batch.prompt_len.shape == shape
+                and batch.mask.shape == shape and batch.decode_threshold.shape == shape[:-1]):
+            return
+    except AttributeError:      # a Python number or list among the fields: the checks below say which
+        pass
+    shape = _shape_of(batch.scheduled, field, "scheduled")
+    if len(shape) != rank:
+        what = "one batch [rows] (Batch.stack makes [batches, rows] for price_many)" if rank == 1 else \
+            "stacked batches [batches, rows], a leading batch axis (Batch.stack; price() takes one batch)"
+        refuse(f"needs {what}; got token counts of shape {shape}", field=field, value=shape, has_value=True)
+    for name in ("computed", "prompt_len", "mask"):
+        s = _shape_of(getattr(batch, name), field, name)
+        if s != shape:
+            refuse(f"has shape {s}, scheduled {shape}", field=f"{field}.{name}")
+    s = _shape_of(batch.decode_threshold, field, "decode_threshold")
+    if s != shape[:-1]:
+        refuse(f"has shape {s}; one per batch is {shape[:-1]}",
+               field=f"{field}.decode_threshold")
 
 
 def _traced_args(plan: Plan, coefs: Coefficients, chunked=False):
@@ -689,6 +762,7 @@ def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, br
     paths' warm call and compile side by side), at a compile per deployment. Equal up to XLA's
     rewrites of constant subexpressions, a few ulps (tests/test_deployment_axis.py).
     """
+    check_pricing_args(plan, coefs, batch, rank=1)
     smooth, tau = temperature_arg(temperature)
     if fold:
         return _price_jit(plan, coefs, batch, tau, smooth, breakdown)
@@ -706,6 +780,7 @@ def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=N
     """Price a stack of batches of one padding (leading axis) in one vmapped call, compiled
     once per plan structure (as ``price``; ``fold``: once per plan, its values constants).
     ``stack.price_deployments`` prices many deployments in one call, each as here (bit for bit)."""
+    check_pricing_args(plan, coefs, batches, rank=2, field="batches")
     smooth, tau = temperature_arg(temperature)
     if fold:
         return _price_many_jit(plan, coefs, batches, tau, smooth)

@@ -27,11 +27,13 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .errors import refuse
-from .plan import Batch, Coefficients, Plan
+from .plan import INT_TOKEN_LIMIT, Batch, Coefficients, Plan, _TOKEN_WHY, _max_rows, _whole
 from . import step as _step
-from .step import StepResult, _batched_kernel, _traced_args, exact_at_zero, temperature_arg
+from .step import StepResult, _batched_kernel, _traced_args, check_pricing_args, exact_at_zero, temperature_arg
 
 BATCH_AXIS = "batch"
+# random_batches makes at most this many token counts in one call (each field 512 MiB as float64)
+MAX_CELLS = 1 << 26
 
 
 # ----------------------------------------------------------------------------- coefficient sets
@@ -48,9 +50,14 @@ def _price_sets_jit(structure, values, index, coef_values, batch, tau, smooth):
 
 def stack_coefficients(sets) -> Coefficients:
     """Stack Coefficients of one name list into one with values [sets, names] (for vmap)."""
+    if isinstance(sets, Coefficients) or not hasattr(sets, "__iter__"):
+        refuse("needs a list of Coefficients", field="sets", value=type(sets).__name__)
     sets = list(sets)
     if not sets:
         refuse("needs at least one coefficient set", field="sets")
+    for i, c in enumerate(sets):
+        if not isinstance(c, Coefficients):
+            refuse("is not a Coefficients", field=f"sets[{i}]", value=type(c).__name__)
     first = sets[0]
     for i, c in enumerate(sets):
         if c.names != first.names:
@@ -64,6 +71,7 @@ def price_coefficient_sets(plan: Plan, coef_sets: Coefficients, batch: Batch, *,
     coef_sets: Coefficients with values [sets, names] (see ``stack_coefficients``).
     Returns a StepResult whose fields have a leading [sets] axis.
     """
+    check_pricing_args(plan, coef_sets, batch, rank=1)
     values = jnp.asarray(coef_sets.values)
     if values.ndim != 2 or values.shape[1] != len(coef_sets.names):
         refuse(f"needs values of shape [sets, {len(coef_sets.names)}], got {tuple(values.shape)}",
@@ -131,7 +139,10 @@ def price_sharded(plan: Plan, coefs: Coefficients, batches: Batch, mesh: Mesh | 
     prices its slice, and the padding is trimmed off. Coefficients are replicated.
     Equal to ``price_many`` on one device; see the module docstring for multi-host use.
     """
+    check_pricing_args(plan, coefs, batches, rank=2, field="batches")
     mesh = batch_mesh() if mesh is None else mesh
+    if not isinstance(mesh, Mesh):
+        refuse("needs a jax.sharding.Mesh (batch_mesh()) or None", field="mesh", value=type(mesh).__name__)
     if len(mesh.axis_names) != 1:
         refuse(f"needs a 1-D mesh over the batch axis, got axes {tuple(mesh.axis_names)}", field="mesh")
     smooth, tau = temperature_arg(temperature)
@@ -163,10 +174,32 @@ def random_batches(rng, count: int, rows: int, *, decode_threshold: int = 1, dec
     the token counts, float64 (None) or int32 (see Batch; a third of the bytes, and priced
     2-3x faster in exact mode).
     """
-    thr = int(decode_threshold)
-    if count < 0 or rows < 1 or thr < 0 or max_prefill <= thr:
-        refuse("needs count >= 0, rows >= 1 and decode_threshold < max_prefill", field="random_batches",
-               value=(count, rows, thr, max_prefill), has_value=True)
+    src = "random_batches"
+    if not (hasattr(rng, "integers") and hasattr(rng, "random")):
+        refuse("needs a numpy Generator (np.random.default_rng(seed))", file=src, field="rng", value=type(rng).__name__)
+    count = _whole(count, source=src, field="count", what="a non-negative integer")
+    rows = _whole(rows, source=src, field="rows", what="an integer >= 1", minimum=1, maximum=_max_rows(),
+                  why=" (2**20, the most requests in one batch)")
+    if count * rows > MAX_CELLS:
+        refuse(f"count x rows = {count} x {rows} token counts; at most {MAX_CELLS} (2**26) in one call",
+               file=src, field="count", value=count)
+    thr = _whole(decode_threshold, source=src, field="decode_threshold", what="a non-negative integer",
+                 below=INT_TOKEN_LIMIT, why=_TOKEN_WHY)
+    # a row's prompt_len (computed + scheduled) stays below the token limit too, so int32 holds it
+    max_context = _whole(max_context, source=src, field="max_context", what="a non-negative integer",
+                         below=INT_TOKEN_LIMIT - max(thr, 1),
+                         why=" (a decode row's computed tokens plus its scheduled ones stay below the kernel's "
+                             "token limit, 2**24)")
+    max_prefill = _whole(max_prefill, source=src, field="max_prefill",
+                         what=f"an integer above decode_threshold ({thr})", minimum=thr + 1, below=INT_TOKEN_LIMIT,
+                         why=_TOKEN_WHY)
+    max_prefix = _whole(max_prefix, source=src, field="max_prefix", what="a non-negative integer",
+                        below=INT_TOKEN_LIMIT - max_prefill,
+                        why=" (a prefill row's computed tokens, its prefix, plus its chunk stay below the "
+                            "kernel's token limit, 2**24)")
+    share = np.asarray(decode_share) if not isinstance(decode_share, (str, bytes)) else np.asarray(None)
+    if share.ndim != 0 or share.dtype.kind not in "iuf" or not 0.0 <= float(share) <= 1.0:
+        refuse("must be a fraction in [0, 1]", file=src, field="decode_share", value=decode_share, has_value=True)
     shape = (count, rows)
     n = rng.integers(1, rows + 1, size=count)
     if empty and count > 0:
