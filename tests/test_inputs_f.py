@@ -293,3 +293,13 @@ def test_optimize_batch_refusals(dep, kwargs, words, monkeypatch):
     monkeypatch.setattr(search, "_descend", ran)
     args = dict(itl=0.05, prefill_budget=0) | kwargs
     refused(lambda: search.optimize_batch(dep, **args), *words)
+
+
+@pytest.mark.parametrize("temperature,words", [(5.0, ("at most 1",)), ("0.1", ("one number",)), (True, ("one number",)),
+                                               (-1.0, (">= 0",))])
+def test_fit_takes_the_temperatures_pricing_takes(temperature, words):
+    """jaxprice.fit.fit_coefficients's smooth temperature: the same [0, 1] as every pricing entry
+    point (it accepted 5, where the surrogates leave their bounds)."""
+    from jaxprice._src.fit import _check_fit_options
+    refused(lambda: _check_fit_options("l2", "point", 0.1, temperature, 0.0, 0.1), "'temperature'", *words)
+    _check_fit_options("l2", "point", 0.1, 0.05, 0.0, 0.1)

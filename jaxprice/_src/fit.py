@@ -1331,9 +1331,9 @@ def _check_fit_options(loss, weighting, huber_delta, temperature, prior, identif
         refuse(f"unknown weighting (known: {', '.join(WEIGHTINGS)})", field="weighting", value=weighting)
     if not (isinstance(huber_delta, (int, float)) and huber_delta > 0):
         refuse("huber_delta must be a positive number", field="huber_delta", value=huber_delta)
-    if temperature is not None and not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
-                                        and temperature >= 0):
-        refuse("must be None (exact mode) or a number >= 0", field="temperature", value=temperature)
+    if temperature is not None:
+        from .step import temperature_arg
+        temperature_arg(temperature)       # a number in [0, 1], as every pricing entry point takes
     if isinstance(prior, bool) or not (isinstance(prior, (int, float)) and not math.isnan(prior) and prior >= 0):
         refuse("the prior strength must be a number >= 0 (inf: keep the registry)", field="prior", value=prior,
                has_value=True)
