@@ -108,6 +108,9 @@ def test_size_refuses_a_simulation_past_its_caps_before_pricing(capsys, extra, w
     (dict(gpus=1, evaluator="auto", simulate="many"), "simulate", "integer >= 0"),
     (dict(gpus=1, evaluator="auto", num_prompts=10 ** 6), "num_prompts", "at most 262144"),
     (dict(gpus=1, isl=2 ** 24), "isl", "token limit"),
+    # the CLI refused --verify beside auto or serve, the API ignored it
+    (dict(gpus=1, evaluator="auto", verify=1), "verify", "simulates the frontier and the best already"),
+    (dict(gpus=1, evaluator="serve", verify=2), "verify", "simulates the frontier and the best already"),
 ])
 def test_the_api_refuses_in_one_line(kw, field, reason):
     with pytest.raises(jp.JaxpriceError, match=f"field '{field}'.*{reason}") as info:

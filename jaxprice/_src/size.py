@@ -1024,6 +1024,9 @@ def _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_p
     verify = _nonnegative_int(verify, "verify")
     if verify > 2:
         refuse("must be 0, 1 (re-run the best layout) or 2 (the best and the runner-up)", field="verify", value=verify)
+    if verify and requested != "steady":      # as the CLI's --verify: a silent no-op would read as a check made
+        refuse(f"re-runs the steady evaluator's choice under the simulation; evaluator {requested!r} simulates the "
+               "frontier and the best already", field="verify", value=verify)
     if num_prompts is not None:
         num_prompts = _positive(num_prompts, "num_prompts", integer=True, maximum=MAX_RUN_REQUESTS,
                                 why=" (jaxprice's cap on the requests of one simulated run)")
