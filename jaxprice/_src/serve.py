@@ -95,7 +95,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import schedule as S
-from .client import ClosedLoop, OpenLoop, Trace, Workload, check_sweep_size
+from .client import ClosedLoop, OpenLoop, Trace, Workload, _is_real, check_sweep_size
 from .errors import JaxpriceError, refuse
 from .step import exact_at_zero, _step_time, temperature_arg
 
@@ -174,7 +174,7 @@ class _Settings:
     def integer(self, key, minimum):
         """An integer setting, checked where it is taken (later ones are computed from it)."""
         v = self.out[key]
-        if not (_is_number(v) and math.isfinite(v) and v == int(v) and v >= minimum):
+        if not (_is_real(v) and math.isfinite(v) and v == int(v) and v >= minimum):
             self.refuse(f"must be an integer >= {minimum}", key)
         if v > 2 ** 40:
             self.refuse("must be at most 2**40 = 1099511627776 (past it the scheduler's int64 lanes overflow)", key)
@@ -183,10 +183,6 @@ class _Settings:
     def flag(self, key):
         if not isinstance(self.out[key], (bool, np.bool_)):
             self.refuse("must be True or False", key)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
 def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=None):
@@ -210,7 +206,7 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
         a_src = f"assumed 1 + {DEFAULT_ACCEPTANCE_PER_DRAFT} x num_spec_tokens" if k else "no speculation: 1"
     else:
         a_src = "acceptance= argument"
-    if not (_is_number(acceptance) and math.isfinite(acceptance) and 1 <= acceptance <= k + 1):
+    if not (_is_real(acceptance) and math.isfinite(acceptance) and 1 <= acceptance <= k + 1):
         refuse(f"must be a number in [1, 1 + num_spec_tokens = {k + 1}] (mean tokens emitted per decode step)",
                field="acceptance", value=acceptance, has_value=True)
     out["acceptance"], src["acceptance"] = float(acceptance), a_src
@@ -272,7 +268,7 @@ def _take_behaviour(s: _Settings, dep):
     s.take("lookahead", s.out["num_spec_tokens"], "num_spec_tokens (EAGLE/MTP lookahead slots)")
     s.integer("lookahead", 0)
     s.take("watermark", 0.0, "vLLM default 0")
-    if not (_is_number(s.out["watermark"]) and 0 <= s.out["watermark"] < 1):
+    if not (_is_real(s.out["watermark"]) and 0 <= s.out["watermark"] < 1):
         s.refuse("must be a number in [0, 1) (the share of KV blocks kept free)", "watermark")
     s.take("fast_forward", True, "decode runs recorded as one linear record (exact)")
     s.flag("fast_forward")
@@ -280,7 +276,7 @@ def _take_behaviour(s: _Settings, dep):
                                   "call: 1/2 when its admission latency L > 0 (a random point of a step), 1 when "
                                   "L = 0 (request_latencies)")
     ph = s.out["arrival_phase"]
-    if ph is not None and not (isinstance(ph, (int, float)) and not isinstance(ph, bool) and 0 <= ph <= 1):
+    if ph is not None and not (_is_real(ph) and 0 <= ph <= 1):
         s.refuse("must be a number in [0, 1] or None (1/2 when the admission latency > 0, else 1)", "arrival_phase")
     par = dep.scenario.parallel or {}
     s.take("gpu_count", int(dep.plan.scalars.get("tp", 1)) * int(dep.plan.scalars.get("dp", 1))

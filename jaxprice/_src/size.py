@@ -95,7 +95,7 @@ from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario
 from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS,
                       PREQUANTIZED, QUANT_FLAG, WIDTHS, Candidate, Layout, build_candidates, build_scenario,
                       candidate_space, fits, is_moe, load_model, max_model_len, weight_formats, _is_hf, _kv_tokens)
-from .plan import INT_TOKEN_LIMIT, Batch
+from .plan import INT_TOKEN_LIMIT, Batch, _whole
 from .resolve import Deployment, resolve
 from .schema import TOKEN_WHY, WIDTH_LIMIT
 
@@ -976,7 +976,7 @@ def _checked_evaluator(evaluator: str, simulate) -> tuple[str, int]:
     simulation: 'auto' searches with 'steady' and refines with the simulation where installed."""
     if evaluator not in EVALUATORS:
         refuse(f"unknown evaluator (known: {', '.join(EVALUATORS)})", field="evaluator", value=evaluator)
-    simulate = _nonnegative_int(0 if simulate is None else simulate, "simulate")
+    simulate = _whole(0 if simulate is None else simulate, source=None, field="simulate", what="an integer >= 0")
     if evaluator == "auto":
         return "steady", simulate if _serve_module() is not None else 0
     if evaluator == "steady":
@@ -1021,7 +1021,7 @@ def _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_p
     (client.MAX_RUN_REQUESTS per run, MAX_SWEEP_REQUESTS per layout's sweep): --num-prompts,
     --search-prompts x C and the default 10 x C, wherever the simulation will run; and a
     ``verify`` other than 0, 1 or 2 (returned as an int)."""
-    verify = _nonnegative_int(verify, "verify")
+    verify = _whole(verify, source=None, field="verify", what="an integer >= 0")
     if verify > 2:
         refuse("must be 0, 1 (re-run the best layout) or 2 (the best and the runner-up)", field="verify", value=verify)
     if verify and requested != "steady":      # as the CLI's --verify: a silent no-op would read as a check made
@@ -1069,18 +1069,6 @@ def _check_search_size(evaluator, requested, simulate, conc, num_prompts, search
                f"{len(conc)} concurrency levels up to {max(conc)}), past jaxprice's cap of {MAX_SEARCH_REQUESTS} per "
                "search (hours, and many GB): sweep fewer or smaller levels, narrow the layouts, or use --evaluator "
                "steady", field="concurrency", value=max(conc))
-
-
-def _nonnegative_int(value, field) -> int:
-    if isinstance(value, bool) or value is None:
-        refuse("expected an integer >= 0", field=field, value=value)
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        refuse("expected an integer >= 0", field=field, value=value)
-    if not (math.isfinite(v) and v >= 0 and v == int(v)):
-        refuse("expected an integer >= 0", field=field, value=value, has_value=True)
-    return int(v)
 
 
 def _check_layout_axes(graph, chip_obj, gpus, *, tp, dp, ep, weights):
