@@ -2,7 +2,8 @@
 
 Each command lives in its own module, jaxprice/_src/cli_<command>.py, exposing
 ``add_parser(subparsers)`` and ``run(args) -> int``. Bad input ends with one line naming the
-file, field and value (exit status 2), never a traceback.
+file, field and value (exit status 2), never a traceback. Commands that compile kernels keep
+them on disk across runs (jaxprice/_src/compile_cache.py: $JAXPRICE_CACHE_DIR, 'off' for none).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy", "size", "import-model", "serve")
+# the commands that compile kernels: they keep them on disk across runs (compile_cache.py;
+# accuracy's --cache-dir names the folder for one run)
+COMPILING = ("price", "sweep", "optimize", "fit", "accuracy", "size", "serve")
 
 
 def main(argv=None) -> int:
@@ -41,6 +45,9 @@ def main(argv=None) -> int:
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     from jaxprice import JaxpriceError
     try:
+        if args.command in COMPILING and not getattr(args, "cache_dir", None):
+            from jaxprice._src import compile_cache
+            compile_cache.enable_default()
         return int(modules[args.command].run(args) or 0)
     except JaxpriceError as err:
         print(f"jaxprice {args.command}: error: {err}", file=sys.stderr)

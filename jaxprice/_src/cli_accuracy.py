@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import compile_cache
 from .errors import refuse
 from .outputs import check_image, check_output_file, check_output_folder
 
@@ -86,24 +87,12 @@ def add_parser(subparsers):
                    help="the estimate drawn solid in the plot (default no_overlap; both are scored)")
     p.add_argument("--cache-dir", metavar="DIR", default=None,
                    help="keep compiled kernels in this folder across runs (JAX's persistent compilation "
-                        "cache): a second run skips most of the compile time")
+                        "cache; every command keeps them in $JAXPRICE_CACHE_DIR, by default "
+                        "~/.cache/jaxprice/xla): a second run skips most of the compile time")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(command="accuracy")
     return p
-
-
-def enable_compilation_cache(path) -> None:
-    """Turn on JAX's persistent compilation cache in ``path`` (every compile is kept)."""
-    import jax
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        refuse(f"cannot create the cache folder ({err.strerror})", field="--cache-dir", value=str(path))
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def _strict(x):
@@ -264,7 +253,7 @@ def run(args) -> int:
     from .progress import Progress
     check_inputs(args)
     if args.cache_dir:
-        enable_compilation_cache(args.cache_dir)
+        compile_cache.enable(args.cache_dir, field="--cache-dir")
     t0 = time.perf_counter()
     with Progress(0, "accuracy", enabled=not args.quiet) as bar:
         report = evaluate_accuracy(args.csv, scenario_dirs=args.scenarios,

@@ -1,0 +1,83 @@
+"""The command line's on-disk compile cache (jaxprice/_src/compile_cache.py): where it lives,
+how it is turned off, refused or skipped, pruned, and that a command run with it writes its
+kernels there and prints what it prints without it."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxprice._src import compile_cache as cc
+from jaxprice.cli import main
+
+SCENARIO = "gpt-oss-120b-h100-fp4-vllm-tp2"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("env,expected,source", [
+    ({"JAXPRICE_CACHE_DIR": "off", "JAX_COMPILATION_CACHE_DIR": "/j"}, None, "JAXPRICE_CACHE_DIR"),
+    ({"JAXPRICE_CACHE_DIR": ""}, None, "JAXPRICE_CACHE_DIR"),
+    ({"JAXPRICE_CACHE_DIR": " OFF "}, None, "JAXPRICE_CACHE_DIR"),
+    ({"JAXPRICE_CACHE_DIR": "/c/k", "JAX_COMPILATION_CACHE_DIR": "/j"}, "/c/k", "JAXPRICE_CACHE_DIR"),
+    ({"JAX_COMPILATION_CACHE_DIR": "/j", "XDG_CACHE_HOME": "/x"}, "/j", "JAX_COMPILATION_CACHE_DIR"),
+    ({"XDG_CACHE_HOME": "/x", "HOME": "/h"}, "/x/jaxprice/xla", "default"),
+    ({"XDG_CACHE_HOME": "", "HOME": "/h"}, "/h/.cache/jaxprice/xla", "default"),
+])
+def test_the_folder_comes_from_the_environment_in_order(env, expected, source):
+    path, where = cc.cache_dir(env)
+    assert (None if path is None else str(path)) == expected
+    assert where == source
+
+
+def test_a_named_folder_that_cannot_hold_it_is_refused_in_one_line(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    os.environ["JAXPRICE_CACHE_DIR"] = str(afile)
+    try:
+        code = main(["price", SCENARIO, "--decode", "1"])
+    finally:
+        os.environ["JAXPRICE_CACHE_DIR"] = "off"
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "JAXPRICE_CACHE_DIR" in err and "is a file, not a folder" in err and str(afile) in err
+
+
+def test_an_unusable_default_folder_is_skipped_with_a_note(capsys, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.write_text("not a folder")                       # so HOME/.cache cannot be created
+    monkeypatch.setattr(cc, "enable", lambda *a, **k: pytest.fail("enabled an unusable folder"))
+    assert cc.enable_default({"HOME": str(home)}) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no compile cache" in err and "JAXPRICE_CACHE_DIR" in err
+
+
+def test_a_usable_default_folder_is_created_and_enabled(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(cc, "enable", lambda path, field: calls.append((Path(path), field)))
+    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "jaxprice" / "xla"
+    assert calls == [(tmp_path / "jaxprice" / "xla", "default")]
+    assert (tmp_path / "jaxprice" / "xla").is_dir()
+
+
+def test_prune_deletes_the_oldest_files_down_to_three_quarters(tmp_path):
+    for i in range(10):                                   # 10 files of 100 bytes, file 0 the oldest
+        f = tmp_path / f"entry{i}"
+        f.write_bytes(b"x" * 100)
+        os.utime(f, (1000 + i, 1000 + i))
+    assert cc.prune(tmp_path, max_bytes=1000) == 0        # at the limit: nothing
+    assert cc.prune(tmp_path, max_bytes=800) == 4         # 1000 -> 600 <= 0.75 x 800
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"entry{i}" for i in range(4, 10)]
+
+
+def test_a_command_keeps_its_kernels_there_and_prints_the_same(capsys, tmp_path):
+    argv = ["price", SCENARIO, "--decode", "1,4", "--context", "2048"]
+    assert main(argv) == 0                                # in process, cache off (conftest)
+    expected = capsys.readouterr().out
+    env = dict(os.environ, JAXPRICE_CACHE_DIR=str(tmp_path / "xla"))
+    out = subprocess.run([sys.executable, "-m", "jaxprice", *argv], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == expected
+    assert any(p.name.startswith("jit_") for p in (tmp_path / "xla").iterdir())
