@@ -111,6 +111,8 @@ def test_size_refuses_a_simulation_past_its_caps_before_pricing(capsys, extra, w
     # the CLI refused --verify beside auto or serve, the API ignored it
     (dict(gpus=1, evaluator="auto", verify=1), "verify", "simulates the frontier and the best already"),
     (dict(gpus=1, evaluator="serve", verify=2), "verify", "simulates the frontier and the best already"),
+    # as the CLI's --simulate beside --evaluator steady (the API ignored it: no layout was re-run)
+    (dict(gpus=1, evaluator="steady", simulate=4), "simulate", "'steady' simulates nothing"),
 ])
 def test_the_api_refuses_in_one_line(kw, field, reason):
     with pytest.raises(jp.JaxpriceError, match=f"field '{field}'.*{reason}") as info:

@@ -161,7 +161,7 @@ def _simulation_options(args) -> dict:
     if num is not None and not (ev == "serve" or (ev == "auto" and simulate) or verify):
         refuse("sets the prompts of simulated runs, and none would run: use --evaluator auto or serve, or --verify",
                field="--num-prompts", value=num)
-    return dict(num_prompts=num, verify=verify, simulate=simulate, search_prompts=search)
+    return dict(num_prompts=num, verify=verify, simulate=simulate if ev != "steady" else None, search_prompts=search)
 
 
 def describe_space(cands, ctx, show_rejected=False) -> str:

@@ -976,7 +976,11 @@ def _checked_evaluator(evaluator: str, simulate) -> tuple[str, int]:
     simulation: 'auto' searches with 'steady' and refines with the simulation where installed."""
     if evaluator not in EVALUATORS:
         refuse(f"unknown evaluator (known: {', '.join(EVALUATORS)})", field="evaluator", value=evaluator)
-    simulate = _whole(0 if simulate is None else simulate, source=None, field="simulate", what="an integer >= 0")
+    if simulate is not None and evaluator == "steady" and simulate != 0:   # as the CLI's --simulate
+        refuse("is for evaluator 'auto' or 'serve': 'steady' simulates nothing (verify re-runs its best layout)",
+               field="simulate", value=simulate)
+    simulate = _whole(DEFAULT_SIMULATE if simulate is None else simulate, source=None, field="simulate",
+                      what="an integer >= 0")
     if evaluator == "auto":
         return "steady", simulate if _serve_module() is not None else 0
     if evaluator == "steady":
@@ -1253,7 +1257,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
          num_prompts=None, gpus_per_node: int = 8, fabric: str | None = None, mesh=None,
          registry: Registry | None = None, callback=None, on_candidates=None, workers: int = 2, stacked: bool = True,
          verify: int = 0,
-         simulate: int = DEFAULT_SIMULATE, search_prompts=DEFAULT_SEARCH_PROMPTS) -> SizeResult:
+         simulate: int | None = None, search_prompts=DEFAULT_SEARCH_PROMPTS) -> SizeResult:
     """Search the layouts of ``model`` on ``gpus`` x ``chip`` for a workload of ``isl`` / ``osl``
     tokens (see the module docstring). ``model``: a registry model name or a model graph file.
     ttft_ms, tpot_ms: targets on the means (None: none). concurrency: clients per engine.
@@ -1270,7 +1274,8 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     installed (``SizeResult.verification``). simulate: 'auto' and 'serve': the layouts on the
     frontier, the best and the runner-up are re-run under the serving simulation at the
     benchmark's 10 x C prompts (``num_prompts`` when given), until the frontier of the updated
-    numbers is all simulated, and ('auto') at most ``simulate`` more layouts near the targets;
+    numbers is all simulated, and ('auto') at most ``simulate`` more layouts near the targets
+    (None: DEFAULT_SIMULATE; refused beside 'steady', which simulates nothing);
     their numbers replace the search's (``LayoutResult.source``; see ``refine``); 0: no re-run. search_prompts: 'serve': prompts per client of the search over every
     layout (2: 2 x C prompts per point; None: 10 x C, no re-run). on_candidates(candidates, context dict): called once the
     candidate space is resolved, before the search (the CLI prints it). Bad input raises JaxpriceError before anything is jitted."""
