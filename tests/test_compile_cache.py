@@ -71,13 +71,21 @@ def test_prune_deletes_the_oldest_files_down_to_three_quarters(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"entry{i}" for i in range(4, 10)]
 
 
-def test_a_command_keeps_its_kernels_there_and_prints_the_same(capsys, tmp_path):
-    argv = ["price", SCENARIO, "--decode", "1,4", "--context", "2048"]
+def test_compiles_text_says_how_many_were_loads():
+    assert cc.compiles_text(11, 0) == "11 compiles"
+    assert cc.compiles_text(11, 9) == "11 compiles, 9 of them loaded from the compile cache"
+
+
+def test_a_command_keeps_its_kernels_there_loads_them_again_and_prints_the_same(capsys, tmp_path):
+    argv = ["sweep", SCENARIO, "--decode", "1,4", "--context", "2048", "--quiet"]
     assert main(argv) == 0                                # in process, cache off (conftest)
     expected = capsys.readouterr().out
     env = dict(os.environ, JAXPRICE_CACHE_DIR=str(tmp_path / "xla"))
-    out = subprocess.run([sys.executable, "-m", "jaxprice", *argv], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == expected
+    runs = [subprocess.run([sys.executable, "-m", "jaxprice", *argv], capture_output=True, text=True, env=env,
+                           cwd=ROOT, timeout=300) for _ in range(2)]
+    for out in runs:
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == expected                     # the same numbers, compiled or loaded
     assert any(p.name.startswith("jit_") for p in (tmp_path / "xla").iterdir())
+    assert "loaded from the compile cache" not in runs[0].stderr
+    assert "1 kernel compile(s), 1 of them loaded from the compile cache" in runs[1].stderr

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import compile_cache
 from .cli_price import parse_float, parse_int, parse_int_list
 from .errors import refuse
 from .outputs import check_image, check_output_file
@@ -307,25 +308,28 @@ def run(args) -> int:
     def announce(cands, ctx):
         print(describe_space(cands, ctx, args.show_rejected), file=report, flush=True)
 
+    loaded = compile_cache.loaded()
     try:
         result = size(args.model, callback=progress, on_candidates=announce, **opts)
     finally:
         if "bar" in bar:
             bar["bar"].close()
-    print(describe_result(result, top), file=report)
+    print(describe_result(result, top, loaded=compile_cache.loaded() - loaded), file=report)
     if result.best is None:
         print(f"jaxprice size: {result.miss}", file=sys.stderr)
     write_outputs(result, args, report)
     return 1 if result.best is None else 0
 
 
-def describe_result(result, top: int) -> str:
+def describe_result(result, top: int, loaded: int = 0) -> str:
     """The search's account, the table, and the best layout with its margin, ties, simulation
-    checks and ``vllm serve`` command (nothing after the table when no layout meets the targets)."""
+    checks and ``vllm serve`` command (nothing after the table when no layout meets the targets).
+    ``loaded``: how many of the search's compiles the compile cache answered."""
     info = result.info
     lines = [f"searched {info['layouts_priced']} layouts x {info['concurrency_levels']} concurrencies "
              f"({info['layouts_evaluated']} distinct results, {info['layouts_duplicate']} duplicates) with the "
-             f"{info['evaluator']} evaluator: {info['compiles']} compiles, {info['steps_priced']} steps priced, "
+             f"{info['evaluator']} evaluator: {compile_cache.compiles_text(info['compiles'], loaded)}, "
+             f"{info['steps_priced']} steps priced, "
              f"{info.get('steps_simulated', 0)} steps simulated, {info['seconds']:.1f} s",
              describe_sources(result), format_table(result, top)]
     if result.best is None:

@@ -26,6 +26,7 @@ import numpy as np
 from .cli_price import (MAX_STEP_REQUESTS, UNITS, add_common_arguments, check_finite, check_limits, check_tokens,
                         common_options, describe_deployment, engine_limits, load_scenario_deployment, mode_text,
                         parse_int, parse_int_list)
+from . import compile_cache
 from .batchfile import DEFAULT_DECODE_THRESHOLD
 from .errors import refuse
 from .outputs import check_image, check_output_file
@@ -232,11 +233,11 @@ def run(args) -> int:
     print(f"grid: {len(decode)} decode counts x {len(context)} contexts x {len(prefill)} prefill chunks = "
           f"{total} steps; {mode_text(temperature)}; decode threshold {threshold}", file=sys.stderr)
     from .stack import kernel_compiles
-    t0, compiled = time.perf_counter(), kernel_compiles()
+    t0, compiled, loaded = time.perf_counter(), kernel_compiles(), compile_cache.loaded()
     with Progress(total, "sweep", enabled=not args.quiet) as bar:
         grid = price_grid(dep, decode, context, prefill, threshold=threshold, temperature=temperature,
                           chunk=chunk, callback=lambda done, tot: bar.update(done))
-    elapsed, compiled = time.perf_counter() - t0, kernel_compiles() - compiled
+    elapsed, compiled, loaded = time.perf_counter() - t0, kernel_compiles() - compiled, compile_cache.loaded() - loaded
     points = [f"decode {d}, context {c}, prefill chunk {q}" for q in prefill for d in decode for c in context] \
         if not np.isfinite(grid["no_overlap"]).all() or not np.isfinite(grid["resources"]).all() else []
     check_finite(grid["resources"].reshape(-1, len(RESOURCES)), grid["overlap"].reshape(-1),
@@ -254,7 +255,8 @@ def run(args) -> int:
             refuse(f"cannot write the CSV: {err.strerror}", file=args.out)
     counts = np.bincount(grid["bottleneck"].reshape(-1), minlength=len(RESOURCES))
     share = ", ".join(f"{r} {c / total:.0%}" for r, c in zip(RESOURCES, counts) if c)
-    print(f"priced {total} steps in {elapsed:.1f} s ({compiled} kernel compile(s): one per plan structure, padding "
+    print(f"priced {total} steps in {elapsed:.1f} s ({compile_cache.compiles_text(compiled, loaded, 'kernel compile(s)')}: "
+          f"one per plan structure, padding "
           f"and mode, shared by every deployment of the model graph); bottleneck: {share}"
           + (f"; wrote {args.out}" if args.out not in (None, "-") else ""), file=sys.stderr)
     if args.heatmap:

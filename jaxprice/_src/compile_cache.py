@@ -65,7 +65,36 @@ def enable(path, *, field: str) -> None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_S)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _count_loads()
     prune(path)
+
+
+_loads = {"n": 0, "listening": False}
+
+
+def _count_loads() -> None:
+    """Count the compiles the cache answers (JAX's monitoring event for a persistent-cache hit),
+    once per process."""
+    if _loads["listening"]:
+        return
+    from jax import monitoring
+
+    def on_event(event, **_kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            _loads["n"] += 1
+    monitoring.register_event_listener(on_event)
+    _loads["listening"] = True
+
+
+def loaded() -> int:
+    """Compiles answered from the cache so far in this process (0 while it is off): a command
+    reports its compiles with how many of them were loads."""
+    return _loads["n"]
+
+
+def compiles_text(compiles: int, loaded_now: int, noun: str = "compiles") -> str:
+    """'11 compiles' or '11 compiles, 9 of them loaded from the compile cache'."""
+    return f"{compiles} {noun}" + (f", {loaded_now} of them loaded from the compile cache" if loaded_now else "")
 
 
 def prune(path: Path, max_bytes: int = MAX_BYTES) -> int:
