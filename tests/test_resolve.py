@@ -575,3 +575,26 @@ def test_refusals_name_the_pool_they_resolve(tmp_path):
     with pytest.raises(JaxpriceError) as err:
         load_deployment(out, registry=REG, pool_index=1)
     assert "field 'Deployment.pools[1].engine.quantization', value 'bogus'" in str(err.value)
+
+
+def test_admitted_entries_are_kept_per_set_objects_and_scope_values():
+    """resolve._admitted caches the entries a scope admits: a hit needs the very same set objects
+    and the same scope values; anything else is matched afresh."""
+    from jaxprice._src.formats import CoefficientSet, Entry
+    from jaxprice._src.resolve import _admitted
+
+    def entry(name, value, **scope):
+        return Entry(name=name, value=value, units="us", scope={k: tuple(v) for k, v in scope.items()}, cite="test")
+
+    def cset(*entries):
+        return CoefficientSet(name="t", entries=tuple(entries), source="test", path="t.yaml")
+    a = cset(entry("x", 1.0, hardware=["h100"], tp=[1, 2]), entry("x", 2.0, hardware=["h100"], tp=[8]))
+    b = cset(entry("x", 3.0, hardware=["H100"]))                 # a later set overrides; names match any case
+    tp2 = {"hardware": "h100", "tp": 2}
+    assert _admitted([a], tp2)["x"].value == 1.0
+    assert _admitted([a], {"hardware": "h100", "tp": 8})["x"].value == 2.0
+    assert _admitted([a], {"hardware": "b200", "tp": 2}) == {}
+    assert _admitted([a, b], tp2)["x"].value == 3.0
+    assert _admitted([a], tp2)["x"].value == 1.0                 # the cache keeps the sets apart
+    a2 = cset(entry("x", 5.0, hardware=["h100"], tp=[2]))         # new objects: matched afresh
+    assert _admitted([a2], tp2)["x"].value == 5.0
