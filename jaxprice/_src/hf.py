@@ -365,6 +365,7 @@ QUANT_ALGOS = {"FP8": "fp8", "FP8_PB_WO": "fp8", "FP8_BLOCK_SCALES": "fp8",
                "INT8_WO": "int8", "INT4_WO": "int4"}
 QUANT_METHODS = ("fp8", "fbgemm_fp8", "mxfp4", "nvfp4", "modelopt", "modelopt_fp4", "compressed-tensors",
                  "gptq", "awq", "mxfp8")
+_QC = "quantization_config"     # config.json's own quantization block
 
 
 def _patterns(entries, kind, file, field):
@@ -386,106 +387,147 @@ def _patterns(entries, kind, file, field):
 
 
 def read_quantization(cfg: dict, raw: dict, file: str, quant_doc: dict | None, quant_file: str | None) -> Quant:
-    """The checkpoint's weight format and its unquantized modules."""
+    """The checkpoint's weight format and its unquantized modules: from the hf_quant_config.json
+    where one is given, else from config.json's quantization_config block (the top level's where
+    it has the key, else the text model's)."""
     if quant_doc is not None:
-        q = quant_doc.get("quantization")
-        if not isinstance(q, dict):
-            refuse("expected a 'quantization' mapping (an hf_quant_config.json)", file=quant_file,
-                   field="quantization", value=q)
-        algo = q.get("quant_algo")
-        if algo is None:
-            return Quant(None, "hf_quant_config.json: quant_algo null (unquantized)", source=quant_file)
-        fmt = QUANT_ALGOS.get(str(algo).upper())
-        if fmt is None:
-            refuse(f"unsupported quantization (supported quant_algo: {', '.join(QUANT_ALGOS)})",
-                   file=quant_file, field="quantization.quant_algo", value=algo)
-        return Quant(fmt, f"ModelOpt {algo}", _patterns(q.get("exclude_modules"), "glob", quant_file,
-                                                        "quantization.exclude_modules"),
-                     source=f"{quant_file} quantization")
-    qc = raw.get("quantization_config", cfg.get("quantization_config"))
-    where = "quantization_config"
+        return _hf_quant_config(quant_doc, quant_file)
+    qc = raw.get(_QC, cfg.get(_QC))
     if qc is None:
         return Quant(None, "no quantization_config")
     if not isinstance(qc, dict):
-        refuse("expected a mapping", file=file, field=where, value=qc)
+        refuse("expected a mapping", file=file, field=_QC, value=qc)
+    excl = _unconverted(qc, file, "modules_to_not_convert", "ignore")
+    return _quant_by_method(qc, _quant_method(qc), excl, file)
+
+
+def _hf_quant_config(doc: dict, file: str) -> Quant:
+    """The Quant of an hf_quant_config.json (ModelOpt's): its ``quantization`` mapping, unquantized
+    where its quant_algo is null."""
+    q = doc.get("quantization")
+    if not isinstance(q, dict):
+        refuse("expected a 'quantization' mapping (an hf_quant_config.json)", file=file,
+               field="quantization", value=q)
+    if q.get("quant_algo") is None:
+        return Quant(None, "hf_quant_config.json: quant_algo null (unquantized)", source=file)
+    return _modelopt_quant(q, file, "quantization")
+
+
+def _modelopt_quant(block: dict, file: str, where: str, excl: tuple = ()) -> Quant:
+    """The Quant of a ModelOpt block (``where`` in ``file``): its quant_algo's format, and ``excl``
+    followed by its exclude_modules globs left unquantized; an unknown quant_algo is refused."""
+    algo = block.get("quant_algo")
+    fmt = QUANT_ALGOS.get(str(algo).upper())
+    if fmt is None:
+        refuse(f"unsupported quantization (supported quant_algo: {', '.join(QUANT_ALGOS)})",
+               file=file, field=f"{where}.quant_algo", value=algo)
+    return Quant(fmt, f"ModelOpt {algo}", excl + _patterns(block.get("exclude_modules"), "glob", file,
+                                                           f"{where}.exclude_modules"), f"{file} {where}")
+
+
+def _quant_method(qc: dict) -> str:
+    """quantization_config's quant_method in lower case; 'modelopt' for ModelOpt's own block (a
+    quant_algo and no quant_method), '' where it names none."""
     method = str(qc.get("quant_method", "") or "").lower()
-    if not method and "quant_algo" in qc:        # ModelOpt's own block inside config.json
+    if not method and "quant_algo" in qc:
         method = "modelopt"
-    f = dict(file=file, field=f"{where}.quant_method", value=qc.get("quant_method"), has_value=True)
-    excl = _patterns(qc.get("modules_to_not_convert"), "hf", file, f"{where}.modules_to_not_convert") + \
-        _patterns(qc.get("ignore"), "hf", file, f"{where}.ignore")
-    src = f"{file} {where}"
+    return method
+
+
+def _unconverted(qc: dict, file: str, *keys) -> tuple:
+    """The (kind, pattern) module names that quantization_config's ``keys`` (read in that order)
+    leave unquantized, each list checked by _patterns."""
+    return sum((_patterns(qc.get(k), "hf", file, f"{_QC}.{k}") for k in keys), ())
+
+
+def _quant_by_method(qc: dict, method: str, excl: tuple, file: str) -> Quant:
+    """The Quant a config.json quantization_config block states by its quant_method, with ``excl``
+    (its modules_to_not_convert and ignore) left unquantized; an unknown method is refused."""
+    src = f"{file} {_QC}"
     if method in ("fp8", "fbgemm_fp8"):
-        block = qc.get("weight_block_size")
-        desc = f"FP8 block-wise {block}" if block else "FP8 per tensor"
-        # vLLM's Fp8Config reads the layers an FP8 checkpoint keeps at its 16-bit precision from
-        # ``ignored_layers``, falling back to ``modules_to_not_convert`` when that is empty, and
-        # serves them (linear and fused-MoE layers alike) unquantized: Fp8Config.from_config and
-        # get_quant_method, vllm-project/vllm vllm/model_executor/layers/quantization/fp8.py
-        # @1436674bcb3f46f4c960d09334cf7dd1534943ca
-        ignored = _patterns(qc.get("ignored_layers"), "hf", file, f"{where}.ignored_layers")
-        if ignored:
-            excl = ignored + _patterns(qc.get("ignore"), "hf", file, f"{where}.ignore")
-        return Quant("fp8", desc + f", activations {qc.get('activation_scheme', 'dynamic')}", excl, src)
+        return _fp8_quant(qc, excl, file, src)
     if method in ("mxfp4", "nvfp4", "mxfp8"):
         return Quant(method, method.upper(), excl, src)
     if method == "modelopt_fp4":
         return Quant("nvfp4", "ModelOpt NVFP4", excl, src)
     if method == "modelopt":
-        algo = qc.get("quant_algo")
-        fmt = QUANT_ALGOS.get(str(algo).upper())
-        if fmt is None:
-            refuse(f"unsupported quantization (supported quant_algo: {', '.join(QUANT_ALGOS)})",
-                   file=file, field=f"{where}.quant_algo", value=algo)
-        return Quant(fmt, f"ModelOpt {algo}", excl + _patterns(qc.get("exclude_modules"), "glob", file,
-                                                               f"{where}.exclude_modules"), src)
+        return _modelopt_quant(qc, file, _QC, excl)
     if method in ("gptq", "awq"):
-        bits = qc.get("bits", qc.get("w_bit"))
-        if bits not in (4, 8):
-            refuse(f"unsupported {method} width (4 or 8 bits)", file=file, field=f"{where}.bits", value=bits)
-        return Quant("int4" if bits == 4 else "int8", f"{method.upper()} int{bits} weight-only", excl, src)
+        return _integer_quant(qc, method, excl, file, src)
     if method == "compressed-tensors":
-        groups = qc.get("config_groups")
-        if not isinstance(groups, dict) or not groups:
-            if qc.get("weight_block_size"):
-                return Quant("fp8", "compressed-tensors FP8 block-wise", excl, src)
-            refuse("compressed-tensors with no config_groups: the stored width is not stated",
-                   file=file, field=f"{where}.config_groups", value=groups)
-        fmts = set()
-        for gname, g in groups.items():
-            if g is not None and not isinstance(g, dict):
-                refuse("expected a mapping (weights, targets, ...)", file=file, field=f"{where}.config_groups.{gname}",
-                       value=g)
-            w = (g or {}).get("weights") or {}
-            if not isinstance(w, dict):
-                refuse("expected a mapping (num_bits, type, ...)", file=file,
-                       field=f"{where}.config_groups.{gname}.weights", value=w)
-            bits, typ, gs = w.get("num_bits"), w.get("type"), w.get("group_size")
-            fmtname = str((g or {}).get("format") or qc.get("format") or "").lower()
-            gf = dict(file=file, field=f"{where}.config_groups.{gname}.weights", value=w, has_value=True)
-            if bits == 4 and typ == "int":
-                fmts.add("int4")
-            elif bits == 8 and typ == "int":
-                fmts.add("int8")
-            elif bits == 8 and typ == "float":
-                fmts.add("fp8")
-            elif bits == 4 and typ == "float":
-                if "mxfp4" in fmtname or gs == 32:
-                    fmts.add("mxfp4")
-                elif "nvfp4" in fmtname or gs == 16:
-                    fmts.add("nvfp4")
-                else:
-                    refuse("a 4-bit float group names neither NVFP4 nor MXFP4", **gf)
-            else:
-                refuse("unsupported compressed-tensors weight group (int4/int8 weight-only, fp8, nvfp4, "
-                       "mxfp4)", **gf)
-        if len(fmts) != 1:
-            refuse("compressed-tensors groups at more than one width are not supported", file=file,
-                   field=f"{where}.config_groups", value=sorted(fmts))
-        fmt = fmts.pop()
-        return Quant(fmt, f"compressed-tensors {fmt}" + (" weight-only" if fmt in ("int4", "int8") else ""),
-                     excl, src)
-    refuse(f"unsupported quantization (supported quant_method: {', '.join(QUANT_METHODS)})", **f)
+        return _compressed_tensors_quant(qc, excl, file, src)
+    refuse(f"unsupported quantization (supported quant_method: {', '.join(QUANT_METHODS)})", file=file,
+           field=f"{_QC}.quant_method", value=qc.get("quant_method"), has_value=True)
+
+
+def _fp8_quant(qc: dict, excl: tuple, file: str, src: str) -> Quant:
+    """The Quant of an FP8 checkpoint (per tensor or block-wise), its unquantized modules as vLLM
+    reads them."""
+    block = qc.get("weight_block_size")
+    desc = f"FP8 block-wise {block}" if block else "FP8 per tensor"
+    # vLLM's Fp8Config reads the layers an FP8 checkpoint keeps at its 16-bit precision from
+    # ``ignored_layers``, falling back to ``modules_to_not_convert`` when that is empty, and
+    # serves them (linear and fused-MoE layers alike) unquantized: Fp8Config.from_config and
+    # get_quant_method, vllm-project/vllm vllm/model_executor/layers/quantization/fp8.py
+    # @1436674bcb3f46f4c960d09334cf7dd1534943ca
+    ignored = _unconverted(qc, file, "ignored_layers")
+    if ignored:
+        excl = ignored + _unconverted(qc, file, "ignore")
+    return Quant("fp8", desc + f", activations {qc.get('activation_scheme', 'dynamic')}", excl, src)
+
+
+def _integer_quant(qc: dict, method: str, excl: tuple, file: str, src: str) -> Quant:
+    """The Quant of a GPTQ or AWQ checkpoint: int4 or int8 weight-only by its bits (or w_bit);
+    other widths are refused."""
+    bits = qc.get("bits", qc.get("w_bit"))
+    if bits not in (4, 8):
+        refuse(f"unsupported {method} width (4 or 8 bits)", file=file, field=f"{_QC}.bits", value=bits)
+    return Quant("int4" if bits == 4 else "int8", f"{method.upper()} int{bits} weight-only", excl, src)
+
+
+def _compressed_tensors_quant(qc: dict, excl: tuple, file: str, src: str) -> Quant:
+    """The Quant of a compressed-tensors checkpoint: the one format its config_groups store (FP8
+    block-wise where it has none but a weight_block_size); groups at two formats are refused."""
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        if qc.get("weight_block_size"):
+            return Quant("fp8", "compressed-tensors FP8 block-wise", excl, src)
+        refuse("compressed-tensors with no config_groups: the stored width is not stated",
+               file=file, field=f"{_QC}.config_groups", value=groups)
+    fmts = {_group_format(qc, gname, g, file) for gname, g in groups.items()}
+    if len(fmts) != 1:
+        refuse("compressed-tensors groups at more than one width are not supported", file=file,
+               field=f"{_QC}.config_groups", value=sorted(fmts))
+    fmt = fmts.pop()
+    return Quant(fmt, f"compressed-tensors {fmt}" + (" weight-only" if fmt in ("int4", "int8") else ""),
+                 excl, src)
+
+
+def _group_format(qc: dict, gname: str, g, file: str) -> str:
+    """The weight format one compressed-tensors config group stores, by its weights' num_bits and
+    type (a 4-bit float told apart by the format's name or its group size: 32 MXFP4, 16 NVFP4)."""
+    field = f"{_QC}.config_groups.{gname}"
+    if g is not None and not isinstance(g, dict):
+        refuse("expected a mapping (weights, targets, ...)", file=file, field=field, value=g)
+    w = (g or {}).get("weights") or {}
+    if not isinstance(w, dict):
+        refuse("expected a mapping (num_bits, type, ...)", file=file, field=f"{field}.weights", value=w)
+    bits, typ, gs = w.get("num_bits"), w.get("type"), w.get("group_size")
+    fmtname = str((g or {}).get("format") or qc.get("format") or "").lower()
+    if bits == 4 and typ == "int":
+        return "int4"
+    if bits == 8 and typ == "int":
+        return "int8"
+    if bits == 8 and typ == "float":
+        return "fp8"
+    gf = dict(file=file, field=f"{field}.weights", value=w, has_value=True)
+    if bits == 4 and typ == "float":
+        if "mxfp4" in fmtname or gs == 32:
+            return "mxfp4"
+        if "nvfp4" in fmtname or gs == 16:
+            return "nvfp4"
+        refuse("a 4-bit float group names neither NVFP4 nor MXFP4", **gf)
+    refuse("unsupported compressed-tensors weight group (int4/int8 weight-only, fp8, nvfp4, mxfp4)", **gf)
 
 
 # Representative module names of a node, for matching the unquantized-module lists. ``{L}`` is
@@ -1124,13 +1166,46 @@ def _bundled_name(sha, repo):
 
 def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Imported:
     """Read a config.json (or a folder holding one) and its quantization into a graph document."""
+    cfg_path, raw, sha, qpath, qdoc, qsha = _read_config_files(path, quant_config)
+    file, qfile = str(cfg_path), (str(qpath) if qpath else None)
+    arch, family, mtp_method = _architecture(raw, file)
+    r, multimodal = _text_reader(raw, family, file)
+    base = _base_dtype(r, raw)
+    kinds, seq = _layers(r, family, arch, base)
+    head, glob = _weights(r, raw, kinds, seq, base, qdoc, qfile)
+    stack = _compress(seq)
+    repo = hf_repo or _hf_repo(cfg_path, raw)
+    doc = {"format": "jaxprice-model/1", "name": name or _default_name(cfg_path, sha, repo),
+           "source": f"hf-config {file}", "hf_repo": repo, "config_sha256": sha,
+           "hidden_size": r("hidden_size"), "vocab_size": r("vocab_size"),
+           "tie_word_embeddings": bool(r("tie_word_embeddings")), "weight_dtype": glob,
+           "modality": "text_decoder_of_multimodal" if multimodal else "text_only",
+           "layer_kinds": kinds, "stack": stack, "head": head}
+    derived = _derived_max_len(r, raw.get("model_type", r.cfg.get("model_type")))
+    if derived is not None:
+        doc["max_model_len"] = derived
+    if repo is None:
+        del doc["hf_repo"]
+        r.inferred.append("hf_repo: not known from the file (pass --hf-repo)")
+    _add_speculator(doc, r, family, mtp_method)
+    return Imported(doc=doc, inferred=list(dict.fromkeys(r.inferred)), config_path=file, quant_path=qfile,
+                    config_sha256=sha, quant_sha256=qsha, architecture=arch, family=family)
+
+
+def _read_config_files(path, quant_config) -> tuple:
+    """(config path, its document, its sha256, quantization config path, document, sha256): the
+    config.json and the quantization config given, else the hf_quant_config.json beside it (the
+    last three None where there is none), each read as JSON."""
     cfg_path, auto_q = config_paths(path)
     raw, sha = _read_json(cfg_path, "config")
-    file = str(cfg_path)
     qpath = Path(str(quant_config)) if quant_config is not None else auto_q
-    qdoc, qsha = (None, None)
-    if qpath is not None:
-        qdoc, qsha = _read_json(qpath, "quantization config")
+    qdoc, qsha = _read_json(qpath, "quantization config") if qpath is not None else (None, None)
+    return cfg_path, raw, sha, qpath, qdoc, qsha
+
+
+def _architecture(raw: dict, file: str) -> tuple:
+    """(architecture, family, MTP method) of the config's first ``architectures`` entry; a missing,
+    malformed or unsupported one is refused."""
     arches = raw.get("architectures")
     if not isinstance(arches, list) or not arches or not all(isinstance(a, str) for a in arches):
         refuse("required key is missing or not a list of names" if arches is None else "expected a list of names",
@@ -1140,74 +1215,95 @@ def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Import
         refuse(f"unsupported architecture (supported: {', '.join(ARCHITECTURES)})", file=file,
                field="architectures", value=arch)
     family, mtp_method = ARCHITECTURES[arch]
+    return arch, family, mtp_method
+
+
+def _text_reader(raw: dict, family: str, file: str) -> tuple:
+    """(reader, multimodal): a _Reader of the text decoder's keys (``text_config`` where the config
+    nests one), its core shapes read and checked; a multimodal config is noted as such."""
     text = raw.get("text_config")
-    inferred = []
-    if text is not None:
-        if not isinstance(text, dict):
-            refuse("expected a mapping", file=file, field="text_config", value=text)
-        cfg, where = text, "text_config."
-    else:
-        cfg, where = raw, ""
+    if text is not None and not isinstance(text, dict):
+        refuse("expected a mapping", file=file, field="text_config", value=text)
+    r = _Reader(raw if text is None else text, family, file, "" if text is None else "text_config.")
     multimodal = text is not None or "vision_config" in raw
     if multimodal:
         towers = [k for k in raw if k.endswith("_config") and k not in ("text_config", "quantization_config")]
-        inferred.append(f"multimodal ({', '.join(towers) or 'text_config'}): the text decoder is priced, "
-                        "the other towers are not")
-    r = _Reader(cfg, family, file, where)
-    r.inferred = inferred
+        r.inferred.append(f"multimodal ({', '.join(towers) or 'text_config'}): the text decoder is priced, "
+                          "the other towers are not")
+    _check_shapes(r)
+    return r, multimodal
+
+
+def _check_shapes(r):
+    """Reads the sizes every family needs (refusing a missing or impossible one), checks the RoPE
+    block and that the query heads are a multiple of the KV heads."""
     for fld in ("hidden_size", "num_layers", "vocab_size", "n_q", "max_position_embeddings"):
         r(fld)
     _check_rope(r)
     nq, nkv = r("n_q"), r("n_kv")
     if nq % nkv:
-        refuse(f"impossible value: num_attention_heads {nq} is not a multiple of it", file=file,
-               field=where + r.table["n_kv"].keys[0], value=nkv)
+        refuse(f"impossible value: num_attention_heads {nq} is not a multiple of it", file=r.file,
+               field=r.where + r.table["n_kv"].keys[0], value=nkv)
+
+
+def _base_dtype(r, raw: dict) -> str:
+    """The graph dtype of the unquantized weights (also kept as the reader's ``_base`` for the
+    families): the config's dtype (the top level's where text_config states none), bf16 where it
+    states none or fp32, as vLLM's --dtype auto serves them; either fallback is noted."""
     dt = r("dtype")
     if dt is None and raw.get("torch_dtype", raw.get("dtype")) is not None:
         dt = r._check(r.table["dtype"], "torch_dtype", raw.get("torch_dtype", raw.get("dtype")))
     base = DTYPES[str(dt).lower()] if dt is not None else "bf16"
     if dt is None:
-        inferred.append("torch_dtype absent: bf16 (the half precision vLLM's --dtype auto serves)")
+        r.inferred.append("torch_dtype absent: bf16 (the half precision vLLM's --dtype auto serves)")
     elif str(dt).lower() in ("float32", "fp32", "float"):
-        inferred.append(f"torch_dtype {dt}: served at bf16 (vLLM's --dtype auto)")
+        r.inferred.append(f"torch_dtype {dt}: served at bf16 (vLLM's --dtype auto)")
     r.values["_base"] = base
+    return base
+
+
+def _layers(r, family: str, arch: str, base: str) -> tuple:
+    """(layer kinds, layer sequence) the family builds from the config; more experts per token than
+    experts is refused."""
     act = {"bf16": 2, "fp16": 2}.get(base, 2)
     kinds, seq = FAMILIES[family](r, arch, act)
     if "experts" in r.values and r("top_k") > r("experts"):
-        refuse(f"impossible value: more experts per token than experts ({r('experts')})", file=file,
-               field=where + r.table["top_k"].keys[0], value=r("top_k"))
-    h, vocab = r("hidden_size"), r("vocab_size")
-    head = [_n("Elementwise", "final_norm"), _gemm("lm_head", vocab, h)]
-    quant = read_quantization(cfg, raw, file, qdoc, str(qpath) if qpath else None)
+        refuse(f"impossible value: more experts per token than experts ({r('experts')})", file=r.file,
+               field=r.where + r.table["top_k"].keys[0], value=r("top_k"))
+    return kinds, seq
+
+
+def _weights(r, raw: dict, kinds: dict, seq: list, base: str, qdoc: dict | None, qfile: str | None) -> tuple:
+    """(head nodes, graph weight dtype): the checkpoint's quantization read and applied to the
+    layer kinds' and the head's weight nodes (_apply_quant), and noted where it quantizes."""
+    head = [_n("Elementwise", "final_norm"), _gemm("lm_head", r("vocab_size"), r("hidden_size"))]
+    quant = read_quantization(r.cfg, raw, r.file, qdoc, qfile)
     glob = _apply_quant(kinds, seq, head, quant, base, r)
     if quant.fmt:
         left = sorted({p for _, p in quant.excluded})
-        inferred.append(f"quantization: {quant.scheme} ({quant.source}); weights {quant.fmt}"
-                        + (f", left unquantized ({base}): {_short(left)}" if left else ""))
-    stack = _compress(seq)
-    repo = hf_repo or _hf_repo(cfg_path, raw)
-    gname = name or _bundled_name(sha, repo) or (repo.split("/")[-1].lower() if repo else
-                                                 (cfg_path.parent.name if cfg_path.name == "config.json"
-                                                  else cfg_path.stem).lower())
-    doc = {"format": "jaxprice-model/1", "name": gname, "source": f"hf-config {file}",
-           "hf_repo": repo, "config_sha256": sha, "hidden_size": h, "vocab_size": vocab,
-           "tie_word_embeddings": bool(r("tie_word_embeddings")), "weight_dtype": glob,
-           "modality": "text_decoder_of_multimodal" if multimodal else "text_only",
-           "layer_kinds": kinds, "stack": stack, "head": head}
-    derived = _derived_max_len(r, raw.get("model_type", cfg.get("model_type")))
-    if derived is not None:
-        doc["max_model_len"] = derived
-    if repo is None:
-        del doc["hf_repo"]
-        inferred.append("hf_repo: not known from the file (pass --hf-repo)")
+        r.inferred.append(f"quantization: {quant.scheme} ({quant.source}); weights {quant.fmt}"
+                          + (f", left unquantized ({base}): {_short(left)}" if left else ""))
+    return head, glob
+
+
+def _default_name(cfg_path: Path, sha: str, repo: str | None) -> str:
+    """The graph's name where none is given: the bundled graph of the same config (by sha256 or
+    repository), else the repository's name, else the config's folder (or file) name, lower case."""
+    return _bundled_name(sha, repo) or (repo.split("/")[-1].lower() if repo else
+                                        (cfg_path.parent.name if cfg_path.name == "config.json"
+                                         else cfg_path.stem).lower())
+
+
+def _add_speculator(doc: dict, r, family: str, mtp_method: str | None):
+    """Adds the config's MTP drafter to ``doc`` where the architecture has one and the config
+    states MTP layers: one more layer of the last kind, drafting one token (MiniMax-M3: one per
+    MTP layer)."""
     mtp = r("mtp_layers") if "mtp_layers" in r.table else 0
     if mtp and mtp_method:
+        last = list(doc["layer_kinds"])[-1]
         doc["speculator"] = {"method": mtp_method, "num_spec_tokens": int(mtp) if family == "minimax_m3" else 1,
-                             "stack": {"pattern": [list(kinds)[-1]], "repeat": 1}}
-        inferred.append(f"MTP drafter: {mtp_method}, one layer of kind {list(kinds)[-1]}")
-    inferred = list(dict.fromkeys(inferred))
-    return Imported(doc=doc, inferred=inferred, config_path=file, quant_path=str(qpath) if qpath else None,
-                    config_sha256=sha, quant_sha256=qsha, architecture=arch, family=family)
+                             "stack": {"pattern": [last], "repeat": 1}}
+        r.inferred.append(f"MTP drafter: {mtp_method}, one layer of kind {last}")
 
 
 def graph_from_doc(doc: dict, file: str):
