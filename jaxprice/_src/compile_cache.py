@@ -6,9 +6,10 @@ kernel per plan structure, the scheduler per shape bucket. With the cache, a com
 (measured on 2 cores: ``jaxprice serve`` of DeepSeek-V3 at three concurrencies 12.5 s, then 4.8 s).
 Results are unchanged: a cache hit is the same compiled program.
 
-Where (``cache_dir``): ``$JAXPRICE_CACHE_DIR`` (``off`` or empty: no cache), else JAX's own
-``$JAX_COMPILATION_CACHE_DIR``, else ``$XDG_CACHE_HOME/jaxprice/xla``, else
-``~/.cache/jaxprice/xla``; ``accuracy --cache-dir`` names one for that run. Past MAX_BYTES, the
+Where (``cache_dir``): ``$JAXPRICE_CACHE_DIR`` (``off`` or empty: jaxprice turns nothing on; JAX
+itself still honours its own ``$JAX_COMPILATION_CACHE_DIR``), else that variable of JAX's, else
+``$XDG_CACHE_HOME/jaxprice/xla``, else ``~/.cache/jaxprice/xla``; ``accuracy --cache-dir`` names
+one for that run. Past MAX_BYTES, the
 oldest entries are deleted when a command starts (``prune``: JAX's own size limit needs the
 ``filelock`` package, a dependency for ten lines). The Python API never turns the cache on by
 itself: a library leaves process-wide settings to its caller.
