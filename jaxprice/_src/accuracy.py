@@ -763,6 +763,103 @@ def _trtllm_budget():
     return TRTLLM_MAX_NUM_TOKENS
 
 
+def _recipe_or_defaults(p: Point, rec, key, scheduler: str):
+    """(recipe, its name): the point's recipe (as ``recipe_variant`` gave it), or where it has
+    none the engine's defaults, with a gmu of 0.9 and an fp8 KV cache as the bundled scenarios."""
+    if rec is None:
+        rec = dict(max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="fp8",
+                   block_size=None, num_prompts="10*C",
+                   source=f"no InferenceX recipe read for {p.model} on {p.hardware} ({p.dtype}, {p.engine}): "
+                          f"{'vLLM' if scheduler == 'vllm' else p.engine} defaults, gmu 0.9 and an fp8 KV cache as "
+                          "the bundled scenarios")
+        name = f"{'vLLM' if scheduler == 'vllm' else p.engine} defaults"
+    else:
+        name = f"{key[0]} {p.dtype} on {'/'.join(key[1])}"
+    return rec, name
+
+
+def _max_num_seqs(p: Point, rec, scheduler: str, C: int):
+    """(max_num_seqs, source): C where the recipe passes $CONC, its number, else vLLM's default."""
+    src, mns = rec["source"], rec["max_num_seqs"]
+    return ((C, f"the client concurrency C (--max-num-seqs $CONC): {src}") if mns == "C" else
+            (int(mns), src) if mns is not None else
+            (VLLM_DEFAULT_MAX_NUM_SEQS, f"vLLM's default (not set by the recipe; serving-reference "
+                                        f"§1.1): {src}") if scheduler == "vllm" else
+            (VLLM_DEFAULT_MAX_NUM_SEQS, f"vLLM's default 1024, above every C here (COVERAGE LIMIT: "
+                                        f"{p.engine}'s own running-request limit not read): {src}"))
+
+
+def _batched_tokens(p: Point, rec, scheduler: str, isl: int):
+    """(max_num_batched_tokens, source): 2 x isl or the recipe's number, else the scheduler's default."""
+    src, mbt = rec["source"], rec["max_num_batched_tokens"]
+    return ((2 * isl, f"2 x isl (--max-num-batched-tokens $((ISL * 2))): {src}")
+            if mbt == "2*isl" else (int(mbt), src) if mbt is not None else
+            _sglang_budget(p.hardware) if scheduler == "sglang" else
+            _trtllm_budget() if scheduler == "trtllm" else
+            (VLLM_DEFAULT_BATCHED_TOKENS, f"vLLM's default (not set by the recipe; "
+                                          f"serving-reference §1.1): {src}"))
+
+
+def _engine_settings(p: Point, rec, scheduler: str, isl: int, osl: int) -> dict:
+    """gpu_memory_utilization, cache_dtype, block_size, max_model_len and (vLLM engines only)
+    cudagraph_mode, each (value, source), in that order."""
+    src = rec["source"]
+    out = {"gpu_memory_utilization": (float(rec["gpu_memory_utilization"]), src)}
+    out["cache_dtype"] = (rec["cache_dtype"], src if rec["cache_dtype"] != "auto" else
+                          f"'auto' (the model's activation dtype, bf16): no kv-cache-dtype flag: {src}")
+    bs = default_block_size(p.model)
+    out["block_size"] = (int(rec["block_size"]), src) if rec["block_size"] else (bs, BLOCK_SIZE_SOURCE[bs])
+    extra = 20 if (p.model.startswith("gpt-oss") and isl == 1024 and osl == 1024) else 256
+    out["max_model_len"] = (isl + osl + extra, f"isl + osl + {extra} (InferenceX generate_sweep_configs.py; "
+                                               f"gpt-oss recipes + 20 at 1k1k; {REF5})")
+    if scheduler == "vllm":
+        out["cudagraph_mode"] = ((rec["cudagraph_mode"], src) if rec.get("cudagraph_mode") else
+                                 (VLLM_DEFAULT_CUDAGRAPH_MODE, VLLM_CUDAGRAPH_SOURCE))
+    return out
+
+
+def _run_settings(p: Point, rec, scheduler: str, C: int) -> dict:
+    """range_ratio, num_prompts, warmups, prefix_caching, async_scheduling and dp_spread, each
+    (value, source), in that order: the client's lengths and counts, and the engine's scheduling."""
+    out = {"range_ratio": (RANGE_RATIO, f"RANDOM_RANGE_RATIO 0.8 (InferenceX benchmark-tmpl.yml; {REF5}): "
+                                        "lengths uniform on [floor(0.8 L), L], serving-reference §4.3")}
+    npr = 10 * C if rec["num_prompts"] == "10*C" else C
+    out["num_prompts"] = (npr, ("10 x C (--num-prompts $((CONC * 10)))" if rec["num_prompts"] == "10*C"
+                                else "C (--num-prompts $CONC)") + f": {rec['source']}")
+    out["warmups"] = (2 * C, "--num-warmups 2 x C, finished before the timed run (serving-reference §4.2): "
+                             "not simulated; the timed run starts from an empty engine")
+    out["prefix_caching"] = (False, f"--no-enable-prefix-caching in the recipes ({REF5})")
+    out["async_scheduling"] = ((True, "vLLM's default since v0.14 (serving-reference §3); the measured images "
+                                      "are v0.15.1 and later (§0)") if scheduler == "vllm" else
+                               (True, "SGLang's overlap scheduler, on by default (serving-reference §6)")
+                               if scheduler == "sglang" else
+                               (True, "COVERAGE LIMIT: TensorRT-LLM's overlap scheduler assumed on, as vLLM's "
+                                      "async scheduling (its internals not read: serving-reference §7.7)"))
+    out["dp_spread"] = (int(p.dp), "each data-parallel rank its own scheduler, queue, max_num_seqs and budget "
+                                   "(serving-reference §2.1); how requests are spread: the simulation's own")
+    return out
+
+
+def _apply_stated(out: dict, p: Point, stated: dict) -> None:
+    """Over ``out`` (in place), the flags the point's run states (``stated_settings``), said so;
+    a stated prefix cache is noted as a coverage limit (the simulation keeps none)."""
+    where = STATED_SOURCE if p.stated is None else "stated by the run (the --settings file)"
+    for k in STATED_FIELDS:
+        if k in stated:
+            out[k] = (stated[k], where)
+    if stated.get("enable_prefix_caching"):
+        out["prefix_caching"] = (True, f"{where}: COVERAGE LIMIT [prefix-cache]: the simulation keeps no "
+                                       "prefix cache; the random dataset's prompts share no prefix, so it gets "
+                                       "no hits")
+
+
+def _mark_in_sample(out: dict) -> None:
+    """Append "[in sample: why]" (in place) to the source of each ``IN_SAMPLE_CHOICES`` setting."""
+    for k, why in IN_SAMPLE_CHOICES.items():
+        if k in out:
+            out[k] = (out[k][0], out[k][1] + f" [in sample: {why}]")
+
+
 def engine_assumptions(p: Point) -> dict:
     """The engine and client settings a simulated run of point ``p`` uses, each with where it came
     from: {name: (value, source)}.
@@ -793,70 +890,15 @@ def engine_assumptions(p: Point) -> dict:
     rec = recipe_variant(rec, stated)
     C, isl, osl = int(p.concurrency), int(p.isl), int(p.osl)
     scheduler = ENGINE_SCHEDULER.get(p.engine, "vllm")       # an unknown engine is refused by build_deployment
-    if rec is None:
-        rec = dict(max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=0.9, cache_dtype="fp8",
-                   block_size=None, num_prompts="10*C",
-                   source=f"no InferenceX recipe read for {p.model} on {p.hardware} ({p.dtype}, {p.engine}): "
-                          f"{'vLLM' if scheduler == 'vllm' else p.engine} defaults, gmu 0.9 and an fp8 KV cache as "
-                          "the bundled scenarios")
-        name = f"{'vLLM' if scheduler == 'vllm' else p.engine} defaults"
-    else:
-        name = f"{key[0]} {p.dtype} on {'/'.join(key[1])}"
-    src = rec["source"]
-    out = {"recipe": (name, src)}
-    mns = rec["max_num_seqs"]
-    out["max_num_seqs"] = ((C, f"the client concurrency C (--max-num-seqs $CONC): {src}") if mns == "C" else
-                           (int(mns), src) if mns is not None else
-                           (VLLM_DEFAULT_MAX_NUM_SEQS, f"vLLM's default (not set by the recipe; serving-reference "
-                                                       f"§1.1): {src}") if scheduler == "vllm" else
-                           (VLLM_DEFAULT_MAX_NUM_SEQS, f"vLLM's default 1024, above every C here (COVERAGE LIMIT: "
-                                                       f"{p.engine}'s own running-request limit not read): {src}"))
-    out["scheduler"] = (scheduler, f"the CSV's engine column ({p.engine}): serve.SCHEDULERS")
-    mbt = rec["max_num_batched_tokens"]
-    out["max_num_batched_tokens"] = ((2 * isl, f"2 x isl (--max-num-batched-tokens $((ISL * 2))): {src}")
-                                     if mbt == "2*isl" else (int(mbt), src) if mbt is not None else
-                                     _sglang_budget(p.hardware) if scheduler == "sglang" else
-                                     _trtllm_budget() if scheduler == "trtllm" else
-                                     (VLLM_DEFAULT_BATCHED_TOKENS, f"vLLM's default (not set by the recipe; "
-                                                                   f"serving-reference §1.1): {src}"))
-    out["gpu_memory_utilization"] = (float(rec["gpu_memory_utilization"]), src)
-    out["cache_dtype"] = (rec["cache_dtype"], src if rec["cache_dtype"] != "auto" else
-                          f"'auto' (the model's activation dtype, bf16): no kv-cache-dtype flag: {src}")
-    bs = default_block_size(p.model)
-    out["block_size"] = (int(rec["block_size"]), src) if rec["block_size"] else (bs, BLOCK_SIZE_SOURCE[bs])
-    extra = 20 if (p.model.startswith("gpt-oss") and isl == 1024 and osl == 1024) else 256
-    out["max_model_len"] = (isl + osl + extra, f"isl + osl + {extra} (InferenceX generate_sweep_configs.py; "
-                                               f"gpt-oss recipes + 20 at 1k1k; {REF5})")
-    if scheduler == "vllm":
-        out["cudagraph_mode"] = ((rec["cudagraph_mode"], src) if rec.get("cudagraph_mode") else
-                                 (VLLM_DEFAULT_CUDAGRAPH_MODE, VLLM_CUDAGRAPH_SOURCE))
-    out["range_ratio"] = (RANGE_RATIO, f"RANDOM_RANGE_RATIO 0.8 (InferenceX benchmark-tmpl.yml; {REF5}): "
-                                       "lengths uniform on [floor(0.8 L), L], serving-reference §4.3")
-    npr = 10 * C if rec["num_prompts"] == "10*C" else C
-    out["num_prompts"] = (npr, ("10 x C (--num-prompts $((CONC * 10)))" if rec["num_prompts"] == "10*C"
-                                else "C (--num-prompts $CONC)") + f": {src}")
-    out["warmups"] = (2 * C, "--num-warmups 2 x C, finished before the timed run (serving-reference §4.2): "
-                             "not simulated; the timed run starts from an empty engine")
-    out["prefix_caching"] = (False, f"--no-enable-prefix-caching in the recipes ({REF5})")
-    out["async_scheduling"] = ((True, "vLLM's default since v0.14 (serving-reference §3); the measured images "
-                                      "are v0.15.1 and later (§0)") if scheduler == "vllm" else
-                               (True, "SGLang's overlap scheduler, on by default (serving-reference §6)")
-                               if scheduler == "sglang" else
-                               (True, "COVERAGE LIMIT: TensorRT-LLM's overlap scheduler assumed on, as vLLM's "
-                                      "async scheduling (its internals not read: serving-reference §7.7)"))
-    out["dp_spread"] = (int(p.dp), "each data-parallel rank its own scheduler, queue, max_num_seqs and budget "
-                                   "(serving-reference §2.1); how requests are spread: the simulation's own")
-    where = STATED_SOURCE if p.stated is None else "stated by the run (the --settings file)"
-    for k in STATED_FIELDS:
-        if k in stated:
-            out[k] = (stated[k], where)
-    if stated.get("enable_prefix_caching"):
-        out["prefix_caching"] = (True, f"{where}: COVERAGE LIMIT [prefix-cache]: the simulation keeps no "
-                                       "prefix cache; the random dataset's prompts share no prefix, so it gets "
-                                       "no hits")
-    for k, why in IN_SAMPLE_CHOICES.items():
-        if k in out:
-            out[k] = (out[k][0], out[k][1] + f" [in sample: {why}]")
+    rec, name = _recipe_or_defaults(p, rec, key, scheduler)
+    out = {"recipe": (name, rec["source"]),
+           "max_num_seqs": _max_num_seqs(p, rec, scheduler, C),
+           "scheduler": (scheduler, f"the CSV's engine column ({p.engine}): serve.SCHEDULERS"),
+           "max_num_batched_tokens": _batched_tokens(p, rec, scheduler, isl)}
+    out.update(_engine_settings(p, rec, scheduler, isl, osl))
+    out.update(_run_settings(p, rec, scheduler, C))
+    _apply_stated(out, p, stated)
+    _mark_in_sample(out)
     return out
 
 

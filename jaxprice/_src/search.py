@@ -595,6 +595,110 @@ class _Lattice:
         return sorted(out)
 
 
+def _search_effort(temperature, restarts, iterations, learning_rate, seed, max_polish_rounds, callback):
+    """The search's own arguments, checked in order: (tau, restarts, iterations, learning rate,
+    seed, max_polish_rounds); a callback that is not callable is refused last."""
+    tau = _number(temperature, "temperature", positive=True, maximum=MAX_TEMPERATURE,
+                  why=" (past it the smooth surrogates leave their bounds; 0.01 to 0.1 is typical)")
+    restarts = _number(restarts, "restarts", integer=True, minimum=1, maximum=MAX_RESTARTS, why=EFFORT_WHY)
+    iterations = _number(iterations, "iterations", integer=True, minimum=1, maximum=MAX_ITERATIONS, why=EFFORT_WHY)
+    lr = _number(learning_rate, "learning_rate", positive=True)
+    seed = _number(seed, "seed", integer=True, minimum=0)
+    max_polish_rounds = _number(max_polish_rounds, "max_polish_rounds", integer=True, minimum=0)
+    if callback is not None and not callable(callback):
+        refuse("must be None or a function callback(done, total, **info)", field="callback",
+               value=type(callback).__name__)
+    return tau, restarts, iterations, lr, seed, max_polish_rounds
+
+
+def _restart_starts(lim: Limits, restarts: int, seed: int):
+    """(start points [n, 2] in the unit square, prefill on [n]) of the restarts, shared between
+    the prefill branches (a fixed count: one compiled search); without a chunk nothing is fed
+    when prefill is charged for (r > 0), so that branch is idle."""
+    off = lim.prefill_off_allowed and not (lim.prefill_per_output > 0 and lim.prefill_on_allowed)
+    branches = ([False] if off else []) + ([True] if lim.prefill_on_allowed else [])
+    per = [max(1, restarts // len(branches) + (i < restarts % len(branches))) for i in range(len(branches))]
+    x0 = np.concatenate([_starts(n, seed + i) for i, n in enumerate(per)])
+    on = np.repeat(np.array(branches), per)
+    return x0, on
+
+
+def _smooth_ends(dep, lim: Limits, tau, iterations, lr, x0, on):
+    """The smooth search from every start: (decodes, prefill tokens, smooth tokens/s, last
+    gradients) at the restarts' end points, continuous, as numpy arrays (no chunk where off)."""
+    rows = lim.max_decode + 1
+    q = {k: jnp.asarray(v) for k, v in _params(lim).items()}
+    x, y_c, grads = _descend(dep.plan, dep.coefficients, rows, tau, iterations, jnp.asarray(x0), jnp.asarray(on), q,
+                             lr, RHO[0], RHO[1])
+    x, y_c, grads = np.asarray(x), np.asarray(y_c), np.asarray(grads)
+    d_c, p_c = (np.asarray(v) for v in from_unit(x, q))
+    p_c = np.where(on, p_c, 0.0)
+    return d_c, p_c, y_c, grads
+
+
+def _exact_keys(ex: _Exact, comps):
+    """(decodes, prefills, keys) of (D, P) compositions scored in exact mode: the key is the
+    tokens/s where feasible, else -1 - the violation (so any feasible one ranks first)."""
+    d, p = np.array([c[0] for c in comps]), np.array([c[1] for c in comps])
+    tput, feas, _, viol = ex.score(d, p)
+    return d, p, np.where(feas, tput, -1.0 - viol)
+
+
+def _roundings(ex: _Exact, lat: _Lattice, d_c, p_c, on):
+    """Every restart's end point rounded (floor and ceil of each), scored in exact mode:
+    (candidates sorted, their decodes, prefills and keys, best-first order, restart of each)."""
+    origin = {}
+    for i in range(len(on)):
+        for c in lat.rounded(d_c[i], p_c[i], on[i]):
+            origin.setdefault(c, i)
+    cand = sorted(origin)
+    cd, cp, key = _exact_keys(ex, cand)
+    order = np.argsort(-key, kind="stable")
+    return cand, cd, cp, key, order, origin
+
+
+def _polish_seeds(order, cp) -> list:
+    """Where the exact climb starts: the best rounding, then the best of each prefill branch
+    (on, then off) where it is another."""
+    seeds = [int(order[0])]
+    for b in (True, False):
+        idx = [i for i in order if (cp[i] > 0) == b]
+        if idx and idx[0] not in seeds:
+            seeds.append(int(idx[0]))
+    return seeds
+
+
+def _climb(ex: _Exact, lat: _Lattice, seen: dict, cur, cur_key, max_rounds: int):
+    """Hill-climb in exact mode from ``cur`` to the best neighbour while it improves, scoring
+    each neighbour once (``seen``: composition -> key, shared by the climbs and filled in):
+    (final key, final composition, rounds taken)."""
+    rounds = 0
+    for _ in range(max_rounds):
+        nb = [c for c in lat.neighbours(*cur) if c not in seen]
+        if nb:
+            for c, k in zip(nb, _exact_keys(ex, nb)[2]):
+                seen[c] = k
+        rounds += 1
+        best_nb = max(lat.neighbours(*cur), key=lambda c: seen[c])
+        if seen[best_nb] <= cur_key:
+            break
+        cur, cur_key = best_nb, seen[best_nb]
+    return cur_key, cur, rounds
+
+
+def _polish(ex: _Exact, lat: _Lattice, cand, cp, key, order, max_polish_rounds: int):
+    """Climb in exact mode from each seed (``_polish_seeds``): ((D, P) of the best end, rounds)."""
+    seen = {c: k for c, k in zip(cand, key)}
+    rounds = 0
+    finals = []
+    for s in _polish_seeds(order, cp):
+        end_key, end, n = _climb(ex, lat, seen, cand[s], key[s], max_polish_rounds)
+        rounds += n
+        finals.append((end_key, end))
+    _, best = max(finals)
+    return best, rounds
+
+
 def optimize_batch(deployment, *, itl, prefill_budget, min_prefill=0, context=4096, prefix=0, max_decode=None,
                    max_batched_tokens=None, prefill_per_output=0.0, tokens_per_decode=1.0,
                    estimate="no_overlap", temperature=0.02, restarts=16, iterations=200, learning_rate=0.05,
@@ -615,77 +719,21 @@ def optimize_batch(deployment, *, itl, prefill_budget, min_prefill=0, context=40
                       prefix=prefix, max_decode=max_decode, max_batched_tokens=max_batched_tokens,
                       prefill_per_output=prefill_per_output, tokens_per_decode=tokens_per_decode,
                       estimate=estimate)
-    tau = _number(temperature, "temperature", positive=True, maximum=MAX_TEMPERATURE,
-                  why=" (past it the smooth surrogates leave their bounds; 0.01 to 0.1 is typical)")
-    restarts = _number(restarts, "restarts", integer=True, minimum=1, maximum=MAX_RESTARTS, why=EFFORT_WHY)
-    iterations = _number(iterations, "iterations", integer=True, minimum=1, maximum=MAX_ITERATIONS, why=EFFORT_WHY)
-    lr = _number(learning_rate, "learning_rate", positive=True)
-    seed = _number(seed, "seed", integer=True, minimum=0)
-    max_polish_rounds = _number(max_polish_rounds, "max_polish_rounds", integer=True, minimum=0)
-    if callback is not None and not callable(callback):
-        refuse("must be None or a function callback(done, total, **info)", field="callback",
-               value=type(callback).__name__)
+    tau, restarts, iterations, lr, seed, max_polish_rounds = _search_effort(
+        temperature, restarts, iterations, learning_rate, seed, max_polish_rounds, callback)
     ex = _Exact(dep, lim, EXACT_CHUNK)
     _check_possible(ex)
-    rows = lim.max_decode + 1
-    q = {k: jnp.asarray(v) for k, v in _params(lim).items()}
-
-    # the restarts are shared between the prefill branches (a fixed count: one compiled search);
-    # without a chunk nothing is fed when prefill is charged for (r > 0), so that branch is idle
-    off = lim.prefill_off_allowed and not (lim.prefill_per_output > 0 and lim.prefill_on_allowed)
-    branches = ([False] if off else []) + ([True] if lim.prefill_on_allowed else [])
-    per = [max(1, restarts // len(branches) + (i < restarts % len(branches))) for i in range(len(branches))]
-    x0 = np.concatenate([_starts(n, seed + i) for i, n in enumerate(per)])
-    on = np.repeat(np.array(branches), per)
+    x0, on = _restart_starts(lim, restarts, seed)
     if callback is not None:
         callback(0, 2, stage="search")
-    x, y_c, grads = _descend(dep.plan, dep.coefficients, rows, tau, iterations, jnp.asarray(x0), jnp.asarray(on), q,
-                             lr, RHO[0], RHO[1])
-    x, y_c, grads = np.asarray(x), np.asarray(y_c), np.asarray(grads)
-    d_c, p_c = (np.asarray(v) for v in from_unit(x, q))
-    p_c = np.where(on, p_c, 0.0)
+    d_c, p_c, y_c, grads = _smooth_ends(dep, lim, tau, iterations, lr, x0, on)
     if callback is not None:
         callback(1, 2, stage="exact check")
-
-    # ---- round every restart's end point (floor and ceil of each), check them in exact mode
     lat = _Lattice(lim)
-    origin = {}
-    for i in range(len(on)):
-        for c in lat.rounded(d_c[i], p_c[i], on[i]):
-            origin.setdefault(c, i)
-    cand = sorted(origin)
-    cd, cp = np.array([c[0] for c in cand]), np.array([c[1] for c in cand])
-    tput, feas, _, viol = ex.score(cd, cp)
-    key = np.where(feas, tput, -1.0 - viol)
-    order = np.argsort(-key, kind="stable")
+    cand, cd, cp, key, order, origin = _roundings(ex, lat, d_c, p_c, on)
     best_restart = origin[cand[order[0]]]
     rounded = ex.composition(cd[order[0]], cp[order[0]])
-
-    # ---- then climb in exact mode, from the best rounding and the best of each prefill branch
-    seeds = [int(order[0])]
-    for b in (True, False):
-        idx = [i for i in order if (cp[i] > 0) == b]
-        if idx and idx[0] not in seeds:
-            seeds.append(int(idx[0]))
-    seen = {c: k for c, k in zip(cand, key)}
-    rounds = 0
-    finals = []
-    for s in seeds:
-        cur, cur_key = cand[s], key[s]
-        for _ in range(max_polish_rounds):
-            nb = [c for c in lat.neighbours(*cur) if c not in seen]
-            if nb:
-                nd, np_ = np.array([c[0] for c in nb]), np.array([c[1] for c in nb])
-                t2, f2, _, v2 = ex.score(nd, np_)
-                for c, k in zip(nb, np.where(f2, t2, -1.0 - v2)):
-                    seen[c] = k
-            rounds += 1
-            best_nb = max(lat.neighbours(*cur), key=lambda c: seen[c])
-            if seen[best_nb] <= cur_key:
-                break
-            cur, cur_key = best_nb, seen[best_nb]
-        finals.append((cur_key, cur))
-    _, (bd, bp) = max(finals)
+    (bd, bp), rounds = _polish(ex, lat, cand, cp, key, order, max_polish_rounds)
     best = ex.composition(bd, bp)
     if callback is not None:
         callback(2, 2, stage="done", tokens_per_s=best.tokens_per_s)
