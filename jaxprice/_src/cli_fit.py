@@ -132,10 +132,21 @@ def _floats(text, flag):
 
 
 def _options(args) -> dict:
-    """Every numeric option, checked, and the hold-out kind."""
+    """Every numeric option, checked (in the order the stages below refuse them), and the
+    hold-out kind."""
     from . import fit as F
+    o = {"free": _free(args, F)}
+    o["cv"], o["holdout"] = _holdout(args, F)
+    o["cv_seeds"] = _cv_seeds(args, o["cv"])
+    o["prior"], o["priors"] = _priors(args, o["cv"], F)
+    o.update(_fit_settings(args))
+    _check_files(args)
+    return o
+
+
+def _free(args, F) -> list:
+    """The batch rule and target, checked, then the --free patterns (at least one), parsed."""
     from .accuracy import check_batch_rule
-    from .cli_price import parse_float, parse_int, parse_temperature
     check_batch_rule(args.batch_rule, field="--batch-rule")
     if args.batch_rule == "simulate":
         F.parse_targets("tpot" if args.target == "auto" else args.target)
@@ -144,41 +155,64 @@ def _options(args) -> dict:
                field="--target", value=args.target)
     if not args.free:
         refuse("give at least one --free PATTERN[@SCOPE][:BOUND] (e.g. --free hbm_derate)", field="--free")
-    o = {"free": [F.Free.parse(f) for f in args.free]}
+    return [F.Free.parse(f) for f in args.free]
+
+
+def _holdout(args, F) -> tuple:
+    """(the cross-validation kind or None, the held-out fraction): --holdout is a kind (model,
+    chip, deployment) or a fraction in [0, 1)."""
+    from .cli_price import parse_float
     if args.holdout in F.HOLDOUTS:
-        o["cv"], o["holdout"] = args.holdout, 0.0
-    else:
-        try:
-            float(args.holdout)
-        except ValueError:
-            refuse(f"expected a fraction in [0, 1) or one of {', '.join(F.HOLDOUTS)}", field="--holdout",
-                   value=args.holdout)
-        o["cv"], o["holdout"] = None, parse_float(args.holdout, flag="--holdout", minimum=0.0)
-        if o["holdout"] >= 1:
-            refuse("must be below 1 (or one of model, chip, deployment)", field="--holdout", value=o["holdout"])
-    if args.cv_seeds is not None and o["cv"] != "deployment":
+        return args.holdout, 0.0
+    try:
+        float(args.holdout)
+    except ValueError:
+        refuse(f"expected a fraction in [0, 1) or one of {', '.join(F.HOLDOUTS)}", field="--holdout",
+               value=args.holdout)
+    holdout = parse_float(args.holdout, flag="--holdout", minimum=0.0)
+    if holdout >= 1:
+        refuse("must be below 1 (or one of model, chip, deployment)", field="--holdout", value=holdout)
+    return None, holdout
+
+
+def _cv_seeds(args, cv) -> list:
+    """--cv-seeds (default 0,1,2): the seeds of --holdout deployment's splits, each once."""
+    from .cli_price import parse_int
+    if args.cv_seeds is not None and cv != "deployment":
         refuse("the seeds are those of --holdout deployment's splits; a leave-one-out split (model, chip) or "
                "a fraction has none", field="--cv-seeds", value=args.cv_seeds, has_value=True)
     seeds = "0,1,2" if args.cv_seeds is None else args.cv_seeds
-    o["cv_seeds"] = [parse_int(x.strip(), flag="--cv-seeds", minimum=0) for x in seeds.split(",") if x.strip()]
-    twice = [x for x in o["cv_seeds"] if o["cv_seeds"].count(x) > 1]
+    out = [parse_int(x.strip(), flag="--cv-seeds", minimum=0) for x in seeds.split(",") if x.strip()]
+    twice = [x for x in out if out.count(x) > 1]
     if twice:     # the same split twice would count twice in the mean the prior is chosen by
         refuse("a seed given twice (each seed is one split, counted once)", field="--cv-seeds", value=twice[0])
-    if o["cv"] == "deployment" and not o["cv_seeds"]:
+    if cv == "deployment" and not out:
         refuse("give at least one seed (e.g. 0,1,2) for --holdout deployment", field="--cv-seeds",
                value=args.cv_seeds, has_value=True)
-    prior = args.prior if args.prior is not None else ("cv" if o["cv"] else "0")
-    if prior == "cv" and not o["cv"]:
+    return out
+
+
+def _priors(args, cv, F) -> tuple:
+    """(--prior: 'cv' or a strength, the strengths --prior cv chooses from); the default is cv
+    under a cross-validating --holdout, else 0."""
+    prior = args.prior if args.prior is not None else ("cv" if cv else "0")
+    if prior == "cv" and not cv:
         refuse("--prior cv needs a cross-validating --holdout (model, chip or deployment)", field="--prior")
-    o["prior"] = prior if prior == "cv" else parse_prior(prior, "--prior")
+    chosen = prior if prior == "cv" else parse_prior(prior, "--prior")
     if args.priors is not None and prior != "cv":
         refuse("--priors is the list --prior cv chooses from; it needs --prior cv (with a cross-validating "
                "--holdout: model, chip or deployment)", field="--priors", value=args.priors)
-    o["priors"] = _floats(args.priors, "--priors") if args.priors is not None else list(F.DEFAULT_PRIORS)
-    o["identify_tol"] = parse_float(args.identify_tol, flag="--identify-tol", minimum=0.0)
-    if o["identify_tol"] >= 1:
-        refuse("must be below 1", field="--identify-tol", value=o["identify_tol"])
-    o["seed"] = parse_int(args.seed, flag="--seed", minimum=0)
+    return chosen, (_floats(args.priors, "--priors") if args.priors is not None else list(F.DEFAULT_PRIORS))
+
+
+def _fit_settings(args) -> dict:
+    """identify_tol, seed and the fitter's own settings (``fit``: steps, learning rate, patience,
+    evaluation interval, temperature, loss, Huber delta, weighting, identifiability, method)."""
+    from .cli_price import parse_float, parse_int, parse_temperature
+    identify_tol = parse_float(args.identify_tol, flag="--identify-tol", minimum=0.0)
+    if identify_tol >= 1:
+        refuse("must be below 1", field="--identify-tol", value=identify_tol)
+    seed = parse_int(args.seed, flag="--seed", minimum=0)
     steps = parse_int(args.steps, flag="--steps", minimum=0)
     lr = parse_float(args.learning_rate, flag="--learning-rate", minimum=0.0)
     if lr <= 0:
@@ -189,10 +223,16 @@ def _options(args) -> dict:
     if delta <= 0:
         refuse("must be positive", field="--huber-delta", value=delta)
     temperature = None if args.temperature is None else parse_temperature(args.temperature)
-    o["fit"] = dict(steps=steps, learning_rate=lr, patience=parse_int(args.patience, flag="--patience", minimum=1),
-                    eval_every=parse_int(args.eval_every, flag="--eval-every", minimum=1), temperature=temperature,
-                    loss=args.loss, huber_delta=delta, weighting=args.weighting,
-                    identify=o["identify_tol"] > 0, identify_tol=o["identify_tol"], method=args.method)
+    fit = dict(steps=steps, learning_rate=lr, patience=parse_int(args.patience, flag="--patience", minimum=1),
+               eval_every=parse_int(args.eval_every, flag="--eval-every", minimum=1), temperature=temperature,
+               loss=args.loss, huber_delta=delta, weighting=args.weighting,
+               identify=identify_tol > 0, identify_tol=identify_tol, method=args.method)
+    return {"identify_tol": identify_tol, "seed": seed, "fit": fit}
+
+
+def _check_files(args) -> None:
+    """--name with --out, --out writable and not an input, the scenario folders and the
+    --settings table (with the simulation only), each refused before anything is fitted."""
     if args.name is not None:
         if not args.name.strip():
             refuse("an empty set name", field="--name", value=args.name, has_value=True)
@@ -212,7 +252,6 @@ def _options(args) -> dict:
             refuse("the engine flags of each run are read by the serving simulation only (--batch-rule simulate)",
                    field="--settings", value=str(args.settings))
         _stated_table(str(args.settings))          # a malformed file refused before anything is fitted
-    return o
 
 
 def _observations(args):
