@@ -286,11 +286,27 @@ def read_step_measurements(csv_path, *, registry=None, estimate="no_overlap", ex
 
 
 def _step_observations(fh, file, registry, estimate, extra_coefficient_files):
-    from .plan import INT_TOKEN_LIMIT
-    from .schema import MAX_REQUESTS
+    """The step layout's Observations, one per scenario: each row (requests decoding ``tokens``
+    at ``context``, a measured step time) checked where it is read, every scenario's padded
+    rows capped, then each scenario loaded and its rows stacked as decode batches."""
+    reader = csv.DictReader(fh)
+    cols = _step_header(reader, file)
     rows: dict = {}
     first_line: dict = {}      # scenario -> the CSV line naming it first (named when it cannot load)
-    reader = csv.DictReader(fh)
+    for i, r in enumerate(reader, start=2):
+        scenario, vals, seconds = _step_row(r, cols, f"{file}:{i}")
+        rows.setdefault(scenario, []).append((vals, seconds))
+        first_line.setdefault(scenario, i)
+    if not rows:
+        refuse("no rows", file=file)
+    _check_step_padding(rows, first_line, file)
+    reg = registry or Registry()
+    return [_step_scenario(scen, rs, f"{file}:{first_line[scen]}", reg, estimate, extra_coefficient_files)
+            for scen, rs in rows.items()]
+
+
+def _step_header(reader, file) -> list:
+    """The header's columns: every STEP_COLUMNS present, none twice."""
     cols = reader.fieldnames or []
     missing = [c for c in STEP_COLUMNS if c not in cols]
     if missing:
@@ -300,76 +316,96 @@ def _step_observations(fh, file, registry, estimate, extra_coefficient_files):
     if twice:
         refuse("column appears twice in the header (which one holds the data?)", file=f"{file}:1",
                field="header", value=twice[0])
-    for i, r in enumerate(reader, start=2):
-        where = f"{file}:{i}"
-        if None in r:
-            refuse(f"row has {len(cols) + len(r[None])} fields, the header {len(cols)}", file=where,
-                   field="row", value=r[None][0])
-        short = [c for c in cols if r.get(c) is None]
-        if short:
-            refuse(f"row has fewer fields than the header ({len(cols) - len(short)} of {len(cols)})", file=where,
-                   field=short[0])
-        r = {k: v.strip() for k, v in r.items()}
-        if not r["scenario"]:
-            refuse("must not be empty (a bundled scenario name or a scenario file)", file=where,
-                   field="scenario", value="")
-        vals = {}
-        for col, default in (("requests", None), ("context", None), ("tokens", 1), ("decode_threshold", 8)):
-            text = r.get(col)
-            if (text is None or text == "") and default is not None:
-                vals[col] = default
-                continue
-            try:
-                v = float(text)
-            except (TypeError, ValueError):
-                v = float("nan")
-            if not math.isfinite(v) or v != int(v) or v < (1 if col != "decode_threshold" else 0):
-                refuse("expected a positive integer" if col != "decode_threshold" else
-                       "expected a non-negative integer", file=where, field=col, value=text)
-            if col == "requests" and v > MAX_REQUESTS:
-                refuse(f"must be at most {MAX_REQUESTS} (2**20, the most requests in one step)", file=where,
-                       field=col, value=text)
-            if v >= INT_TOKEN_LIMIT:
-                refuse(f"must be below {INT_TOKEN_LIMIT} (the kernel's token limit, 2**24)", file=where, field=col,
-                       value=text)
-            vals[col] = int(v)
+    return cols
+
+
+def _step_row(r, cols, where) -> tuple:
+    """(scenario, its counts, the measured step in seconds) of one CSV row, checked."""
+    if None in r:
+        refuse(f"row has {len(cols) + len(r[None])} fields, the header {len(cols)}", file=where,
+               field="row", value=r[None][0])
+    short = [c for c in cols if r.get(c) is None]
+    if short:
+        refuse(f"row has fewer fields than the header ({len(cols) - len(short)} of {len(cols)})", file=where,
+               field=short[0])
+    r = {k: v.strip() for k, v in r.items()}
+    if not r["scenario"]:
+        refuse("must not be empty (a bundled scenario name or a scenario file)", file=where,
+               field="scenario", value="")
+    vals = _step_counts(r, where)
+    seconds = _step_seconds(r, where)
+    if vals["context"] < vals["tokens"]:
+        refuse("context (tokens in cache after the step) must be >= tokens", file=where, field="context",
+               value=vals["context"])
+    return r["scenario"], vals, seconds
+
+
+def _step_counts(r, where) -> dict:
+    """requests, context, tokens (default 1) and decode_threshold (default 8) of a row: integers,
+    positive (the threshold non-negative), below the kernel's limits."""
+    from .plan import INT_TOKEN_LIMIT
+    from .schema import MAX_REQUESTS
+    vals = {}
+    for col, default in (("requests", None), ("context", None), ("tokens", 1), ("decode_threshold", 8)):
+        text = r.get(col)
+        if (text is None or text == "") and default is not None:
+            vals[col] = default
+            continue
         try:
-            val = float(r["value"])
+            v = float(text)
         except (TypeError, ValueError):
-            refuse("expected a number", file=where, field="value", value=r["value"])
-        if not math.isfinite(val) or val <= 0:
-            refuse("a measured step time must be a positive number", file=where, field="value", value=r["value"])
-        if r["unit"] not in STEP_UNITS:
-            refuse(f"unknown unit (known: {', '.join(STEP_UNITS)})", file=where, field="unit", value=r["unit"])
-        lo, hi = PLAUSIBLE_STEP_SECONDS
-        if not lo <= val * STEP_UNITS[r["unit"]] <= hi:
-            refuse(f"{val * STEP_UNITS[r['unit']]:.3g} s is not a step time (1 us to 1 hour): check the value "
-                   f"and its unit '{r['unit']}'", file=where, field="value", value=r["value"])
-        if vals["context"] < vals["tokens"]:
-            refuse("context (tokens in cache after the step) must be >= tokens", file=where, field="context",
-                   value=vals["context"])
-        rows.setdefault(r["scenario"], []).append((vals, val * STEP_UNITS[r["unit"]]))
-        first_line.setdefault(r["scenario"], i)
-    if not rows:
-        refuse("no rows", file=file)
+            v = float("nan")
+        if not math.isfinite(v) or v != int(v) or v < (1 if col != "decode_threshold" else 0):
+            refuse("expected a positive integer" if col != "decode_threshold" else
+                   "expected a non-negative integer", file=where, field=col, value=text)
+        if col == "requests" and v > MAX_REQUESTS:
+            refuse(f"must be at most {MAX_REQUESTS} (2**20, the most requests in one step)", file=where,
+                   field=col, value=text)
+        if v >= INT_TOKEN_LIMIT:
+            refuse(f"must be below {INT_TOKEN_LIMIT} (the kernel's token limit, 2**24)", file=where, field=col,
+                   value=text)
+        vals[col] = int(v)
+    return vals
+
+
+def _step_seconds(r, where) -> float:
+    """A row's measured step in seconds: a positive number in a known unit, 1 us to 1 hour."""
+    try:
+        val = float(r["value"])
+    except (TypeError, ValueError):
+        refuse("expected a number", file=where, field="value", value=r["value"])
+    if not math.isfinite(val) or val <= 0:
+        refuse("a measured step time must be a positive number", file=where, field="value", value=r["value"])
+    if r["unit"] not in STEP_UNITS:
+        refuse(f"unknown unit (known: {', '.join(STEP_UNITS)})", file=where, field="unit", value=r["unit"])
+    lo, hi = PLAUSIBLE_STEP_SECONDS
+    if not lo <= val * STEP_UNITS[r["unit"]] <= hi:
+        refuse(f"{val * STEP_UNITS[r['unit']]:.3g} s is not a step time (1 us to 1 hour): check the value "
+               f"and its unit '{r['unit']}'", file=where, field="value", value=r["value"])
+    return val * STEP_UNITS[r["unit"]]
+
+
+def _check_step_padding(rows, first_line, file) -> None:
+    """Refuse a scenario whose steps, padded to its largest, pass MAX_STEP_CSV_ROWS rows."""
     for scen, rs in rows.items():
         pad = max(v["requests"] for v, _ in rs)
         if len(rs) * pad > MAX_STEP_CSV_ROWS:
             refuse(f"{len(rs)} steps padded to its largest, {pad} requests, make {len(rs) * pad} rows, past the cap "
                    f"of {MAX_STEP_CSV_ROWS} (2**22) per scenario", file=f"{file}:{first_line[scen]}",
                    field="scenario", value=scen)
-    obs = []
-    reg = registry or Registry()
-    for scen, rs in rows.items():
-        try:
-            dep = load_deployment(scen, reg, extra_coefficient_files=extra_coefficient_files)
-        except JaxpriceError as err:
-            refuse(str(err), file=f"{file}:{first_line[scen]}", field="scenario")
-        pad = max(v["requests"] for v, _ in rs)
-        batches = Batch.stack([Batch.decode(v["requests"], v["context"], tokens=v["tokens"], pad_to=pad,
-                                            decode_threshold=v["decode_threshold"]) for v, _ in rs])
-        obs.append(Observations(dep.name, dep, batches, np.array([t for _, t in rs]), "step", estimate))
-    return obs
+
+
+def _step_scenario(scen, rs, where, reg, estimate, extra_coefficient_files):
+    """One scenario's Observations: its deployment (a load failure refused at ``where``, the
+    line naming it first) and its rows stacked as decode batches padded to the largest."""
+    try:
+        dep = load_deployment(scen, reg, extra_coefficient_files=extra_coefficient_files)
+    except JaxpriceError as err:
+        refuse(str(err), file=where, field="scenario")
+    pad = max(v["requests"] for v, _ in rs)
+    batches = Batch.stack([Batch.decode(v["requests"], v["context"], tokens=v["tokens"], pad_to=pad,
+                                        decode_threshold=v["decode_threshold"]) for v, _ in rs])
+    return Observations(dep.name, dep, batches, np.array([t for _, t in rs]), "step", estimate)
 
 
 def split_by_deployment(names, test_fraction=0.25, *, seed=0, stratify=None):
