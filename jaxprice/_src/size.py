@@ -1250,6 +1250,35 @@ def _prompt_rules(num_prompts, search_prompts) -> tuple[str, str]:
     return (final if num_prompts is not None else f"serve ({search_prompts:g} x C prompts)"), final
 
 
+def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weights, max_num_seqs,
+                     max_num_batched_tokens, cudagraph_modes, gpus_per_node, fabric):
+    """The model, chip and fabric looked up and the layouts resolved into candidates (each ok
+    or rejected with its reason): (graph, registry, model source, chip, gpus_per_node, layouts,
+    candidates); a workload past the model's length, axes the model or chip cannot take, or GPUs
+    no width divides are refused first."""
+    graph, registry, source = load_model(model, registry or Registry())
+    if graph.max_model_len is not None and workload.isl + workload.osl > graph.max_model_len:
+        refuse(f"isl + osl = {workload.isl + workload.osl} tokens exceeds the {graph.max_model_len} tokens "
+               f"{graph.name} serves at (its config's max_position_embeddings, as vLLM derives max_model_len)",
+               field="isl", value=workload.isl)
+    chip_obj = registry.chip(chip, field="chip")
+    gpus_per_node = _positive(gpus_per_node, "gpus_per_node", integer=True, maximum=WIDTH_LIMIT,
+                              why=" (a scenario's limit)")
+    if fabric is not None:
+        registry.network(fabric, field="fabric")
+    _check_layout_axes(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights)
+    layouts = candidate_space(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights,
+                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                              cudagraph_modes=cudagraph_modes)
+    if not layouts:
+        widths = sorted({t * d for t in (tp or WIDTHS) for d in (dp or [1])})
+        refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field="gpus", value=gpus)
+    _check_unused_widths(graph, gpus, layouts, tp=tp, dp=dp)
+    cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=workload.isl, osl=workload.osl,
+                             registry=registry, gpus_per_node=gpus_per_node, fabric=fabric)
+    return graph, registry, source, chip_obj, gpus_per_node, layouts, cands
+
+
 def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_ms=None,
          concurrency=DEFAULT_CONCURRENCY, tp=None, dp=None, ep=None, weights=None,
          max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
@@ -1287,26 +1316,10 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     _check_axes(tp=tp, dp=dp, weights=weights, max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens, cudagraph_modes=cudagraph_modes, ep=ep)
     verify = _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_prompts, search_prompts)
-    graph, registry, source = load_model(model, registry or Registry())
-    if graph.max_model_len is not None and workload.isl + workload.osl > graph.max_model_len:
-        refuse(f"isl + osl = {workload.isl + workload.osl} tokens exceeds the {graph.max_model_len} tokens "
-               f"{graph.name} serves at (its config's max_position_embeddings, as vLLM derives max_model_len)",
-               field="isl", value=workload.isl)
-    chip_obj = registry.chip(chip, field="chip")
-    gpus_per_node = _positive(gpus_per_node, "gpus_per_node", integer=True, maximum=WIDTH_LIMIT,
-                              why=" (a scenario's limit)")
-    if fabric is not None:
-        registry.network(fabric, field="fabric")
-    _check_layout_axes(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights)
-    layouts = candidate_space(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights,
-                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              cudagraph_modes=cudagraph_modes)
-    if not layouts:
-        widths = sorted({t * d for t in (tp or WIDTHS) for d in (dp or [1])})
-        refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field="gpus", value=gpus)
-    _check_unused_widths(graph, gpus, layouts, tp=tp, dp=dp)
-    cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=workload.isl, osl=workload.osl,
-                             registry=registry, gpus_per_node=gpus_per_node, fabric=fabric)
+    space = _candidate_space(model, chip, gpus, workload, registry, tp=tp, dp=dp, ep=ep, weights=weights,
+                             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                             cudagraph_modes=cudagraph_modes, gpus_per_node=gpus_per_node, fabric=fabric)
+    graph, registry, source, chip_obj, gpus_per_node, layouts, cands = space
     t_resolve = time.perf_counter() - t0
     _check_search_size(evaluator, requested, simulate, conc, num_prompts, search_prompts,
                        sum(c.status == "ok" for c in cands))
@@ -1337,9 +1350,9 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     frontier, best, runner, margin, miss = choose(results, ttft_t, tpot_t)
     verification = []
     if verify and evaluator == "steady" and _serve_module() is not None:
-        for ref in [r for r in (best, runner) if r is not None][:int(verify)]:
-            verification.append(verify_point(cands[results[ref[0]].index], results[ref[0]], ref[1], workload,
-                                             ttft_t, tpot_t, num_prompts=num_prompts))
+        verification = [verify_point(cands[results[ref[0]].index], results[ref[0]], ref[1], workload, ttft_t,
+                                     tpot_t, num_prompts=num_prompts)
+                        for ref in [r for r in (best, runner) if r is not None][:int(verify)]]
     info = _size_info(evaluator=evaluator, requested=requested, simulate=simulate, cands=cands, ok=ok, found=found,
                       conc=conc, mesh=mesh, source=source, final_rule=final_rule, search_rule=search_rule,
                       num_prompts=num_prompts, rounds=rounds, sim_stats=sim_stats, sim0=sim0, t0=t0,
