@@ -214,9 +214,25 @@ def _trace_column(values, source, field):
     return arr.astype(float)
 
 
+_TRACE_COLUMNS = ("arrival_s", "input_len", "output_len")
+
+
 def load_trace(path) -> Trace:
     """A trace CSV with a header ``arrival_s,input_len,output_len`` (seconds, tokens, tokens).
     A bad row is refused naming the file, its row (line), the column and the value."""
+    p = _trace_file(path)
+    with io.StringIO(read_text(p, what="trace file"), newline="") as fh:   # binary, non-UTF-8: refused
+        reader = csv.reader(fh)
+        header = _trace_header(reader, p)
+        arr, ins, outs = _trace_requests(reader, header, p)
+    if not arr:
+        refuse("trace file has no requests", file=str(p))
+    return Trace(tuple(arr), tuple(ins), tuple(outs), source=str(p))
+
+
+def _trace_file(path) -> Path:
+    """``path`` as a Path to an existing regular file, or refused (not a path, an empty name, a
+    folder, a device or a pipe, missing)."""
     if not isinstance(path, (str, os.PathLike)):
         refuse("expected a trace file path", field="trace", value=path, has_value=True)
     p = Path(path)
@@ -228,66 +244,83 @@ def load_trace(path) -> Trace:
         refuse("is not a regular file (a device or a pipe); expected a trace CSV", file=str(path))
     if not p.is_file():
         refuse("no such trace file", file=str(path))
-    with io.StringIO(read_text(p, what="trace file"), newline="") as fh:   # binary, non-UTF-8: refused
-        reader = csv.reader(fh)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            refuse("empty trace file (expected a header arrival_s,input_len,output_len)", file=str(p))
-        need = ("arrival_s", "input_len", "output_len")
-        missing = [c for c in need if c not in header]
-        if missing:
-            refuse(f"missing column(s) {', '.join(missing)} (expected arrival_s,input_len,output_len)",
-                   file=f"{p}:1", field="header", value=",".join(header))
-        unknown = [c for c in header if c not in need]
-        if unknown:
-            refuse(f"unknown column {unknown[0]!r} (a trace has exactly arrival_s,input_len,output_len)",
-                   file=f"{p}:1", field="header", value=",".join(header))
-        dup = [c for c in need if header.count(c) > 1]
-        if dup:
-            refuse(f"column {dup[0]!r} appears twice", file=f"{p}:1", field="header", value=",".join(header))
-        col = {c: header.index(c) for c in need}
-        arr, ins, outs = [], [], []
-        for line, row in enumerate(reader, start=2):
-            if not row or all(not x.strip() for x in row):
-                continue
-            where = f"{p}:{line}"
-            if len(row) > len(header):
-                refuse(f"row has {len(row)} values but the header names {len(header)} columns "
-                       f"({','.join(header)}): extra value {row[len(header)].strip()!r}", file=where,
-                       field="row", value=",".join(row))
-            if len(arr) >= MAX_RUN_REQUESTS:
-                refuse(f"trace has more than {MAX_RUN_REQUESTS} requests, jaxprice's cap on one run", file=where,
-                       field="row", value=line)
-            vals = {}
-            for c in need:
-                if col[c] >= len(row):
-                    refuse("row too short", file=where, field=c, value=None, has_value=True)
-                text = row[col[c]].strip()
-                try:
-                    v = float(text)
-                except ValueError:
-                    refuse("expected a number", file=where, field=c, value=text)
-                if c == "arrival_s":
-                    if not (math.isfinite(v) and v >= 0):
-                        refuse("arrival time must be a finite number >= 0 (seconds)", file=where, field=c, value=text)
-                    if v > MAX_ARRIVAL_S:
-                        refuse(f"arrival time must be {ARRIVAL_WHY} (seconds, not milliseconds; subtract the "
-                               "first arrival from absolute timestamps)", file=where, field=c, value=text)
-                else:
-                    if not (math.isfinite(v) and v == round(v) and v >= 1):
-                        refuse("token count must be an integer >= 1", file=where, field=c, value=text)
-                    if v >= INT_TOKEN_LIMIT:
-                        refuse(f"token count must be below the kernel's limit {INT_TOKEN_LIMIT}",
-                               file=where, field=c, value=text)
-                vals[c] = v
-            if arr and vals["arrival_s"] < arr[-1]:
-                refuse(f"arrival times must not decrease (the row before arrives at {arr[-1]:g} s); unsorted "
-                       "traces are refused, not sorted: sort the file by arrival_s", file=where, field="arrival_s",
-                       value=row[col["arrival_s"]].strip())
-            arr.append(vals["arrival_s"])
-            ins.append(int(vals["input_len"]))
-            outs.append(int(vals["output_len"]))
-    if not arr:
-        refuse("trace file has no requests", file=str(p))
-    return Trace(tuple(arr), tuple(ins), tuple(outs), source=str(p))
+    return p
+
+
+def _trace_header(reader, p) -> list:
+    """The header row's column names (stripped): exactly arrival_s, input_len and output_len, once
+    each, in any order; refused at line 1 otherwise (missing, then unknown, then repeated)."""
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        refuse("empty trace file (expected a header arrival_s,input_len,output_len)", file=str(p))
+    missing = [c for c in _TRACE_COLUMNS if c not in header]
+    if missing:
+        refuse(f"missing column(s) {', '.join(missing)} (expected arrival_s,input_len,output_len)",
+               file=f"{p}:1", field="header", value=",".join(header))
+    unknown = [c for c in header if c not in _TRACE_COLUMNS]
+    if unknown:
+        refuse(f"unknown column {unknown[0]!r} (a trace has exactly arrival_s,input_len,output_len)",
+               file=f"{p}:1", field="header", value=",".join(header))
+    dup = [c for c in _TRACE_COLUMNS if header.count(c) > 1]
+    if dup:
+        refuse(f"column {dup[0]!r} appears twice", file=f"{p}:1", field="header", value=",".join(header))
+    return header
+
+
+def _trace_requests(reader, header, p) -> tuple:
+    """The rows after the header as (arrival times, input lengths, output lengths); blank rows are
+    skipped, and arrival times must not decrease (an unsorted trace is refused, not sorted)."""
+    col = {c: header.index(c) for c in _TRACE_COLUMNS}
+    arr, ins, outs = [], [], []
+    for line, row in enumerate(reader, start=2):
+        if not row or all(not x.strip() for x in row):
+            continue
+        where = f"{p}:{line}"
+        _check_trace_row(row, header, len(arr), line, where)
+        vals = {c: _trace_value(row, col[c], c, where) for c in _TRACE_COLUMNS}
+        if arr and vals["arrival_s"] < arr[-1]:
+            refuse(f"arrival times must not decrease (the row before arrives at {arr[-1]:g} s); unsorted "
+                   "traces are refused, not sorted: sort the file by arrival_s", file=where, field="arrival_s",
+                   value=row[col["arrival_s"]].strip())
+        arr.append(vals["arrival_s"])
+        ins.append(int(vals["input_len"]))
+        outs.append(int(vals["output_len"]))
+    return arr, ins, outs
+
+
+def _check_trace_row(row, header, count, line, where):
+    """Refuse a row with more values than the header names, or one past MAX_RUN_REQUESTS (``count``
+    requests read before it)."""
+    if len(row) > len(header):
+        refuse(f"row has {len(row)} values but the header names {len(header)} columns "
+               f"({','.join(header)}): extra value {row[len(header)].strip()!r}", file=where,
+               field="row", value=",".join(row))
+    if count >= MAX_RUN_REQUESTS:
+        refuse(f"trace has more than {MAX_RUN_REQUESTS} requests, jaxprice's cap on one run", file=where,
+               field="row", value=line)
+
+
+def _trace_value(row, index, column, where) -> float:
+    """The number in ``row[index]`` (the column ``column``), checked: an arrival time in seconds within
+    the float64 clock, or a token count below the kernel's limit."""
+    if index >= len(row):
+        refuse("row too short", file=where, field=column, value=None, has_value=True)
+    text = row[index].strip()
+    try:
+        v = float(text)
+    except ValueError:
+        refuse("expected a number", file=where, field=column, value=text)
+    if column == "arrival_s":
+        if not (math.isfinite(v) and v >= 0):
+            refuse("arrival time must be a finite number >= 0 (seconds)", file=where, field=column, value=text)
+        if v > MAX_ARRIVAL_S:
+            refuse(f"arrival time must be {ARRIVAL_WHY} (seconds, not milliseconds; subtract the "
+                   "first arrival from absolute timestamps)", file=where, field=column, value=text)
+    else:
+        if not (math.isfinite(v) and v == round(v) and v >= 1):
+            refuse("token count must be an integer >= 1", file=where, field=column, value=text)
+        if v >= INT_TOKEN_LIMIT:
+            refuse(f"token count must be below the kernel's limit {INT_TOKEN_LIMIT}",
+                   file=where, field=column, value=text)
+    return v

@@ -99,49 +99,85 @@ def plot_step_curve(x, result, *, path=None, units: str = "ms", title: str | Non
     are not a progression, such as batch files). Returns the Figure.
     """
     plt = _pyplot()
-    scale = _unit_scale(units)
+    x, res, overlap, no_overlap, bott = _step_series(x, result, _unit_scale(units))
+    if log2 is None:
+        log2 = bool(np.all(x > 0) and x.size > 1 and x.max() / x.min() >= 4)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 5.3 if caption else 4.6), sharey=True)
+    xs = _draw_resource_times(left, x, res, bott, xticklabels, units, join)
+    _draw_step_times(right, x, overlap, no_overlap, join,
+                     _step_times_title(x, xs, no_overlap, units, per, change=xticklabels is None))
+    _style_step_axes((left, right), x, xs, xlabel, log2, no_overlap, fixed_xlim=xticklabels is not None)
+    left.set_ylabel(f"time over the step ({units})")
+    if title:
+        fig.suptitle(title, fontsize=11)
+    if caption:
+        fig.text(0.01, 0.01, caption, fontsize=7.5, color="0.3", ha="left", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.1 if caption else 0, 1, 1))
+    return _save(fig, path, keep_open, dpi)
+
+
+def _step_series(x, result, scale) -> tuple:
+    """(x [n], resources [n, 5], overlap [n], no_overlap [n], bottleneck [n]) as numpy arrays, the
+    times multiplied by ``scale``."""
     x = np.asarray(x, dtype=float).reshape(-1)
     res = np.asarray(result.resources, dtype=float).reshape(-1, len(RESOURCES)) * scale
     overlap = np.asarray(result.overlap, dtype=float).reshape(-1) * scale
     no_overlap = np.asarray(result.no_overlap, dtype=float).reshape(-1) * scale
     bott = np.asarray(result.bottleneck).reshape(-1).astype(int)
-    if log2 is None:
-        log2 = bool(np.all(x > 0) and x.size > 1 and x.max() / x.min() >= 4)
+    return x, res, overlap, no_overlap, bott
 
+
+def _draw_resource_times(ax, x, res, bott, xticklabels, units, join) -> list:
+    """The left panel: each resource that is not zero everywhere, the bottleneck of each point
+    ringed in its colour, named by runs in the title. Returns the x labels."""
     line = "-" if join else ""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11.5, 5.3 if caption else 4.6), sharey=True)
     drawn = [i for i, r in enumerate(RESOURCES) if np.any(res[:, i] != 0)]
     for i in drawn:
         r = RESOURCES[i]
-        left.plot(x, res[:, i], line + "o", ms=3.5, lw=1.6, color=RESOURCE_COLORS[r], label=RESOURCE_LABELS[r])
+        ax.plot(x, res[:, i], line + "o", ms=3.5, lw=1.6, color=RESOURCE_COLORS[r], label=RESOURCE_LABELS[r])
     for i in drawn:
         on = bott == i
         if on.any():
-            left.plot(x[on], res[on, i], "o", ms=11, mfc="none", mew=1.6, color=RESOURCE_COLORS[RESOURCES[i]])
-    left.plot([], [], "o", ms=9, mfc="none", mew=1.4, color="0.3", label="bottleneck")
+            ax.plot(x[on], res[on, i], "o", ms=11, mfc="none", mew=1.6, color=RESOURCE_COLORS[RESOURCES[i]])
+    ax.plot([], [], "o", ms=9, mfc="none", mew=1.4, color="0.3", label="bottleneck")
     absent = [RESOURCE_LABELS[r] for i, r in enumerate(RESOURCES) if i not in drawn]
     xs = [_fmt_x(v) for v in x] if xticklabels is None else list(xticklabels)
-    left.set_title(f"Time per resource over one step ({units})\nbottleneck: {describe_bottleneck(xs, bott)}",
-                   fontsize=10)
-    left.legend(fontsize=8, loc="upper left", title=f"not drawn (zero): {', '.join(absent)}" if absent else None,
-                title_fontsize=7)
+    ax.set_title(f"Time per resource over one step ({units})\nbottleneck: {describe_bottleneck(xs, bott)}",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", title=f"not drawn (zero): {', '.join(absent)}" if absent else None,
+              title_fontsize=7)
+    return xs
 
-    right.plot(x, no_overlap, line + "o", ms=3.5, lw=1.8, color="black", label="NoOverlap (sum of the resources)")
-    right.plot(x, overlap, ("--" if join else "") + "s", ms=3.5, lw=1.8, color="0.45", label="Overlap (a layer's resources at once)")
+
+def _step_times_title(x, xs, no_overlap, units, per, change) -> str:
+    """The right panel's title; with ``change`` (and two points or more) it adds how NoOverlap, and
+    the time per ``per``, change from the first point to the last."""
+    if not (x.size > 1 and change):
+        return f"Step time ({units}): NoOverlap and Overlap"
+    text = f"{xs[0]} \u2192 {xs[-1]}: NoOverlap \u00d7{no_overlap[-1] / no_overlap[0]:.2g}"
+    if per and x[0] > 0 and x[-1] > 0:
+        text += f", per {per} \u00f7{(no_overlap[0] / x[0]) / (no_overlap[-1] / x[-1]):.3g}"
+    return f"Step time ({units}): NoOverlap and Overlap\n{text}"
+
+
+def _draw_step_times(ax, x, overlap, no_overlap, join, title):
+    """The right panel: NoOverlap and Overlap against x, their first and last values written."""
+    ax.plot(x, no_overlap, ("-" if join else "") + "o", ms=3.5, lw=1.8, color="black",
+            label="NoOverlap (sum of the resources)")
+    ax.plot(x, overlap, ("--" if join else "") + "s", ms=3.5, lw=1.8, color="0.45",
+            label="Overlap (a layer's resources at once)")
     for xi, y, va in ((x[0], no_overlap[0], "bottom"), (x[-1], no_overlap[-1], "bottom"),
                       (x[0], overlap[0], "top"), (x[-1], overlap[-1], "top")):
-        right.annotate(f"{y:.2f}", (xi, y), textcoords="offset points", xytext=(0, 5 if va == "bottom" else -6),
-                       ha="center", va=va, fontsize=8)
-    if x.size > 1 and xticklabels is None:
-        change = f"{xs[0]} \u2192 {xs[-1]}: NoOverlap \u00d7{no_overlap[-1] / no_overlap[0]:.2g}"
-        if per and x[0] > 0 and x[-1] > 0:
-            change += f", per {per} \u00f7{(no_overlap[0] / x[0]) / (no_overlap[-1] / x[-1]):.3g}"
-        right.set_title(f"Step time ({units}): NoOverlap and Overlap\n{change}", fontsize=10)
-    else:
-        right.set_title(f"Step time ({units}): NoOverlap and Overlap", fontsize=10)
-    right.legend(fontsize=8, loc="best")
+        ax.annotate(f"{y:.2f}", (xi, y), textcoords="offset points", xytext=(0, 5 if va == "bottom" else -6),
+                    ha="center", va=va, fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="best")
 
-    for ax in (left, right):
+
+def _style_step_axes(axes, x, xs, xlabel, log2, no_overlap, fixed_xlim):
+    """Both panels: ticks at the x values (labelled ``xs``), grid, y from 0 to 15% above the highest
+    NoOverlap; ``fixed_xlim``: half a step of room at either end of a linear axis."""
+    for ax in axes:
         if log2:
             ax.set_xscale("log", base=2)
         ax.set_xticks(x)
@@ -150,15 +186,8 @@ def plot_step_curve(x, result, *, path=None, units: str = "ms", title: str | Non
         ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
         ax.set_ylim(0, 1.15 * max(float(no_overlap.max()), 1e-30))
-        if xticklabels is not None and not log2:
+        if fixed_xlim and not log2:
             ax.set_xlim(x.min() - 0.5, x.max() + 0.5)
-    left.set_ylabel(f"time over the step ({units})")
-    if title:
-        fig.suptitle(title, fontsize=11)
-    if caption:
-        fig.text(0.01, 0.01, caption, fontsize=7.5, color="0.3", ha="left", va="bottom", wrap=True)
-    fig.tight_layout(rect=(0, 0.1 if caption else 0, 1, 1))
-    return _save(fig, path, keep_open, dpi)
 
 
 def _ticks(values, limit=10):

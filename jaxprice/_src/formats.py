@@ -241,71 +241,104 @@ def load_model_graph(path) -> ModelGraph:
     if is_hf_config(path):
         return import_hf_config(path)
     doc = read_yaml(path)
+    glob, raw_kinds, source = _model_layout(doc, file)
+    kinds = _parse_layer_kinds(raw_kinds, file)
+    stack = _parse_stack(doc["stack"], kinds, file=file)
+    head = _parse_nodes(doc.get("head") or [], file=file, where="head")
+    spec = _parse_speculator(doc.get("speculator"), kinds, file)
+    breaks = _parse_capture_breaks(doc.get("capture_breaks") or {}, kinds, file)
+    return ModelGraph(**_model_globals(doc, glob, file), layer_kinds=kinds, stack=stack, head=head,
+                      speculator=spec, capture_breaks=breaks, source=source, path=file)
+
+
+def _model_layout(doc, file) -> tuple:
+    """(the mapping holding the global fields, [(layer kind id, raw nodes)], source) of either
+    format; a document of neither format is refused."""
     if doc.get("format") == "jaxprice-model/1":
-        schema.check(doc, schema.MODEL_OWN, file=file)
-        check_keys(doc, _OWN_MODEL_KEYS, file=file, where="",
-                   required=("name", "hidden_size", "vocab_size", "weight_dtype", "layer_kinds",
-                             "stack"))
-        glob = doc
-        if not isinstance(doc["layer_kinds"], dict):
-            refuse("expected a mapping of kind id to nodes", file=file, field="layer_kinds")
-        raw_kinds = list(doc["layer_kinds"].items())
-        source = doc.get("source", file)
-    elif doc.get("kind") == "ModelGraph":
-        schema.check(doc, schema.MODEL_PUBLIC, file=file)
-        check_keys(doc, _PUBLIC_MODEL_KEYS, file=file, where="",
-                   required=("name", "global", "layer_kinds", "stack"))
-        glob = doc["global"]
-        if not isinstance(glob, dict):
-            refuse("expected a mapping", file=file, field="global")
-        check_keys(glob, {"hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype"},
-                   file=file, where="global.", required=("hidden_size", "vocab_size", "weight_dtype"))
-        raw_kinds = []
-        for i, kind in enumerate(doc["layer_kinds"] or []):
-            if not isinstance(kind, dict):
-                refuse("a layer kind must be a mapping", file=file, field=f"layer_kinds[{i}]")
-            check_keys(kind, {"id", "nodes", "edges"}, file=file, where=f"layer_kinds[{i}].",
-                       required=("id", "nodes"))
-            raw_kinds.append((kind["id"], kind["nodes"]))
-        source = file
-    else:
-        refuse("not a model graph: expected 'format: jaxprice-model/1' or 'kind: ModelGraph'",
-               file=file, field="format" if "format" in doc else "kind",
-               value=doc.get("format", doc.get("kind")))
+        return _own_model_layout(doc, file)
+    if doc.get("kind") == "ModelGraph":
+        return _public_model_layout(doc, file)
+    refuse("not a model graph: expected 'format: jaxprice-model/1' or 'kind: ModelGraph'",
+           file=file, field="format" if "format" in doc else "kind",
+           value=doc.get("format", doc.get("kind")))
+
+
+def _own_model_layout(doc, file) -> tuple:
+    """The project format: global fields at the top, layer kinds a mapping of id to nodes."""
+    schema.check(doc, schema.MODEL_OWN, file=file)
+    check_keys(doc, _OWN_MODEL_KEYS, file=file, where="",
+               required=("name", "hidden_size", "vocab_size", "weight_dtype", "layer_kinds", "stack"))
+    if not isinstance(doc["layer_kinds"], dict):
+        refuse("expected a mapping of kind id to nodes", file=file, field="layer_kinds")
+    return doc, list(doc["layer_kinds"].items()), doc.get("source", file)
+
+
+def _public_model_layout(doc, file) -> tuple:
+    """The public format: global fields under ``global``, layer kinds a list of {id, nodes, edges}."""
+    schema.check(doc, schema.MODEL_PUBLIC, file=file)
+    check_keys(doc, _PUBLIC_MODEL_KEYS, file=file, where="",
+               required=("name", "global", "layer_kinds", "stack"))
+    glob = doc["global"]
+    if not isinstance(glob, dict):
+        refuse("expected a mapping", file=file, field="global")
+    check_keys(glob, {"hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype"},
+               file=file, where="global.", required=("hidden_size", "vocab_size", "weight_dtype"))
+    raw_kinds = []
+    for i, kind in enumerate(doc["layer_kinds"] or []):
+        if not isinstance(kind, dict):
+            refuse("a layer kind must be a mapping", file=file, field=f"layer_kinds[{i}]")
+        check_keys(kind, {"id", "nodes", "edges"}, file=file, where=f"layer_kinds[{i}].",
+                   required=("id", "nodes"))
+        raw_kinds.append((kind["id"], kind["nodes"]))
+    return glob, raw_kinds, file
+
+
+def _parse_layer_kinds(raw_kinds, file) -> dict:
+    """Layer kind id -> parsed nodes, in declaration order; an id declared twice is refused."""
     kinds = {}
     for kid, nodes in raw_kinds:
         if kid in kinds:
             refuse("duplicate layer kind id", file=file, field="layer_kinds", value=kid)
         kinds[kid] = _parse_nodes(nodes, file=file, where=f"layer_kinds.{kid}.nodes")
-    stack = _parse_stack(doc["stack"], kinds, file=file)
-    head = _parse_nodes(doc.get("head") or [], file=file, where="head")
-    spec = doc.get("speculator")
-    if spec is not None:
-        check_keys(spec, {"method", "num_spec_tokens", "stack"}, file=file,
-                   where="speculator.", required=("method",))
-        spec = dict(spec)
-        spec["num_spec_tokens"] = _number(spec.get("num_spec_tokens", 1), file=file,
-                                          field="speculator.num_spec_tokens", integer=True, minimum=1)
-        spec["stack"] = _parse_stack(spec.get("stack") or {}, kinds, file=file,
-                                     where="speculator.stack")
-    breaks = doc.get("capture_breaks") or {}
+    return kinds
+
+
+def _parse_speculator(spec, kinds, file):
+    """The speculator block with num_spec_tokens (default 1) and its stack checked; None when absent."""
+    if spec is None:
+        return None
+    check_keys(spec, {"method", "num_spec_tokens", "stack"}, file=file,
+               where="speculator.", required=("method",))
+    spec = dict(spec)
+    spec["num_spec_tokens"] = _number(spec.get("num_spec_tokens", 1), file=file,
+                                      field="speculator.num_spec_tokens", integer=True, minimum=1)
+    spec["stack"] = _parse_stack(spec.get("stack") or {}, kinds, file=file, where="speculator.stack")
+    return spec
+
+
+def _parse_capture_breaks(breaks, kinds, file) -> dict:
+    """Layer kind id -> captured regions its own code leaves (an integer >= 1, for declared kinds)."""
     if not isinstance(breaks, dict):
         refuse("expected a mapping of layer kind id to regions", file=file, field="capture_breaks")
     for kid, n in breaks.items():
         if kid not in kinds:
             refuse("names an undeclared layer kind", file=file, field="capture_breaks", value=kid)
         _number(n, file=file, field=f"capture_breaks.{kid}", integer=True, minimum=1)
+    return {k: int(v) for k, v in breaks.items()}
+
+
+def _model_globals(doc, glob, file) -> dict:
+    """The graph's scalar fields (name, sizes, weight dtype, modality, max_model_len), checked in
+    that order after the weight dtype; ``glob`` holds the global fields of either format."""
     wd = glob["weight_dtype"]
     if wd not in DTYPE_BYTES:
         refuse("unknown dtype", file=file, field="weight_dtype", value=wd)
-    return ModelGraph(
+    return dict(
         name=str(doc["name"]),
         hidden_size=_number(glob["hidden_size"], file=file, field="hidden_size", integer=True, minimum=1),
         vocab_size=_number(glob["vocab_size"], file=file, field="vocab_size", integer=True, minimum=1),
         tie_word_embeddings=bool(glob.get("tie_word_embeddings", False)),
         weight_dtype=wd, modality=str(doc.get("modality", "text_only")),
-        layer_kinds=kinds, stack=stack, head=head, speculator=spec,
-        capture_breaks={k: int(v) for k, v in breaks.items()}, source=source, path=file,
         max_model_len=None if doc.get("max_model_len") is None else
         _number(doc["max_model_len"], file=file, field="max_model_len", integer=True, minimum=1))
 
