@@ -61,14 +61,19 @@ def test_a_usable_default_folder_is_created_and_enabled(tmp_path, monkeypatch):
     assert (tmp_path / "jaxprice" / "xla").is_dir()
 
 
-def test_prune_deletes_the_oldest_files_down_to_three_quarters(tmp_path):
-    for i in range(10):                                   # 10 files of 100 bytes, file 0 the oldest
-        f = tmp_path / f"entry{i}"
+def test_prune_deletes_the_oldest_entries_down_to_three_quarters_and_nothing_else(tmp_path):
+    for i in range(10):                                   # 10 entries of 100 bytes, entry 0 the oldest
+        f = tmp_path / f"jit_f-{i}-cache"
         f.write_bytes(b"x" * 100)
         os.utime(f, (1000 + i, 1000 + i))
+    mine = tmp_path / "notes.txt"                         # not JAX's: never counted nor deleted
+    mine.write_bytes(b"y" * 5000)
+    os.utime(mine, (1, 1))
     assert cc.prune(tmp_path, max_bytes=1000) == 0        # at the limit: nothing
     assert cc.prune(tmp_path, max_bytes=800) == 4         # 1000 -> 600 <= 0.75 x 800
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"entry{i}" for i in range(4, 10)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"jit_f-{i}-cache" for i in range(4, 10)] + ["notes.txt"]
+    assert cc.clear(tmp_path) == (6, 600)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
 
 
 def test_compiles_text_says_how_many_were_loads():
@@ -89,3 +94,21 @@ def test_a_command_keeps_its_kernels_there_loads_them_again_and_prints_the_same(
     assert any(p.name.startswith("jit_") for p in (tmp_path / "xla").iterdir())
     assert "loaded from the compile cache" not in runs[0].stderr
     assert "1 kernel compile(s), 1 of them loaded from the compile cache" in runs[1].stderr
+
+
+def test_the_cache_command_shows_and_clears_only_the_kernels(capsys, tmp_path, monkeypatch):
+    import json
+    for i in range(3):
+        (tmp_path / f"jit_f-{i}-cache").write_bytes(b"x" * 1000)
+    (tmp_path / "mine.txt").write_text("kept")
+    monkeypatch.setenv("JAXPRICE_CACHE_DIR", str(tmp_path))
+    assert main(["cache", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["folder"] == str(tmp_path) and shown["source"] == "JAXPRICE_CACHE_DIR"
+    assert (shown["entries"], shown["bytes"]) == (3, 3000)
+    assert main(["cache", "--clear"]) == 0
+    out = capsys.readouterr().out
+    assert "0 file(s)" in out and "cleared 3 file(s)" in out
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+    monkeypatch.setenv("JAXPRICE_CACHE_DIR", "off")
+    assert main(["cache", "--clear"]) == 0 and "compile cache off" in capsys.readouterr().out

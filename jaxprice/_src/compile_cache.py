@@ -25,7 +25,7 @@ from .errors import refuse
 
 ENV = "JAXPRICE_CACHE_DIR"
 OFF = ("", "off", "none", "0", "false", "no")
-MAX_BYTES = 2 ** 30             # 1 GiB; a size search leaves about 40 MB
+MAX_BYTES = 2 ** 30             # 1 GiB; a size search of DeepSeek-V3 leaves 1.8 MB
 MIN_COMPILE_S = 0.1             # smaller compiles are not worth a file each
 
 
@@ -98,18 +98,47 @@ def compiles_text(compiles: int, loaded_now: int, noun: str = "compiles") -> str
     return f"{compiles} {noun}" + (f", {loaded_now} of them loaded from the compile cache" if loaded_now else "")
 
 
-def prune(path: Path, max_bytes: int = MAX_BYTES) -> int:
-    """Delete the least recently written files of ``path`` until the rest hold at most 3/4 of
-    ``max_bytes`` (nothing while the folder holds at most ``max_bytes``). A file another process
-    is reading meanwhile is a cache miss there, never an error. Returns the files deleted."""
-    files = []
-    for f in Path(path).iterdir():
+ENTRY_SUFFIXES = ("-cache", "-atime")     # the files JAX's cache writes (jax/_src/lru_cache.py)
+
+
+def entries(path) -> list:
+    """(mtime, bytes, file) of each compiled-kernel file in ``path``: only JAX's cache entries, so
+    a folder the user named that also holds other files never has those counted or deleted."""
+    out = []
+    try:
+        listing = list(Path(path).iterdir())
+    except OSError:
+        return out
+    for f in listing:
+        if not f.name.endswith(ENTRY_SUFFIXES):
+            continue
         try:
             st = f.stat()
         except OSError:
             continue
         if f.is_file():
-            files.append((st.st_mtime, st.st_size, f))
+            out.append((st.st_mtime, st.st_size, f))
+    return out
+
+
+def clear(path) -> tuple[int, int]:
+    """Delete every compiled-kernel entry in ``path`` (the folder and anything else in it
+    stay): (files deleted, bytes freed)."""
+    files, freed = 0, 0
+    for _, size, f in entries(path):
+        try:
+            f.unlink()
+        except OSError:
+            continue
+        files, freed = files + 1, freed + size
+    return files, freed
+
+
+def prune(path: Path, max_bytes: int = MAX_BYTES) -> int:
+    """Delete the least recently written entries of ``path`` until the rest hold at most 3/4 of
+    ``max_bytes`` (nothing while they hold at most ``max_bytes``). An entry another process is
+    reading meanwhile is a cache miss there, never an error. Returns the files deleted."""
+    files = entries(path)
     total = sum(size for _, size, _ in files)
     if total <= max_bytes:
         return 0
