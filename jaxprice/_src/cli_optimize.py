@@ -161,74 +161,106 @@ def _table(rows, k, units) -> str:
 
 
 def run(args) -> int:
-    from .search import grid_search, make_limits, optimize_batch
     limits, search = _options(args)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
     if args.prompt_len is not None:
         _check_request_length(dep, parse_int(args.prompt_len, flag="--prompt-len"),
                               parse_int(args.output_len, flag="--output-len"))
+    res, grid, warm = _search(args, dep, limits, search)
+    if args.json:
+        print(json.dumps(_json_report(dep, res, grid, warm), indent=1))
+        return 0
+    print(_text_report(args, dep, res, grid, warm))
+    return 0
+
+
+def _search(args, dep, limits, search) -> tuple:
+    """(the search's result, the grid's or None, (the search's warm seconds, the grid's) or None): the
+    gradient search with a progress bar (not under --json, unless on a terminal), and under --grid the
+    grid too; a refusal from the library names the command-line flag."""
+    from .search import make_limits, optimize_batch
     try:
         make_limits(dep, **limits)
         bar = Progress(2, "optimize", enabled=not args.json or sys.stderr.isatty())
         with bar:
             res = optimize_batch(dep, **limits, **search, callback=lambda d, t, **i: bar.update(d, t))
-        grid = warm_search = warm_grid = None
-        if args.grid:
-            t0 = time.perf_counter()
-            optimize_batch(dep, **limits, **search)
-            warm_search = time.perf_counter() - t0
-            with Progress(1, "grid") as gbar:
-                grid = grid_search(dep, **limits, callback=lambda d, t, **i: gbar.update(d, t))
-            t0 = time.perf_counter()
-            grid_search(dep, **limits)
-            warm_grid = time.perf_counter() - t0
+        if not args.grid:
+            return res, None, None
+        return (res, *_grid_and_warm_times(dep, limits, search))
     except JaxpriceError as err:
         raise _as_flags(err) from None
-    lim, best = res.limits, res.best
-    if args.json:
-        doc = {"scenario": dep.scenario.name, "deployment": describe_deployment(dep), "units": "s",
-               "limits": lim.as_dict(), "optimum": best.as_dict(),
-               "search": {k: v for k, v in res.as_dict().items() if k not in ("best", "limits")}}
-        if grid is not None:
-            doc["grid"] = {k: v for k, v in grid.as_dict().items() if k != "limits"}
-            doc["grid"]["warm_s"] = warm_grid
-            doc["search"]["warm_s"] = warm_search
-            doc["gap"] = 1.0 - best.tokens_per_s / grid.best.tokens_per_s
-            doc["speedup_warm"] = warm_grid / warm_search
-            doc["speedup_cold"] = grid.wall_s / res.wall_s
-        print(json.dumps(doc, indent=1))
-        return 0
-    k = UNITS[args.units]
+
+
+def _grid_and_warm_times(dep, limits, search) -> tuple:
+    """--grid: (the grid's result, (the search's warm seconds, the grid's)): the search run again warm,
+    then the grid with a progress bar, then the grid again warm."""
+    from .search import grid_search, optimize_batch
+    t0 = time.perf_counter()
+    optimize_batch(dep, **limits, **search)
+    warm_search = time.perf_counter() - t0
+    with Progress(1, "grid") as gbar:
+        grid = grid_search(dep, **limits, callback=lambda d, t, **i: gbar.update(d, t))
+    t0 = time.perf_counter()
+    grid_search(dep, **limits)
+    return grid, (warm_search, time.perf_counter() - t0)
+
+
+def _json_report(dep, res, grid, warm) -> dict:
+    """--json: the limits, the optimum and the search (times in seconds); under --grid, the grid's
+    best, the gap to it and the speed ratios."""
+    doc = {"scenario": dep.scenario.name, "deployment": describe_deployment(dep), "units": "s",
+           "limits": res.limits.as_dict(), "optimum": res.best.as_dict(),
+           "search": {k: v for k, v in res.as_dict().items() if k not in ("best", "limits")}}
+    if grid is not None:
+        warm_search, warm_grid = warm
+        doc["grid"] = {k: v for k, v in grid.as_dict().items() if k != "limits"}
+        doc["grid"]["warm_s"] = warm_grid
+        doc["search"]["warm_s"] = warm_search
+        doc["gap"] = 1.0 - res.best.tokens_per_s / grid.best.tokens_per_s
+        doc["speedup_warm"] = warm_grid / warm_search
+        doc["speedup_cold"] = grid.wall_s / res.wall_s
+    return doc
+
+
+def _text_report(args, dep, res, grid, warm) -> str:
+    """The deployment, the problem, the optimum and what to set, the table (with the grid's best under
+    --grid), and how the search (and the grid) went."""
+    k, lim, best = UNITS[args.units], res.limits, res.best
     dec = 3 if args.units == "ms" else 1
+    rows = [("optimum", best)] + ([("grid best", grid.best)] if grid is not None else [])
+    lines = [f"{dep.scenario.name}: {describe_deployment(dep)}", _problem_text(lim, k, args.units), "",
+             f"optimum: {_composition_text(best, lim, k, args.units)}",
+             f"  set max_num_batched_tokens >= {best.max_num_batched_tokens}; ITL slack "
+             f"{best.itl_slack * k:.{dec}f} {args.units}; prefill budget left {best.prefill_slack:g} tokens", "",
+             _table(rows, k, args.units), "",
+             f"search: {res.restarts} restarts x {res.iterations} gradient steps (smooth kernel, temperature "
+             f"{res.temperature:g}), continuous end point D {res.continuous[0]:.2f}, P {res.continuous[1]:.1f}; "
+             f"{res.exact_evaluations} exact checks; {res.wall_s:.2f} s"]
+    if grid is not None:
+        lines += _grid_text(res, grid, warm, k, args.units)
+    return "\n".join(lines)
+
+
+def _problem_text(lim, k, units) -> str:
+    """The problem solved: the limit, the decodes, the prefill chunk and how output per step is counted."""
     est = "NoOverlap" if lim.estimate == "no_overlap" else "Overlap"
-    print(f"{dep.scenario.name}: {describe_deployment(dep)}")
     chunks = f"0 or {lim.prefill_lo}..{lim.prefill_budget}" if lim.prefill_off_allowed else \
         f"{lim.prefill_lo}..{lim.prefill_budget}"
     feed = f"at most P * {1 / lim.prefill_per_output:.4g} (prompt/output {lim.prefill_per_output:.4g})" \
         if lim.prefill_per_output > 0 else "not charged for prefill"
-    print(f"problem: maximise output tokens/s with {est} <= {lim.itl * k:g} {args.units}; 0..{lim.max_decode} decodes "
-          f"({lim.decode_width} token{'s' if lim.decode_width > 1 else ''} each, context {lim.context}); one prefill "
-          f"chunk of {chunks} tokens after {lim.prefix} computed; output per step {lim.tokens_per_decode:g} "
-          f"per decode, {feed}" + (f"; max_num_batched_tokens <= {lim.max_batched_tokens}"
-                                   if lim.max_batched_tokens else ""))
-    print()
-    print(f"optimum: {_composition_text(best, lim, k, args.units)}")
-    print(f"  set max_num_batched_tokens >= {best.max_num_batched_tokens}; ITL slack {best.itl_slack * k:.{dec}f} "
-          f"{args.units}; prefill budget left {best.prefill_slack:g} tokens")
-    rows = [("optimum", best)]
-    if grid is not None:
-        rows.append(("grid best", grid.best))
-    print()
-    print(_table(rows, k, args.units))
-    print()
-    print(f"search: {res.restarts} restarts x {res.iterations} gradient steps (smooth kernel, temperature "
-          f"{res.temperature:g}), continuous end point D {res.continuous[0]:.2f}, P {res.continuous[1]:.1f}; "
-          f"{res.exact_evaluations} exact checks; {res.wall_s:.2f} s")
-    if grid is not None:
-        gap = 1.0 - best.tokens_per_s / grid.best.tokens_per_s
-        print(f"grid: {grid.points} compositions in exact mode ({grid.feasible_points} within the limits): "
-              f"{_composition_text(grid.best, lim, k, args.units)}; {grid.wall_s:.2f} s")
-        print(f"gap to the grid's best {gap * 100:.3f}%; the search took {res.wall_s:.2f} s cold, {warm_search:.3f} s "
-              f"warm, the grid {grid.wall_s:.2f} s cold, {warm_grid:.3f} s warm: {warm_grid / warm_search:.1f}x faster "
-              f"warm, {grid.wall_s / res.wall_s:.2f}x cold (cold includes compiling)")
-    return 0
+    return (f"problem: maximise output tokens/s with {est} <= {lim.itl * k:g} {units}; 0..{lim.max_decode} decodes "
+            f"({lim.decode_width} token{'s' if lim.decode_width > 1 else ''} each, context {lim.context}); one prefill "
+            f"chunk of {chunks} tokens after {lim.prefix} computed; output per step {lim.tokens_per_decode:g} "
+            f"per decode, {feed}" + (f"; max_num_batched_tokens <= {lim.max_batched_tokens}"
+                                     if lim.max_batched_tokens else ""))
+
+
+def _grid_text(res, grid, warm, k, units) -> list:
+    """--grid: the grid's best, the search's gap to it, and both runs' times cold and warm."""
+    warm_search, warm_grid = warm
+    gap = 1.0 - res.best.tokens_per_s / grid.best.tokens_per_s
+    return [f"grid: {grid.points} compositions in exact mode ({grid.feasible_points} within the limits): "
+            f"{_composition_text(grid.best, res.limits, k, units)}; {grid.wall_s:.2f} s",
+            f"gap to the grid's best {gap * 100:.3f}%; the search took {res.wall_s:.2f} s cold, {warm_search:.3f} s "
+            f"warm, the grid {grid.wall_s:.2f} s cold, {warm_grid:.3f} s warm: {warm_grid / warm_search:.1f}x faster "
+            f"warm, {grid.wall_s / res.wall_s:.2f}x cold (cold includes compiling)"]

@@ -502,68 +502,93 @@ def run(args) -> int:
         refuse("JSON times are always in seconds; --units sets the table's", field="--units", value=args.units)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
     specs = build_batches(args, dep, threshold)
-    if args.batch:
-        rows = common_pad([s[2].size for s in specs]) * len(specs)
-        if rows > MAX_PRICED_ROWS:
-            refuse(f"{len(specs)} batch files padded to a common {rows // len(specs)} rows are {rows} rows, above "
-                   f"jaxprice's cap of {MAX_PRICED_ROWS} rows per command; price them in separate runs",
-                   field="--batch", value=args.batch[-1])
+    _check_batch_file_rows(args, specs)
     result, batches = price_specs(dep, specs, temperature)
     check_finite(np.asarray(result.resources), np.asarray(result.overlap), np.asarray(result.no_overlap),
                  labels=[s[0] for s in specs], what="batch")
     records = step_records(specs, result, smooth=temperature is not None)
-    labels = [s[0] for s in specs]
-    layers = None
-    if args.breakdown:
-        from .step import price
-        layers = [price(dep.plan, dep.coefficients, b, temperature=temperature, breakdown=True).layers
-                  for b in batches]
-    by_file = bool(args.batch)
+    layers = _breakdowns(dep, batches, temperature) if args.breakdown else None
     if args.json:
-        doc = {"scenario": dep.scenario.name, "scenario_file": str(dep.scenario.path),
-               "deployment": describe_deployment(dep), "mode": "exact" if temperature is None else "smooth",
-               "temperature": temperature, "units": "s", "steps": records}
-        if layers is not None:
-            for rec, lay in zip(records, layers):
-                rec["layers"] = {"names": list(dep.plan.layer_kind_names),
-                                 **{n: np.asarray(v).tolist() for n, v in lay.items()}}
-        print(json.dumps(doc, indent=1))
+        print(json.dumps(_json_report(dep, records, layers, temperature), indent=1))
     else:
-        thr_used = sorted({int(s[5]) for s in specs})
-        thr_note = "the default, the reference kernel's" if threshold is None and not by_file else \
-            "given" if threshold is not None else "from the files, else the default"
-        if by_file:
-            what = f"{len(specs)} batch file{'s' if len(specs) > 1 else ''}"
-        else:
-            info = specs[0][1]
-            parts = []
-            if any(s[1]["decode"] for s in specs):
-                parts.append(f"decode requests scheduling 1 token each at context {info['context']} (after the step)")
-            if info["prefill"]:
-                parts.append(f"prefill requests of {', '.join(map(str, info['prefill']))} tokens (computed 0)")
-            what = " plus ".join(parts)
-        print(f"{dep.scenario.name}: {describe_deployment(dep)}")
-        print(f"batches: {what}")
-        print(f"{mode_text(temperature)}; decode threshold {', '.join(map(str, thr_used))} ({thr_note}); "
-              f"times in {args.units}; per token = NoOverlap / tokens")
-        print()
-        print(format_table(records, label_name="batch" if by_file else "decode", labels=labels, units=args.units))
-        if layers is not None:
-            for lab, rec, lay in zip(labels, records, layers):
-                print()
-                print(format_breakdown(dep, lab, rec, lay, args.units))
+        print(_text_report(args, dep, specs, records, layers, threshold, temperature))
     if args.plot:
-        from .figures import plot_step_curve
-        if by_file:
-            x, xlabel, ticks = np.arange(1, len(specs) + 1), "batch file", labels
-        else:
-            x, xlabel, ticks = [s[1]["decode"] for s in specs], "decode requests in the batch", None
-            if specs[0][1]["prefill"]:
-                xlabel += f" (plus prefill {', '.join(map(str, specs[0][1]['prefill']))})"
-        title = f"{dep.scenario.name}: " + (f"context {specs[0][1]['context']}, " if not by_file else "") + \
-            f"{mode_text(temperature)}"
-        plot_step_curve(x, result, path=args.plot, units=args.units, title=title, xlabel=xlabel,
-                        xticklabels=ticks, log2=None if not by_file else False, join=not by_file,
-                        per="request" if not by_file and not specs[0][1]["prefill"] else None)
-        print(f"wrote {args.plot}", file=sys.stderr)
+        _write_plot(args, dep, specs, result, temperature)
     return 0
+
+
+def _check_batch_file_rows(args, specs) -> None:
+    """Batch files, padded to one common size, must stay within the rows one command prices."""
+    if not args.batch:
+        return
+    rows = common_pad([s[2].size for s in specs]) * len(specs)
+    if rows > MAX_PRICED_ROWS:
+        refuse(f"{len(specs)} batch files padded to a common {rows // len(specs)} rows are {rows} rows, above "
+               f"jaxprice's cap of {MAX_PRICED_ROWS} rows per command; price them in separate runs",
+               field="--batch", value=args.batch[-1])
+
+
+def _breakdowns(dep, batches, temperature) -> list:
+    """--breakdown: each batch's per-layer-kind times, priced one batch at a time."""
+    from .step import price
+    return [price(dep.plan, dep.coefficients, b, temperature=temperature, breakdown=True).layers for b in batches]
+
+
+def _json_report(dep, records, layers, temperature) -> dict:
+    """--json: the deployment, the mode and every step (times in seconds), with its layers under --breakdown."""
+    doc = {"scenario": dep.scenario.name, "scenario_file": str(dep.scenario.path),
+           "deployment": describe_deployment(dep), "mode": "exact" if temperature is None else "smooth",
+           "temperature": temperature, "units": "s", "steps": records}
+    if layers is not None:
+        for rec, lay in zip(records, layers):
+            rec["layers"] = {"names": list(dep.plan.layer_kind_names),
+                             **{n: np.asarray(v).tolist() for n, v in lay.items()}}
+    return doc
+
+
+def _text_report(args, dep, specs, records, layers, threshold, temperature) -> str:
+    """The deployment, what the batches hold, the mode and decode threshold, the table and any breakdowns."""
+    by_file = bool(args.batch)
+    labels = [s[0] for s in specs]
+    thr_used = sorted({int(s[5]) for s in specs})
+    thr_note = "the default, the reference kernel's" if threshold is None and not by_file else \
+        "given" if threshold is not None else "from the files, else the default"
+    lines = [f"{dep.scenario.name}: {describe_deployment(dep)}", f"batches: {_batches_text(specs, by_file)}",
+             f"{mode_text(temperature)}; decode threshold {', '.join(map(str, thr_used))} ({thr_note}); "
+             f"times in {args.units}; per token = NoOverlap / tokens", "",
+             format_table(records, label_name="batch" if by_file else "decode", labels=labels, units=args.units)]
+    if layers is not None:
+        for lab, rec, lay in zip(labels, records, layers):
+            lines += ["", format_breakdown(dep, lab, rec, lay, args.units)]
+    return "\n".join(lines)
+
+
+def _batches_text(specs, by_file) -> str:
+    """What the batches are: the number of batch files, or the decode requests plus the prefill ones."""
+    if by_file:
+        return f"{len(specs)} batch file{'s' if len(specs) > 1 else ''}"
+    info = specs[0][1]
+    parts = []
+    if any(s[1]["decode"] for s in specs):
+        parts.append(f"decode requests scheduling 1 token each at context {info['context']} (after the step)")
+    if info["prefill"]:
+        parts.append(f"prefill requests of {', '.join(map(str, info['prefill']))} tokens (computed 0)")
+    return " plus ".join(parts)
+
+
+def _write_plot(args, dep, specs, result, temperature) -> None:
+    """--plot: the step figure against the batch file, or against the decode count (a line, per request)."""
+    from .figures import plot_step_curve
+    by_file = bool(args.batch)
+    if by_file:
+        x, xlabel, ticks = np.arange(1, len(specs) + 1), "batch file", [s[0] for s in specs]
+    else:
+        x, xlabel, ticks = [s[1]["decode"] for s in specs], "decode requests in the batch", None
+        if specs[0][1]["prefill"]:
+            xlabel += f" (plus prefill {', '.join(map(str, specs[0][1]['prefill']))})"
+    title = f"{dep.scenario.name}: " + (f"context {specs[0][1]['context']}, " if not by_file else "") + \
+        f"{mode_text(temperature)}"
+    plot_step_curve(x, result, path=args.plot, units=args.units, title=title, xlabel=xlabel,
+                    xticklabels=ticks, log2=None if not by_file else False, join=not by_file,
+                    per="request" if not by_file and not specs[0][1]["prefill"] else None)
+    print(f"wrote {args.plot}", file=sys.stderr)

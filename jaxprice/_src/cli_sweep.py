@@ -192,6 +192,25 @@ def write_csv(stream, grid, decode, context, prefill, *, units, estimate):
 
 
 def run(args) -> int:
+    threshold, temperature, chunk = _options(args)
+    dep = load_scenario_deployment(args.scenario, args.pool, args)
+    _check_out_is_not_the_scenario(args, dep)
+    axes = grid_axes(args, dep)
+    chunk = _call_chunk(chunk, axes)
+    draw = _heatmap_rows(args, axes[2])
+    _announce(dep, axes, threshold, temperature)
+    grid, cost = _price(args, dep, axes, threshold, temperature, chunk)
+    _check_grid_finite(grid, axes)
+    _write_grid(args, grid, axes)
+    _summary(args, grid, axes, cost)
+    if args.heatmap:
+        _draw_heatmaps(args, dep, grid, axes, draw, threshold, temperature)
+    return 0
+
+
+def _options(args) -> tuple:
+    """(decode threshold, temperature, points per call), checked, then the output paths, all before
+    the deployment loads."""
     threshold, temperature = common_options(args)
     threshold = DEFAULT_DECODE_THRESHOLD if threshold is None else threshold
     if args.estimate not in ESTIMATES:
@@ -203,69 +222,116 @@ def run(args) -> int:
     writes_csv = args.out not in (None, "-")
     if args.heatmap is not None and writes_csv and Path(args.out).resolve() == Path(args.heatmap).resolve():
         refuse("is the --heatmap path too: the image would overwrite the CSV", field="--out", value=args.out)
-    dep = load_scenario_deployment(args.scenario, args.pool, args)
+    return threshold, temperature, chunk
+
+
+def _check_out_is_not_the_scenario(args, dep) -> None:
+    """--out must not name the scenario file being priced (the CSV would replace it)."""
     scen_path = getattr(dep.scenario, "path", None)
-    if writes_csv and scen_path and Path(str(scen_path)).is_file() \
+    if args.out not in (None, "-") and scen_path and Path(str(scen_path)).is_file() \
             and Path(args.out).resolve() == Path(str(scen_path)).resolve():
         refuse("is the scenario file being priced; name another file for the CSV", field="--out", value=args.out)
-    decode, context, prefill = grid_axes(args, dep)
+
+
+def _call_chunk(chunk, axes) -> int:
+    """The grid points per vmapped call: --chunk, lowered (said on stderr) to keep a call within
+    MAX_CALL_ROWS padded rows."""
+    decode, context, prefill = axes
     pad = max(1, max(decode) + (1 if max(prefill) > 0 else 0))
     if min(chunk, len(decode) * len(context) * len(prefill)) * pad > MAX_CALL_ROWS:
         chunk = max(1, MAX_CALL_ROWS // pad)
         print(f"note: --chunk lowered to {chunk} grid points per call: steps of {pad} rows, at most "
               f"{MAX_CALL_ROWS} rows per vmapped call", file=sys.stderr)
-    draw = prefill
-    if args.heatmap_prefill is not None:
-        draw = parse_int_list(args.heatmap_prefill, flag="--heatmap-prefill", minimum=0)
-        for v in draw:
-            if v not in prefill:
-                refuse(f"is not on the grid's --prefill-chunk ({', '.join(map(str, prefill))})",
-                       field="--heatmap-prefill", value=v)
-        if args.heatmap is None:        # else ignored silently
-            refuse("picks the heat maps' rows: it needs --heatmap", field="--heatmap-prefill",
-                   value=args.heatmap_prefill)
-    total = len(decode) * len(context) * len(prefill)
+    return chunk
+
+
+def _heatmap_rows(args, prefill) -> list:
+    """The prefill chunks the heat maps draw: --heatmap-prefill (each on the grid; only with --heatmap),
+    else all."""
+    if args.heatmap_prefill is None:
+        return prefill
+    draw = parse_int_list(args.heatmap_prefill, flag="--heatmap-prefill", minimum=0)
+    for v in draw:
+        if v not in prefill:
+            refuse(f"is not on the grid's --prefill-chunk ({', '.join(map(str, prefill))})",
+                   field="--heatmap-prefill", value=v)
+    if args.heatmap is None:        # else ignored silently
+        refuse("picks the heat maps' rows: it needs --heatmap", field="--heatmap-prefill",
+               value=args.heatmap_prefill)
+    return draw
+
+
+def _announce(dep, axes, threshold, temperature) -> None:
+    """On stderr: prefill chunks priced as decodes, the deployment and the grid."""
+    decode, context, prefill = axes
     small = [p for p in prefill if 0 < p <= threshold]
     if small:
         print(f"note: a prefill chunk of at most the decode threshold {threshold} tokens "
               f"({', '.join(map(str, small))}) is priced as a decode, as the engine classes it", file=sys.stderr)
     print(f"{dep.scenario.name}: {describe_deployment(dep)}", file=sys.stderr)
     print(f"grid: {len(decode)} decode counts x {len(context)} contexts x {len(prefill)} prefill chunks = "
-          f"{total} steps; {mode_text(temperature)}; decode threshold {threshold}", file=sys.stderr)
+          f"{len(decode) * len(context) * len(prefill)} steps; {mode_text(temperature)}; decode threshold {threshold}",
+          file=sys.stderr)
+
+
+def _price(args, dep, axes, threshold, temperature, chunk) -> tuple:
+    """(the priced grid, (seconds, kernel compiles, of them loaded from the compile cache)), with a progress
+    bar unless --quiet."""
     from .stack import kernel_compiles
+    decode, context, prefill = axes
     t0, compiled, loaded = time.perf_counter(), kernel_compiles(), compile_cache.loaded()
-    with Progress(total, "sweep", enabled=not args.quiet) as bar:
+    with Progress(len(decode) * len(context) * len(prefill), "sweep", enabled=not args.quiet) as bar:
         grid = price_grid(dep, decode, context, prefill, threshold=threshold, temperature=temperature,
                           chunk=chunk, callback=lambda done, tot: bar.update(done))
     elapsed, compiled, loaded = time.perf_counter() - t0, kernel_compiles() - compiled, compile_cache.loaded() - loaded
+    return grid, (elapsed, compiled, loaded)
+
+
+def _check_grid_finite(grid, axes) -> None:
+    """Never write an inf or NaN price: refuse naming the first grid point whose price is not finite."""
+    decode, context, prefill = axes
     points = [f"decode {d}, context {c}, prefill chunk {q}" for q in prefill for d in decode for c in context] \
         if not np.isfinite(grid["no_overlap"]).all() or not np.isfinite(grid["resources"]).all() else []
     check_finite(grid["resources"].reshape(-1, len(RESOURCES)), grid["overlap"].reshape(-1),
                  grid["no_overlap"].reshape(-1), labels=points, what="grid point")
+
+
+def _write_grid(args, grid, axes) -> None:
+    """The CSV, to stdout or to --out (written whole, its folder made)."""
+    decode, context, prefill = axes
     if args.out in (None, "-"):
         write_csv(sys.stdout, grid, decode, context, prefill, units=args.units, estimate=args.estimate)
-    else:
-        buf = io.StringIO()
-        write_csv(buf, grid, decode, context, prefill, units=args.units, estimate=args.estimate)
-        try:
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            with open(args.out, "w", newline="") as fh:
-                fh.write(buf.getvalue())
-        except OSError as err:
-            refuse(f"cannot write the CSV: {err.strerror}", file=args.out)
+        return
+    buf = io.StringIO()
+    write_csv(buf, grid, decode, context, prefill, units=args.units, estimate=args.estimate)
+    try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w", newline="") as fh:
+            fh.write(buf.getvalue())
+    except OSError as err:
+        refuse(f"cannot write the CSV: {err.strerror}", file=args.out)
+
+
+def _summary(args, grid, axes, cost) -> None:
+    """On stderr: the steps priced, in what time and compiles, each bottleneck's share and the CSV written."""
+    total = len(axes[0]) * len(axes[1]) * len(axes[2])
     counts = np.bincount(grid["bottleneck"].reshape(-1), minlength=len(RESOURCES))
     share = ", ".join(f"{r} {c / total:.0%}" for r, c in zip(RESOURCES, counts) if c)
-    print(f"priced {total} steps in {elapsed:.1f} s ({compile_cache.compiles_text(compiled, loaded, 'kernel compile(s)')}: "
-          f"one per plan structure, padding "
-          f"and mode, shared by every deployment of the model graph); bottleneck: {share}"
+    elapsed, compiled, loaded = cost
+    compiles = compile_cache.compiles_text(compiled, loaded, "kernel compile(s)")
+    print(f"priced {total} steps in {elapsed:.1f} s ({compiles}: one per plan structure, padding and mode, shared by "
+          f"every deployment of the model graph); bottleneck: {share}"
           + (f"; wrote {args.out}" if args.out not in (None, "-") else ""), file=sys.stderr)
-    if args.heatmap:
-        from .figures import plot_sweep_heatmaps
-        sel = [prefill.index(v) for v in draw]
-        tpt = per_decoded_token(grid, decode, args.estimate)
-        label = ("NoOverlap" if args.estimate == "no_overlap" else "Overlap") + " per decoded token"
-        plot_sweep_heatmaps(decode, context, [prefill[i] for i in sel], grid["bottleneck"][sel], tpt[sel],
-                            path=args.heatmap, units=args.units, per_token_label=label,
-                            title=f"{dep.scenario.name}: {mode_text(temperature)}, decode threshold {threshold}")
-        print(f"wrote {args.heatmap}", file=sys.stderr)
-    return 0
+
+
+def _draw_heatmaps(args, dep, grid, axes, draw, threshold, temperature) -> None:
+    """--heatmap: the bottleneck and the time per decoded token over decode x context, a row per drawn chunk."""
+    from .figures import plot_sweep_heatmaps
+    decode, context, prefill = axes
+    sel = [prefill.index(v) for v in draw]
+    tpt = per_decoded_token(grid, decode, args.estimate)
+    label = ("NoOverlap" if args.estimate == "no_overlap" else "Overlap") + " per decoded token"
+    plot_sweep_heatmaps(decode, context, [prefill[i] for i in sel], grid["bottleneck"][sel], tpt[sel],
+                        path=args.heatmap, units=args.units, per_token_label=label,
+                        title=f"{dep.scenario.name}: {mode_text(temperature)}, decode threshold {threshold}")
+    print(f"wrote {args.heatmap}", file=sys.stderr)
