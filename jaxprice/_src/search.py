@@ -595,6 +595,12 @@ class _Lattice:
         return sorted(out)
 
 
+def _problem(deployment, **limits):
+    """(the Deployment, its checked Limits) of a search or grid call (``make_limits``)."""
+    dep = _deployment(deployment)
+    return dep, make_limits(dep, **limits)
+
+
 def _search_effort(temperature, restarts, iterations, learning_rate, seed, max_polish_rounds, callback):
     """The search's own arguments, checked in order: (tau, restarts, iterations, learning rate,
     seed, max_polish_rounds); a callback that is not callable is refused last."""
@@ -714,11 +720,10 @@ def optimize_batch(deployment, *, itl, prefill_budget, min_prefill=0, context=40
     **info) reports progress. Raises JaxpriceError for bad or impossible limits.
     """
     start = time.perf_counter()
-    dep = _deployment(deployment)
-    lim = make_limits(dep, itl=itl, prefill_budget=prefill_budget, min_prefill=min_prefill, context=context,
-                      prefix=prefix, max_decode=max_decode, max_batched_tokens=max_batched_tokens,
-                      prefill_per_output=prefill_per_output, tokens_per_decode=tokens_per_decode,
-                      estimate=estimate)
+    dep, lim = _problem(deployment, itl=itl, prefill_budget=prefill_budget, min_prefill=min_prefill,
+                        context=context, prefix=prefix, max_decode=max_decode, max_batched_tokens=max_batched_tokens,
+                        prefill_per_output=prefill_per_output, tokens_per_decode=tokens_per_decode,
+                        estimate=estimate)
     tau, restarts, iterations, lr, seed, max_polish_rounds = _search_effort(
         temperature, restarts, iterations, learning_rate, seed, max_polish_rounds, callback)
     ex = _Exact(dep, lim, EXACT_CHUNK)
@@ -756,11 +761,10 @@ def grid_search(deployment, *, itl, prefill_budget, min_prefill=0, context=4096,
     chunk: compositions per call (default: the search's own evaluator's for grids of up to
     64 of its chunks, so that a small grid compiles nothing new, else 32768)."""
     start = time.perf_counter()
-    dep = _deployment(deployment)
-    lim = make_limits(dep, itl=itl, prefill_budget=prefill_budget, min_prefill=min_prefill, context=context,
-                      prefix=prefix, max_decode=max_decode, max_batched_tokens=max_batched_tokens,
-                      prefill_per_output=prefill_per_output, tokens_per_decode=tokens_per_decode,
-                      estimate=estimate)
+    dep, lim = _problem(deployment, itl=itl, prefill_budget=prefill_budget, min_prefill=min_prefill,
+                        context=context, prefix=prefix, max_decode=max_decode, max_batched_tokens=max_batched_tokens,
+                        prefill_per_output=prefill_per_output, tokens_per_decode=tokens_per_decode,
+                        estimate=estimate)
     ds = np.arange(lim.max_decode + 1, dtype=float)
     ps = lim.prefill_lattice().astype(float)
     total = ds.size * ps.size
