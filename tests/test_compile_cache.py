@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
     ({"JAXPRICE_CACHE_DIR": " OFF "}, None, "JAXPRICE_CACHE_DIR"),
     ({"JAXPRICE_CACHE_DIR": "/c/k", "JAX_COMPILATION_CACHE_DIR": "/j"}, "/c/k", "JAXPRICE_CACHE_DIR"),
     ({"JAX_COMPILATION_CACHE_DIR": "/j", "XDG_CACHE_HOME": "/x"}, "/j", "JAX_COMPILATION_CACHE_DIR"),
-    ({"XDG_CACHE_HOME": "/x", "HOME": "/h"}, "/x/jaxprice/xla", "default"),
-    ({"XDG_CACHE_HOME": "", "HOME": "/h"}, "/h/.cache/jaxprice/xla", "default"),
+    ({"XDG_CACHE_HOME": "/x", "HOME": "/h"}, f"/x/jaxprice/xla/{cc.host_tag()}", "default"),
+    ({"XDG_CACHE_HOME": "", "HOME": "/h"}, f"/h/.cache/jaxprice/xla/{cc.host_tag()}", "default"),
 ])
 def test_the_folder_comes_from_the_environment_in_order(env, expected, source):
     path, where = cc.cache_dir(env)
@@ -56,9 +56,32 @@ def test_an_unusable_default_folder_is_skipped_with_a_note(capsys, tmp_path, mon
 def test_a_usable_default_folder_is_created_and_enabled(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(cc, "enable", lambda path, field: calls.append((Path(path), field)))
-    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "jaxprice" / "xla"
-    assert calls == [(tmp_path / "jaxprice" / "xla", "default")]
-    assert (tmp_path / "jaxprice" / "xla").is_dir()
+    folder = tmp_path / "jaxprice" / "xla" / cc.host_tag()
+    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) == folder
+    assert calls == [(folder, "default")]
+    assert folder.is_dir()
+
+
+def test_the_host_tag_names_the_platform_and_jaxlib_and_is_stable():
+    import platform
+    from jaxlib.version import __version__
+    tag = cc.host_tag()
+    assert tag == cc.host_tag()
+    assert tag.startswith(f"{platform.system().lower()}-{platform.machine().lower()}-jaxlib{__version__}-")
+
+
+def test_the_default_stays_off_where_loading_is_known_to_crash(capsys, tmp_path, monkeypatch):
+    import platform
+    import jaxlib.version
+    monkeypatch.setattr(platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(jaxlib.version, "__version__", "0.9.2")
+    monkeypatch.setattr(cc, "enable", lambda *a, **k: pytest.fail("enabled where loading crashes"))
+    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) is None
+    assert "jaxlib before 0.10 on macOS" in capsys.readouterr().err
+    monkeypatch.setattr(jaxlib.version, "__version__", "0.10.2")
+    calls = []
+    monkeypatch.setattr(cc, "enable", lambda path, field: calls.append(field))
+    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) is not None and calls == ["default"]
 
 
 def test_prune_deletes_the_oldest_entries_down_to_three_quarters_and_nothing_else(tmp_path):

@@ -31,7 +31,7 @@ MIN_COMPILE_S = 0.1             # smaller compiles are not worth a file each
 
 def cache_dir(environ=None) -> tuple[Path | None, str]:
     """(the folder the command line keeps compiled kernels in, or None for no cache; where that
-    choice came from)."""
+    choice came from). The default folder has one subfolder per host kind (``host_tag``)."""
     env = os.environ if environ is None else environ
     if ENV in env:
         value = env[ENV].strip()
@@ -39,7 +39,30 @@ def cache_dir(environ=None) -> tuple[Path | None, str]:
     if env.get("JAX_COMPILATION_CACHE_DIR"):
         return Path(env["JAX_COMPILATION_CACHE_DIR"]).expanduser(), "JAX_COMPILATION_CACHE_DIR"
     base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
-    return Path(base).expanduser() / "jaxprice" / "xla", "default"
+    return Path(base).expanduser() / "jaxprice" / "xla" / host_tag(), "default"
+
+
+def host_tag() -> str:
+    """What a compiled CPU kernel depends on beyond its program: the OS, the machine, jaxlib's
+    version and the CPU's model and feature flags (hashed). A home folder mounted on several kinds
+    of node so never hands one node's kernels to another (XLA's loader refuses them, with an
+    error line per kernel, and compiles again: jax-ml/jax#38445 shows those lines), and a jaxlib
+    changed in place starts afresh."""
+    import hashlib
+    import platform
+    try:
+        from jaxlib.version import __version__ as jaxlib_version
+    except ImportError:
+        jaxlib_version = "unknown"
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("model name", "flags", "Features", "CPU part"))]
+        cpu = "".join(dict.fromkeys(lines))          # the first of each kind: one core's
+    except OSError:
+        pass
+    digest = hashlib.sha1(f"{platform.system()}|{platform.machine()}|{jaxlib_version}|{cpu}".encode()).hexdigest()
+    return f"{platform.system().lower()}-{platform.machine().lower()}-jaxlib{jaxlib_version}-{digest[:10]}"
 
 
 def _usable(path: Path) -> str | None:
@@ -165,10 +188,23 @@ def enable_default(environ=None) -> Path | None:
     if source != "default":
         enable(path, field=source)
         return path
-    why = _usable(path)
+    why = _usable(path) if _loads_safely() else "not used by default: jaxlib before 0.10 on macOS can crash loading it"
     if why is not None:
         print(f"jaxprice: note: no compile cache ({path} {why}); set {ENV} to a writable folder, or to "
               f"'off' to silence this", file=sys.stderr)
         return None
     enable(path, field=source)
     return path
+
+
+def _loads_safely() -> bool:
+    """False where loading a cached kernel is known to crash the process: macOS with jaxlib before
+    0.10 (SIGBUS in deserialize_executable, uwplasma/vmex#142); there the default is off."""
+    import platform
+    if platform.system() != "Darwin":
+        return True
+    try:
+        from jaxlib.version import __version__ as version
+        return tuple(int(x) for x in version.split(".")[:2]) >= (0, 10)
+    except (ImportError, ValueError):
+        return False
