@@ -88,7 +88,7 @@ def add_parser(subparsers):
     p.add_argument("--cache-dir", metavar="DIR", default=None,
                    help="keep compiled kernels in this folder across runs (JAX's persistent compilation "
                         "cache; every command keeps them in $JAXPRICE_CACHE_DIR, by default "
-                        "~/.cache/jaxprice/xla): a second run skips most of the compile time")
+                        "~/.cache/jaxprice/xla/HOST): a second run skips most of the compile time")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(command="accuracy")

@@ -5,7 +5,7 @@
     jaxprice cache --json
 
 The folder is ``$JAXPRICE_CACHE_DIR`` (``off``: none), else JAX's ``$JAX_COMPILATION_CACHE_DIR``,
-else ``~/.cache/jaxprice/xla`` (see jaxprice/_src/compile_cache.py).
+else ``~/.cache/jaxprice/xla/HOST`` (see jaxprice/_src/compile_cache.py).
 """
 
 from __future__ import annotations
