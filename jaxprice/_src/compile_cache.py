@@ -8,11 +8,11 @@ Results are unchanged: a cache hit is the same compiled program.
 
 Where (``cache_dir``): ``$JAXPRICE_CACHE_DIR`` (``off`` or empty: jaxprice turns nothing on; JAX
 itself still honours its own ``$JAX_COMPILATION_CACHE_DIR``), else that variable of JAX's, else
-``$XDG_CACHE_HOME/jaxprice/xla/HOST``, else ``~/.cache/jaxprice/xla/HOST`` (``host_tag``); ``accuracy --cache-dir`` names
-one for that run. Past MAX_BYTES, the
-oldest entries are deleted when a command starts (``prune``: JAX's own size limit needs the
-``filelock`` package, a dependency for ten lines). The Python API never turns the cache on by
-itself: a library leaves process-wide settings to its caller.
+``$XDG_CACHE_HOME/jaxprice/xla/HOST``, else ``~/.cache/jaxprice/xla/HOST`` (``host_tag``);
+``accuracy --cache-dir`` names one for that run. Past MAX_BYTES, the oldest entries are deleted when
+a command starts (``prune``: JAX's own size limit needs the ``filelock`` package, a dependency for
+ten lines). The Python API never turns the cache on by itself: a library leaves process-wide
+settings to its caller.
 """
 
 from __future__ import annotations
