@@ -47,7 +47,9 @@ def main(argv=None) -> int:
     try:
         if args.command in COMPILING and not getattr(args, "cache_dir", None):
             from jaxprice._src import compile_cache
-            compile_cache.enable_default()
+            _folder, note = compile_cache.enable_default()
+            if note:
+                print(f"jaxprice: note: {note}", file=sys.stderr)
         return int(modules[args.command].run(args) or 0)
     except JaxpriceError as err:
         print(f"jaxprice {args.command}: error: {err}", file=sys.stderr)

@@ -48,16 +48,22 @@ def test_an_unusable_default_folder_is_skipped_with_a_note(capsys, tmp_path, mon
     home = tmp_path / "home"
     home.write_text("not a folder")                       # so HOME/.cache cannot be created
     monkeypatch.setattr(cc, "enable", lambda *a, **k: pytest.fail("enabled an unusable folder"))
-    assert cc.enable_default({"HOME": str(home)}) is None
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no compile cache" in err and "JAXPRICE_CACHE_DIR" in err
+    folder, note = cc.enable_default({"HOME": str(home)})
+    assert folder is None and "no compile cache" in note and "JAXPRICE_CACHE_DIR" in note and "\n" not in note
+    # the command prints it in one line and goes on (here to refuse a scenario, compiling nothing)
+    for var in ("JAXPRICE_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    assert main(["price", "no-such-scenario", "--decode", "1"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0].startswith("jaxprice: note: no compile cache") and "no-such-scenario" in err[1]
 
 
 def test_a_usable_default_folder_is_created_and_enabled(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(cc, "enable", lambda path, field: calls.append((Path(path), field)))
     folder = tmp_path / "jaxprice" / "xla" / cc.host_tag()
-    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) == folder
+    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) == (folder, None)
     assert calls == [(folder, "default")]
     assert folder.is_dir()
 
@@ -70,18 +76,18 @@ def test_the_host_tag_names_the_platform_and_jaxlib_and_is_stable():
     assert tag.startswith(f"{platform.system().lower()}-{platform.machine().lower()}-jaxlib{__version__}-")
 
 
-def test_the_default_stays_off_where_loading_is_known_to_crash(capsys, tmp_path, monkeypatch):
+def test_the_default_stays_off_where_loading_is_known_to_crash(tmp_path, monkeypatch):
     import platform
     import jaxlib.version
     monkeypatch.setattr(platform, "system", lambda: "Darwin")
     monkeypatch.setattr(jaxlib.version, "__version__", "0.9.2")
     monkeypatch.setattr(cc, "enable", lambda *a, **k: pytest.fail("enabled where loading crashes"))
-    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) is None
-    assert "jaxlib before 0.10 on macOS" in capsys.readouterr().err
+    folder, note = cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)})
+    assert folder is None and "jaxlib before 0.10 on macOS" in note
     monkeypatch.setattr(jaxlib.version, "__version__", "0.10.2")
     calls = []
     monkeypatch.setattr(cc, "enable", lambda path, field: calls.append(field))
-    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)}) is not None and calls == ["default"]
+    assert cc.enable_default({"XDG_CACHE_HOME": str(tmp_path)})[0] is not None and calls == ["default"]
 
 
 def test_prune_deletes_the_oldest_entries_down_to_three_quarters_and_nothing_else(tmp_path):

@@ -18,7 +18,6 @@ settings to its caller.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from .errors import refuse
@@ -178,23 +177,23 @@ def prune(path: Path, max_bytes: int = MAX_BYTES) -> int:
     return deleted
 
 
-def enable_default(environ=None) -> Path | None:
-    """Turn on the command line's cache where ``cache_dir`` says (a folder the user named and
-    that cannot hold it is refused; the default one is skipped with a note on stderr, as the
-    run itself does not need it). Returns the folder in use, or None."""
+def enable_default(environ=None) -> tuple[Path | None, str | None]:
+    """Turn on the command line's cache where ``cache_dir`` says: (the folder in use or None, a
+    note for the user or None). A folder the user named that cannot hold it is refused; the
+    default one, where it cannot be used, is skipped with a note (the run itself does not need
+    it), which the caller prints."""
     path, source = cache_dir(environ)
     if path is None:
-        return None
+        return None, None
     if source != "default":
         enable(path, field=source)
-        return path
+        return path, None
     why = _usable(path) if _loads_safely() else "not used by default: jaxlib before 0.10 on macOS can crash loading it"
     if why is not None:
-        print(f"jaxprice: note: no compile cache ({path} {why}); set {ENV} to a writable folder, or to "
-              f"'off' to silence this", file=sys.stderr)
-        return None
+        return None, (f"no compile cache ({path} {why}); set {ENV} to a writable folder, or to 'off' to "
+                      "silence this")
     enable(path, field=source)
-    return path
+    return path, None
 
 
 def _loads_safely() -> bool:
