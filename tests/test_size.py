@@ -151,6 +151,17 @@ def test_cli_end_to_end(result, capsys, tmp_path, monkeypatch):
                                                 "workload": result.workload}, True).count("rejected tp1") == 1
 
 
+def test_the_candidate_space_says_when_the_fabric_joins_nothing(result):
+    """--fabric with every layout inside one node is said to be unused, not silently taken."""
+    import jaxprice._src.cli_size as C
+    ctx = {"model": MODEL, "model_source": MODEL, "chip": "h200", "gpus": 4, "workload": result.workload,
+           "fabric": "ib-400g"}
+    assert "--fabric ib-400g unused: no layout spans more than one node of 8 GPUs" in \
+        C.describe_space(result.candidates, dict(ctx, gpus_per_node=8))
+    assert "unused" not in C.describe_space(result.candidates, dict(ctx, gpus_per_node=2))     # tp4 spans two
+    assert "unused" not in C.describe_space(result.candidates, dict(ctx, fabric=None, gpus_per_node=8))
+
+
 def test_cli_json_to_stdout_is_json_alone(result, capsys, monkeypatch):
     """--json -: stdout carries the JSON and nothing else (a script pipes it); the report goes to stderr."""
     monkeypatch.setattr(S, "size", lambda *a, **k: result)

@@ -185,6 +185,9 @@ def describe_space(cands, ctx, show_rejected=False) -> str:
     parallels = list(dict.fromkeys(c.layout.parallel_label for c in ok))
     lines.append(f"  fit: {len(ok)} layouts in {len(parallels)} parallel layouts ({', '.join(parallels)}); "
                  f"{len(rej)} rejected" + ("" if show_rejected or not rej else " (--show-rejected lists them)"))
+    if ctx.get("fabric") and not any(c.layout.width > ctx["gpus_per_node"] for c in cands):
+        lines.append(f"  --fabric {ctx['fabric']} unused: no layout spans more than one node of "
+                     f"{ctx['gpus_per_node']} GPUs")
     if show_rejected:
         seen = {}
         for c in rej:

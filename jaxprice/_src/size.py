@@ -1325,7 +1325,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
                        sum(c.status == "ok" for c in cands))
     if on_candidates is not None:
         on_candidates(cands, {"model": graph.name, "model_source": source, "chip": chip, "gpus": gpus,
-                              "workload": workload})
+                              "workload": workload, "fabric": fabric, "gpus_per_node": gpus_per_node})
     ok = [k for k, c in enumerate(cands) if c.status == "ok"]
     if not ok:
         _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node)
