@@ -105,7 +105,8 @@ def test_arrivals_past_the_float64_clock_are_refused(tmp_path):
     (("--plot", "{d}/a.png", "--timeline", "{d}/./a.png"), ("'--timeline'", "same file as --plot")),
     (("--isl", "1e30"), ("'--isl'", "token limit 16777216")),                   # was ValueError from randint
     (("--osl", "99999999999999999999", "--range-ratio", "1"), ("'--osl'", "token limit")),   # was OverflowError
-    (("--csv", "{d}/a.png", "--plot", "{d}/a.png"), ("'--plot'", "same file as --csv")),
+    # a CSV under an image's name (which --plot could also name) is refused for its suffix first
+    (("--csv", "{d}/a.png", "--plot", "{d}/a.png"), ("'--csv'", "writes CSV, not an image (suffix .png)")),
     (("--concurrency", "1,2,...,26214"), ("'--concurrency'", "hold 3436000050 requests", "cap of 524288")),  # OOM
     (("--rate", "1,2,3", "--num-prompts", "200000"), ("'--rate'", "hold 600000 requests")),
     (("--concurrency", "4,8,4"), ("'--concurrency', value 4", "lists this load twice")),
@@ -249,12 +250,16 @@ def test_settings_csv_refusals(tmp_path):
 def test_accuracy_outputs_in_one_file_are_refused(capsys, tmp_path):
     m = measured(tmp_path)
     assert_refused(capsys, ["accuracy", str(m), "--batch-rule", "anchor", "--plot", f"{tmp_path}/r.png",
-                            "--markdown", f"{tmp_path}/r.png"], "'--markdown'", "same file as --plot")
+                            "--markdown", f"{tmp_path}/r.png"], "'--markdown'", "writes Markdown, not an image")
     assert_refused(capsys, ["accuracy", str(m), "--batch-rule", "anchor", "--out", str(tmp_path),
-                            "--markdown", f"{tmp_path}/accuracy_points.csv"], "'--markdown'", "same file as --out")
+                            "--markdown", f"{tmp_path}/accuracy_points.csv"], "'--markdown'", "writes Markdown, not CSV")
     assert_refused(capsys, ["accuracy", str(m), "--batch-rule", "anchor", "--markdown", str(m)], "'--markdown'",
+                   "writes Markdown, not CSV")
+    plain = tmp_path / "measured"          # no suffix: the input check itself
+    plain.write_text(m.read_text())
+    assert_refused(capsys, ["accuracy", str(plain), "--batch-rule", "anchor", "--markdown", str(plain)], "'--markdown'",
                    "same file as CSV (the input)")
-    assert m.read_text().startswith("corpus,")
+    assert m.read_text().startswith("corpus,") and plain.read_text().startswith("corpus,")
 
 
 # ----------------------------------------------------------------------------- fit
@@ -323,5 +328,9 @@ def test_fit_out_onto_its_input_is_refused(capsys, tmp_path):
     """fit m.csv --out m.csv wrote the YAML set over the measurements."""
     m = measured(tmp_path)
     assert_refused(capsys, ["fit", str(m), "--free", "hbm_derate", "--out", str(m)], "'--out'",
+                   "writes YAML, not CSV (suffix .csv)")
+    plain = tmp_path / "measured"          # no suffix: the input check itself
+    plain.write_text(m.read_text())
+    assert_refused(capsys, ["fit", str(plain), "--free", "hbm_derate", "--out", str(plain)], "'--out'",
                    "names the measurement CSV, an input")
-    assert m.read_text().startswith("corpus,")
+    assert m.read_text().startswith("corpus,") and plain.read_text().startswith("corpus,")

@@ -61,8 +61,10 @@ def argv(extra, tmp_path):
     (["--verify", "3"], ("'--verify', value 3", "must be 0, 1")),
     (["--verify", "1", "--evaluator", "auto"], ("'--verify', value 1", "--evaluator auto")),
     # two outputs onto one file: the later used to overwrite the earlier
-    (["--json", "{d}/x.json", "--write-scenario", "{d}/x.json"], ("'--write-scenario'", "same file as --json")),
-    (["--plot", "{d}/p.png", "--write-scenario", "{d}/./p.png"], ("'--write-scenario'", "same file as --plot")),
+    (["--json", "{d}/x.out", "--write-scenario", "{d}/./x.out"], ("'--write-scenario'", "same file as --json")),
+    # a scenario under a JSON's or an image's name is refused for its suffix first
+    (["--json", "{d}/x.json", "--write-scenario", "{d}/x.json"], ("'--write-scenario'", "writes YAML, not JSON")),
+    (["--plot", "{d}/p.png", "--write-scenario", "{d}/./p.png"], ("'--write-scenario'", "writes YAML, not an image")),
 ])
 def test_size_refuses_in_one_line(capsys, tmp_path, extra, words):
     assert_refused(capsys, argv(extra, tmp_path), *words)

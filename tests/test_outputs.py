@@ -67,3 +67,35 @@ def test_check_image_is_the_image_rule_or_nothing(place):
     assert check_image(None, "--plot") is None
     assert check_image(place / "x.svg", "--plot") == place / "x.svg"
     assert "unsupported image format .csv" in _refused(check_image, place / "x.csv", "--plot")
+
+
+@pytest.mark.parametrize("writes, name, other", [
+    ("CSV", "grid.png", "an image"), ("CSV", "grid.JSON", "JSON"), ("JSON", "r.yaml", "YAML"),
+    ("YAML", "set.json", "JSON"), ("YAML", "set.csv", "CSV"), ("Markdown", "r.svg", "an image"),
+])
+def test_a_text_output_named_as_another_format_is_refused(place, writes, name, other):
+    msg = _refused(check_output_file, place / name, flag="--out", what="x", writes=writes)
+    assert f"--out writes {writes}, not {other}" in msg and name in msg
+    assert not (place / name).exists()
+
+
+@pytest.mark.parametrize("writes, name", [
+    ("CSV", "grid.csv"), ("CSV", "grid.tsv"), ("CSV", "grid"), ("YAML", "set.yml"), ("YAML", "set.YAML"),
+    ("JSON", "r.json"), ("Markdown", "r.md"), ("Markdown", "r.txt"),
+])
+def test_a_text_output_with_its_own_or_an_unknown_suffix_passes(place, writes, name):
+    assert check_output_file(place / name, flag="--out", writes=writes) == place / name
+
+
+def test_the_commands_refuse_a_text_output_named_as_an_image_before_any_work(tmp_path, capsys):
+    from jaxprice.cli import main
+    for argv in (["sweep", "deepseek-v3-h200-fp8-sglang-tp8", "--decode", "1", "--context", "64",
+                  "--out", str(tmp_path / "g.png")],
+                 ["serve", "deepseek-v3-h200-fp8-sglang-tp8", "--isl", "8", "--osl", "2", "--concurrency", "1",
+                  "--csv", str(tmp_path / "r.png")],
+                 ["size", "deepseek-v3", "--chip", "h200", "--gpus", "8", "--isl", "64", "--osl", "8",
+                  "--json", str(tmp_path / "s.yaml")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "writes" in err and "not" in err, err
+    assert os.listdir(tmp_path) == []

@@ -2075,7 +2075,7 @@ def write_points_csv(report: AccuracyReport, path) -> Path:
     """One row per mean-TPOT point (refused ones included, with their reason); floats with 6
     significant digits, times in microseconds, errors as fractions."""
     from .outputs import check_output_file
-    path = check_output_file(path, flag="path", what="CSV")
+    path = check_output_file(path, flag="path", what="CSV", writes="CSV")
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = list(report.records[0].keys())
     with open(path, "w", newline="") as fh:

@@ -227,7 +227,7 @@ def check_inputs(args) -> None:
         for name in (POINTS_CSV, REPORT_MD):
             check_output_file(out / name, flag="--out", what=name)
     if args.markdown is not None:
-        check_output_file(args.markdown, flag="--markdown", what="Markdown")
+        check_output_file(args.markdown, flag="--markdown", what="Markdown", writes="Markdown")
     if args.plot is not None:
         plot = check_image(args.plot, "--plot")
         if args.batch_rule == "simulate":      # TTFT is predicted too: FILE-ttft.png beside it

@@ -239,7 +239,7 @@ def _check_files(args) -> None:
         if args.out is None:
             refuse("--name names the set --out writes; give --out FILE.yaml", field="--name", value=args.name)
     if args.out is not None:
-        check_output_file(args.out, flag="--out", what="coefficient set")
+        check_output_file(args.out, flag="--out", what="coefficient set", writes="YAML")
         from pathlib import Path
         out = Path(args.out).expanduser().resolve()
         for flag, v in (("the measurement CSV", args.csv), ("--settings", getattr(args, "settings", None))):

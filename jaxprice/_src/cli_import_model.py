@@ -46,7 +46,7 @@ def run(args) -> int:
     if args.out == "-":                 # stdout, as `jaxprice sweep --out -` (not a file named "-")
         args.out = None
     if args.out is not None:
-        check_output_file(args.out, flag="--out", what="model graph")
+        check_output_file(args.out, flag="--out", what="model graph", writes="YAML")
     from .hf import bundled_config
     bundled = None if Path(args.config).exists() else bundled_config(args.config)   # a bundled one by name
     config = bundled or args.config

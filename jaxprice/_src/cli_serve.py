@@ -122,7 +122,7 @@ def format_table(label, loads, results) -> str:
 def check_outputs(args):
     """Every output path, checked before the simulation runs."""
     if args.csv is not None:
-        check_output_file(args.csv, flag="--csv", what="CSV")
+        check_output_file(args.csv, flag="--csv", what="CSV", writes="CSV")
     check_image(args.plot, "--plot")
     check_image(args.timeline, "--timeline")
     seen = {} if args.trace is None else {Path(args.trace).expanduser().resolve(): "--trace (the input)"}

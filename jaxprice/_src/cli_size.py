@@ -272,11 +272,11 @@ def check_outputs(args) -> None:
     """Refuse, before the search, an output path that cannot be written, two outputs onto one
     file (the later would overwrite the earlier), and an output onto the model file read."""
     if args.json is not None and args.json != "-":
-        check_output_file(args.json, flag="--json", what="JSON")
+        check_output_file(args.json, flag="--json", what="JSON", writes="JSON")
     if args.plot is not None:
         check_image(args.plot, "--plot")
     if args.write_scenario is not None:
-        check_output_file(args.write_scenario, flag="--write-scenario", what="scenario")
+        check_output_file(args.write_scenario, flag="--write-scenario", what="scenario", writes="YAML")
     seen = {}
     model = Path(str(args.model))
     if model.is_file():

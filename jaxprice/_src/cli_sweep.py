@@ -218,7 +218,7 @@ def _options(args) -> tuple:
     chunk = parse_int(args.chunk, flag="--chunk", minimum=1)
     check_image(args.heatmap, "--heatmap")
     if args.out not in (None, "-"):
-        check_output_file(args.out, flag="--out", what="CSV")
+        check_output_file(args.out, flag="--out", what="CSV", writes="CSV")
     writes_csv = args.out not in (None, "-")
     if args.heatmap is not None and writes_csv and Path(args.out).resolve() == Path(args.heatmap).resolve():
         refuse("is the --heatmap path too: the image would overwrite the CSV", field="--out", value=args.out)

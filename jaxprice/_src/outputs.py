@@ -31,9 +31,15 @@ def _probe_folder(folder: Path, flag: str, path) -> None:
         refuse(f"cannot write there ({e.strerror or e})", field=flag, value=str(path))
 
 
-def check_output_file(path, *, flag: str, suffixes=None, what: str = "file") -> Path:
+# text formats a command writes, by suffix: a name with another of these (or an image's) suffix
+# is a slip (``sweep --out grid.png`` wrote a CSV under an image's name); other suffixes pass
+TEXT_SUFFIXES = {".csv": "CSV", ".json": "JSON", ".md": "Markdown", ".yaml": "YAML", ".yml": "YAML"}
+
+
+def check_output_file(path, *, flag: str, suffixes=None, what: str = "file", writes: str | None = None) -> Path:
     """Refuse, in one line naming ``flag`` and the path, an output file that cannot be written:
     an empty name, an existing folder, a suffix outside ``suffixes`` (e.g. IMAGE_SUFFIXES), a
+    suffix of another format than ``writes`` (one of TEXT_SUFFIXES' values: 'x.png' for a CSV), a
     parent that is a file, or a place nothing can be created in. Missing parent folders are
     allowed (the writer creates them). Returns the path."""
     if path is None or str(path).strip() == "":
@@ -44,6 +50,8 @@ def check_output_file(path, *, flag: str, suffixes=None, what: str = "file") -> 
     if suffixes is not None and p.suffix.lower() not in suffixes:
         refuse(f"unsupported {what} format {p.suffix or '(no suffix)'}; name it with one of "
                + ", ".join(suffixes), field=flag, value=str(path))
+    if writes is not None:
+        _check_text_suffix(p, flag, writes)
     if p.exists():
         if not os.access(p, os.W_OK):
             refuse(f"the {what} exists and is not writable", field=flag, value=str(path))
@@ -53,6 +61,16 @@ def check_output_file(path, *, flag: str, suffixes=None, what: str = "file") -> 
         refuse(f"{anc} is a file, not a folder", field=flag, value=str(path))
     _probe_folder(anc, flag, path)
     return p
+
+
+def _check_text_suffix(p: Path, flag: str, writes: str) -> None:
+    """Refuse a name whose suffix is an image's or another text format's than ``writes``."""
+    suffix = p.suffix.lower()
+    other = "an image" if suffix in IMAGE_SUFFIXES else TEXT_SUFFIXES.get(suffix)
+    if other is not None and other != writes:
+        ours = sorted(k for k, v in TEXT_SUFFIXES.items() if v == writes)
+        refuse(f"{flag} writes {writes}, not {other} (suffix {p.suffix}); "
+               f"name it with {' or '.join(ours)} (or a suffix of your own)", field=flag, value=str(p))
 
 
 def check_output_folder(path, *, flag: str) -> Path:
