@@ -100,6 +100,22 @@ def test_steady_state_numbers(result):
     assert r.tps_per_gpu[0] == pytest.approx(w.mean_osl / e2e / r.layout.width, rel=1e-12)
 
 
+def test_one_row_padding_per_structure_prices_every_layout_as_alone():
+    """Layouts of one structure with different resident batches (dp 1 and dp 2: 64 and 32 clients
+    per rank) are priced in one call padded to the largest (one compile, not one per padding),
+    each layout's numbers those of its own kernel at its own padding."""
+    r = jp.size("qwen3-30b-a3b", chip="h100", gpus=2, isl=512, osl=64, weights=["fp8"], max_num_seqs=(64,),
+                max_num_batched_tokens=(4096,), cudagraph_modes=("PIECEWISE",), concurrency=(2, 64),
+                evaluator="steady", ep=[False])
+    assert sorted((x.layout.tp, x.layout.dp) for x in r.results) == [(1, 1), (1, 2), (2, 1)]
+    assert r.info["search_compiles"] == 1
+    for res in r.results:
+        dep = next(c.deployment for c in r.candidates if c.layout == res.layout)
+        alone = S.evaluate_steady(dep, res.layout, r.workload, res.concurrency)
+        for got, want in zip((res.ttft, res.tpot, res.tps_per_gpu), alone[:3]):
+            np.testing.assert_allclose(got, want, rtol=1e-14)
+
+
 def test_written_scenario_prices_the_same(result, tmp_path):
     path = tmp_path / "best.yaml"
     path.write_text(result.scenario_yaml())
