@@ -234,3 +234,24 @@ def test_every_divergence_marker_is_listed_and_every_listed_one_is_marked():
 
 def test_extensions_is_linked_from_the_registry_readme():
     assert "EXTENSIONS.md" in (ROOT / "registry" / "README.md").read_text()
+
+
+def test_the_extensions_example_set_loads_and_prices_glm5_prefill_only(tmp_path):
+    """registry/EXTENSIONS.md's example coefficient set, as a user would copy it: it loads (its
+    exponent parsed as a number), changes a glm-5 B200 step with a prefill row, and leaves a
+    decode-only step (no prefill attention) and another chip's glm-5 unchanged."""
+    import re
+    import jaxprice as jp
+    text = (ROOT / "registry" / "EXTENSIONS.md").read_text()
+    block = re.search(r"```yaml\n(format: jaxprice-coefficients/1\n.*?)```", text, re.S).group(1)
+    path = tmp_path / "example.yaml"
+    path.write_text(block)
+    prefill = jp.Batch.from_requests([4096, 1], [0, 4096], decode_threshold=1)
+    decode = jp.Batch.decode(8, 4096, decode_threshold=1)
+
+    def prices(scenario, extra):
+        d = jp.load_deployment(scenario, extra_coefficient_files=extra)
+        return [float(jp.price(d.plan, d.coefficients, b).no_overlap) for b in (prefill, decode)]
+    base, ext = prices("glm-5-b200-fp4-sglang-tp4", []), prices("glm-5-b200-fp4-sglang-tp4", [path])
+    assert ext[0] > base[0] and ext[1] == base[1]
+    assert prices("glm-5-b300-fp4-sglang-tp4", [path]) == prices("glm-5-b300-fp4-sglang-tp4", [])
