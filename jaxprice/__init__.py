@@ -1,8 +1,10 @@
 """jaxprice: a differentiable cost model, in JAX, for one forward pass of an LLM serving engine.
 
-Data flow: load (formats) -> resolve (deployment -> Plan, in NumPy) -> price (jitted laws and
-composition) -> fit / search / sweep. Importing jaxprice enables float64 in JAX: prices are
-compared to the discrete model to the last digit.
+Data flow: load (formats, hf) -> resolve (deployment -> Plan, in NumPy) -> price (jitted laws and
+composition; stack: many deployments of one structure on one vmapped axis) -> serve (the
+benchmark client and the engine's scheduler simulated, every step priced) -> fit / search /
+size / sweep / accuracy. Importing jaxprice enables float64 in JAX: prices are compared to the
+discrete model to the last digit.
 """
 
 import jax as _jax

@@ -231,7 +231,7 @@ def test_a_max_model_len_past_the_models_is_refused_and_defaults_capped():
     assert scen.engine["max_model_len"] == 40960          # 40000 + 900 + 256 capped at the model's
     assert S.max_model_len(1024, 1024, 40960) == 2304 and S.max_model_len(1024, 1024) == 2304
     too_long = dataclasses.replace(scen, engine={**scen.engine, "max_model_len": 40961})
-    with pytest.raises(JaxpriceError, match=r"Scenario.engine.max_model_len.*40961.*vLLM would not start.*40960"):
+    with pytest.raises(JaxpriceError, match=r"Deployment.pools\[0\].engine.max_model_len.*40961.*vLLM would not start.*40960"):
         resolve(too_long, Registry())
     with pytest.raises(JaxpriceError, match=r"isl \+ osl = 41000 tokens exceeds the 40960"):
         S.size("qwen3-30b-a3b", chip="h200", gpus=1, isl=40000, osl=1000)

@@ -563,7 +563,7 @@ def _check_context(scenario: Scenario, graph) -> None:
     if graph.max_model_len is not None and isinstance(mml, (int, float)) and mml > graph.max_model_len:
         refuse(f"vLLM would not start: more than the {graph.max_model_len} tokens {graph.name} serves at (its "
                "config's max_position_embeddings, as vLLM derives max_model_len)", file=scenario.path,
-               field="Scenario.engine.max_model_len", value=mml)
+               field=scenario.pool_field + ".engine.max_model_len", value=mml)
 
 
 def _check_coverage(scenario: Scenario) -> None:
