@@ -27,8 +27,18 @@ COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy", "size", "import-mod
 COMPILING = ("price", "sweep", "optimize", "fit", "accuracy", "size", "serve")
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's), or 'unknown' for a source tree not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("jaxprice")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv=None) -> int:
     parser = _Parser(prog="jaxprice", description="Price LLM serving steps.")
+    parser.add_argument("--version", action="version", version=f"jaxprice {_version()}")   # else "COMMAND is required"
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     modules = {}
     for name in COMMANDS:

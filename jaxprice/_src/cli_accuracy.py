@@ -83,7 +83,7 @@ def add_parser(subparsers):
                         "InferenceX's runs); a flag left empty falls back to the recipe's or vLLM's default")
     p.add_argument("--assumptions", action="store_true",
                    help="also print the engine settings each simulated deployment ran with, and their sources")
-    p.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap",
+    p.add_argument("--estimate", choices=("no_overlap", "overlap"), default=None,
                    help="the estimate drawn solid in the plot (default no_overlap; both are scored)")
     p.add_argument("--cache-dir", metavar="DIR", default=None,
                    help="keep compiled kernels in this folder across runs (JAX's persistent compilation "
@@ -220,6 +220,7 @@ def check_inputs(args) -> None:
     folder that is not one, and an output path that cannot be written."""
     from .accuracy import check_batch_rule, check_coefficient_files, check_scenario_dirs
     check_batch_rule(args.batch_rule, field="--batch-rule")
+    _check_display_flags(args)
     check_coefficient_files(args.coefficients, field="--coefficients")
     check_scenario_dirs(args.scenarios, field="--scenarios")
     if args.out is not None:
@@ -241,6 +242,37 @@ def check_inputs(args) -> None:
             refuse("the engine flags of each run are read by the serving simulation only (--batch-rule simulate)",
                    field="--settings", value=str(args.settings))
         _stated_table(str(args.settings))          # a malformed file refused before anything is priced
+
+
+def _check_display_flags(args) -> None:
+    """--estimate and --assumptions, refused where they would change nothing (they used to be
+    ignored without a word): --estimate picks the plot's solid line (both are scored), and
+    --assumptions prints the simulated runs' engine settings under the table."""
+    if args.estimate is not None and args.plot is None:
+        refuse("picks the estimate drawn solid in --plot (both are scored and printed); without --plot it "
+               "changes nothing", field="--estimate", value=args.estimate)
+    if args.assumptions:
+        if args.batch_rule != "simulate":
+            refuse(f"prints the engine settings of simulated runs; --batch-rule {args.batch_rule} simulates none",
+                   field="--assumptions")
+        if args.json:
+            refuse("prints the engine settings under the table; --json holds them already (info.assumptions)",
+                   field="--assumptions")
+
+
+def settings_note(csv_path, settings, deployments=None) -> str | None:
+    """A note when the --settings file states no flag for any measured point to be scored (its rows
+    match none by scenario, label = workload, concurrency and run): it then only hides the bundled
+    table, every run taking the recipe's or vLLM's defaults, which used to happen without a word."""
+    from .accuracy import read_measurements, read_settings
+    points, _ = read_measurements(csv_path)
+    if deployments:
+        points = [p for p in points if p.deployment in set(deployments)]
+    if not points or any(p.stated for p in read_settings(points, settings)):
+        return None
+    return (f"--settings {settings} states no engine flag for any of the {len(points)} measured point(s) (no row "
+            "matches one by scenario, label = workload, concurrency and run): every run takes the recipe's or "
+            "vLLM's defaults, not the bundled table's")
 
 
 def _check_distinct_outputs(args) -> None:
@@ -271,6 +303,9 @@ def run(args) -> int:
     from .accuracy import evaluate_accuracy, format_report, plot_sweeps, write_points_csv
     from .progress import Progress
     check_inputs(args)
+    note = None if args.settings is None else settings_note(args.csv, args.settings, args.deployment)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     if args.cache_dir:
         compile_cache.enable(args.cache_dir, field="--cache-dir")
     t0 = time.perf_counter()
@@ -306,10 +341,11 @@ def run(args) -> int:
         Path(args.markdown).write_text(md)
         written.append(Path(args.markdown))
     if args.plot:
-        written.append(plot_sweeps(report, args.plot, estimate=args.estimate))
+        written.append(plot_sweeps(report, args.plot, estimate=args.estimate or "no_overlap"))
         if report.info.get("ttft_predicted"):
             plot = Path(args.plot)
-            written.append(plot_sweeps(report, plot.with_name(f"{plot.stem}-ttft{plot.suffix}"), estimate=args.estimate,
+            written.append(plot_sweeps(report, plot.with_name(f"{plot.stem}-ttft{plot.suffix}"),
+                                       estimate=args.estimate or "no_overlap",
                                        quantity="ttft"))
     for w in written:
         print(f"wrote {w}", file=sys.stderr)

@@ -77,17 +77,18 @@ def add_parser(subparsers):
     p.add_argument("--identify-tol", default="0.1",
                    help="freeze a coefficient when less than this share of its effect is independent of the "
                         "others' (0: never)")
-    p.add_argument("--scope-to", default="hardware,model", choices=SCOPE_TO, metavar="SCOPE",
+    p.add_argument("--scope-to", default=None, choices=SCOPE_TO, metavar="SCOPE",
                    help="what the written entries are scoped to besides their own scope: 'hardware,model' "
                         "(default) or 'hardware'")
     p.add_argument("--method", choices=("adam", "gauss-newton"), default="adam",
                    help="the solver: projected Adam (default) or damped Gauss-Newton (converges in tens of "
                         "iterations, one compilation per deployment)")
-    p.add_argument("--seed", default="0")
+    p.add_argument("--seed", default=None, help="the seed of the --holdout fraction's split (default 0)")
     p.add_argument("--steps", default="400")
-    p.add_argument("--learning-rate", default="0.05")
-    p.add_argument("--patience", default="10", help="evaluations without improvement before stopping")
-    p.add_argument("--eval-every", default="5")
+    p.add_argument("--learning-rate", default=None, help="--method adam: its learning rate (default 0.05)")
+    p.add_argument("--patience", default=None,
+                   help="--method adam: evaluations without improvement before stopping (default 10)")
+    p.add_argument("--eval-every", default=None, help="--method adam: steps between evaluations (default 5)")
     p.add_argument("--loss", choices=("l2", "huber"), default="l2")
     p.add_argument("--huber-delta", default=None, help="--loss huber: its delta (default 0.1)")
     p.add_argument("--weighting", choices=("point", "deployment"), default="point")
@@ -125,7 +126,10 @@ def parse_prior(text, flag):
 
 
 def _floats(text, flag):
-    vals = [parse_prior(x.strip(), flag) for x in str(text).split(",") if x.strip()]
+    items = [x.strip() for x in str(text).split(",")]
+    if any(items) and "" in items:      # '0,,1' lost its empty entry without a word (lists elsewhere refuse it)
+        refuse("has an empty entry", field=flag, value=text)
+    vals = [parse_prior(x, flag) for x in items if x]
     if not vals:
         refuse("give at least one number", field=flag, value=text)
     return vals
@@ -137,6 +141,10 @@ def _options(args) -> dict:
     from . import fit as F
     o = {"free": _free(args, F)}
     o["cv"], o["holdout"] = _holdout(args, F)
+    if args.seed is not None and not o["holdout"]:      # else ignored silently: nothing else is seeded
+        refuse("seeds the split of a --holdout fraction above 0; " + (
+            f"--holdout {args.holdout} has none (--cv-seeds seeds --holdout deployment's splits)" if o["cv"] else
+            "--holdout 0 holds nothing out"), field="--seed", value=args.seed)
     o["cv_seeds"] = _cv_seeds(args, o["cv"])
     o["prior"], o["priors"] = _priors(args, o["cv"], F)
     o.update(_fit_settings(args))
@@ -182,7 +190,10 @@ def _cv_seeds(args, cv) -> list:
         refuse("the seeds are those of --holdout deployment's splits; a leave-one-out split (model, chip) or "
                "a fraction has none", field="--cv-seeds", value=args.cv_seeds, has_value=True)
     seeds = "0,1,2" if args.cv_seeds is None else args.cv_seeds
-    out = [parse_int(x.strip(), flag="--cv-seeds", minimum=0) for x in seeds.split(",") if x.strip()]
+    items = [x.strip() for x in seeds.split(",")]
+    if any(items) and "" in items:
+        refuse("has an empty entry", field="--cv-seeds", value=seeds)
+    out = [parse_int(x, flag="--cv-seeds", minimum=0) for x in items if x]
     twice = [x for x in out if out.count(x) > 1]
     if twice:     # the same split twice would count twice in the mean the prior is chosen by
         refuse("a seed given twice (each seed is one split, counted once)", field="--cv-seeds", value=twice[0])
@@ -212,9 +223,16 @@ def _fit_settings(args) -> dict:
     identify_tol = parse_float(args.identify_tol, flag="--identify-tol", minimum=0.0)
     if identify_tol >= 1:
         refuse("must be below 1", field="--identify-tol", value=identify_tol)
-    seed = parse_int(args.seed, flag="--seed", minimum=0)
+    seed = parse_int("0" if args.seed is None else args.seed, flag="--seed", minimum=0)
     steps = parse_int(args.steps, flag="--steps", minimum=0)
-    lr = parse_float(args.learning_rate, flag="--learning-rate", minimum=0.0)
+    if args.method == "gauss-newton":       # else ignored silently: damped Gauss-Newton has no step size or schedule
+        for flag in ("--learning-rate", "--patience", "--eval-every"):
+            value = getattr(args, flag[2:].replace("-", "_"))
+            if value is not None:
+                refuse("sets projected Adam's descent; --method gauss-newton takes none (--steps caps its "
+                       "iterations)", field=flag, value=value)
+    lr = parse_float("0.05" if args.learning_rate is None else args.learning_rate, flag="--learning-rate",
+                     minimum=0.0)
     if lr <= 0:
         refuse("must be positive", field="--learning-rate", value=lr)
     if args.huber_delta is not None and args.loss != "huber":
@@ -223,8 +241,10 @@ def _fit_settings(args) -> dict:
     if delta <= 0:
         refuse("must be positive", field="--huber-delta", value=delta)
     temperature = None if args.temperature is None else parse_temperature(args.temperature)
-    fit = dict(steps=steps, learning_rate=lr, patience=parse_int(args.patience, flag="--patience", minimum=1),
-               eval_every=parse_int(args.eval_every, flag="--eval-every", minimum=1), temperature=temperature,
+    fit = dict(steps=steps, learning_rate=lr,
+               patience=parse_int("10" if args.patience is None else args.patience, flag="--patience", minimum=1),
+               eval_every=parse_int("5" if args.eval_every is None else args.eval_every, flag="--eval-every",
+                                    minimum=1), temperature=temperature,
                loss=args.loss, huber_delta=delta, weighting=args.weighting,
                identify=identify_tol > 0, identify_tol=identify_tol, method=args.method)
     return {"identify_tol": identify_tol, "seed": seed, "fit": fit}
@@ -238,6 +258,9 @@ def _check_files(args) -> None:
             refuse("an empty set name", field="--name", value=args.name, has_value=True)
         if args.out is None:
             refuse("--name names the set --out writes; give --out FILE.yaml", field="--name", value=args.name)
+    if args.scope_to is not None and args.out is None:      # else ignored silently: it scopes the written set
+        refuse("scopes the entries of the set --out writes; give --out FILE.yaml", field="--scope-to",
+               value=args.scope_to)
     if args.out is not None:
         check_output_file(args.out, flag="--out", what="coefficient set", writes="YAML")
         from pathlib import Path
@@ -301,6 +324,11 @@ def _simulated(args, header):
         refuse("--batch-rule simulate needs the mean-TPOT layout (a 'quantity' column)", file=args.csv,
                field="header", value=",".join(header[:6]))
     targets = F.parse_targets("tpot" if args.target == "auto" else args.target)
+    if args.settings is not None:
+        from .cli_accuracy import settings_note
+        note = settings_note(args.csv, args.settings, args.deployment)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
     bar = None if args.quiet else Progress(1, "simulate")
     try:
         obs, refused, points = F.observations_from_simulation(
@@ -447,7 +475,7 @@ def run(args) -> int:
         data = (f"{args.csv} (mean TPOT, batch rule '{args.batch_rule}')" if target == "tpot" else
                 f"{args.csv} (simulated mean {target.split(':')[1].upper().replace(',', ' and ')}, batch rule "
                 "'simulate')" if target.startswith("simulate") else str(args.csv))
-        scope_to = tuple(args.scope_to.split(","))
+        scope_to = tuple((args.scope_to or SCOPE_TO[0]).split(","))
         path = F.write_coefficient_set(res, args.out, name=args.name, data=data, scope_to=scope_to, engines=engines)
         models = res.settings["train_models"] if "model" in scope_to else ["every model"]
         print(f"wrote {path} (values in registry units; load with extra_coefficient_files=[...]); its entries apply "

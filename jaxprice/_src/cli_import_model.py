@@ -14,8 +14,11 @@ is (a scenario's ``model:``), so writing the file is optional.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
+
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
 
 def add_parser(sub):
@@ -32,6 +35,22 @@ def add_parser(sub):
     return p
 
 
+def _refuse_out_onto_input(args) -> None:
+    """--out naming the config.json (or the quantization file) being imported: the graph would overwrite it."""
+    from .errors import refuse
+    out = Path(args.out).expanduser().resolve()
+    config = Path(args.config).expanduser()
+    given = [config / "config.json" if config.is_dir() else config]
+    if args.quant_config is not None:
+        given.append(Path(args.quant_config).expanduser())
+    elif config.exists():
+        given.append((config if config.is_dir() else config.parent) / "hf_quant_config.json")
+    for path in given:
+        if path.exists() and out == path.resolve():
+            refuse(f"is the config being imported ({path}); name another file for the graph", field="--out",
+                   value=args.out)
+
+
 def run(args) -> int:
     from .errors import refuse
     from .hf import graph_from_doc, graph_yaml, import_result
@@ -43,9 +62,14 @@ def run(args) -> int:
         if value is not None and not value.strip():
             refuse(f"an empty {flag[2:].replace('-', ' ')}; leave {flag} out for the default", field=flag,
                    value=value, has_value=True)
+    if args.hf_repo is not None and not _REPO_ID.fullmatch(args.hf_repo.strip()):
+        # written into the graph and into size's `vllm serve REPO` line, where 'a b/c' cannot be fetched
+        refuse("not a Hugging Face repository id (owner/name, or name: letters, digits, '-', '_', '.')",
+               field="--hf-repo", value=args.hf_repo)
     if args.out == "-":                 # stdout, as `jaxprice sweep --out -` (not a file named "-")
         args.out = None
     if args.out is not None:
+        _refuse_out_onto_input(args)        # before the suffix check: "--out writes YAML, not JSON" missed the point
         check_output_file(args.out, flag="--out", what="model graph", writes="YAML")
     from .hf import bundled_config
     bundled = None if Path(args.config).exists() else bundled_config(args.config)   # a bundled one by name

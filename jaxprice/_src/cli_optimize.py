@@ -180,7 +180,16 @@ def _search(args, dep, limits, search) -> tuple:
     grid too; a refusal from the library names the command-line flag."""
     from .search import make_limits, optimize_batch
     try:
-        make_limits(dep, **limits)
+        lim = make_limits(dep, **limits)
+        a, w = limits["tokens_per_decode"], lim.decode_width
+        if not 1 <= a <= w:     # 3 output tokens from a decode scheduling 1 gave 3x the tokens/s (serve refuses it)
+            raise JaxpriceError(f"must be in [1, {w}]: a decode emits at least 1 token per step and at most the {w} it "
+                                f"schedules (1 + the deployment's {w - 1} speculative tokens)",
+                                field="--tokens-per-decode", value=a)
+        if limits["prefix"] and not lim.prefill_on_allowed:     # else ignored silently: no chunk, no prefix
+            raise JaxpriceError(f"is the context of the prefilling request, but --prefill-budget "
+                                f"{lim.prefill_budget} admits no prefill chunk (the smallest is {lim.prefill_lo} "
+                                "tokens): it changes nothing", field="--prefix", value=limits["prefix"])
         bar = Progress(2, "optimize", enabled=not args.json or sys.stderr.isatty())
         with bar:
             res = optimize_batch(dep, **limits, **search, callback=lambda d, t, **i: bar.update(d, t))
@@ -246,6 +255,12 @@ def _problem_text(lim, k, units) -> str:
     est = "NoOverlap" if lim.estimate == "no_overlap" else "Overlap"
     chunks = f"0 or {lim.prefill_lo}..{lim.prefill_budget}" if lim.prefill_off_allowed else \
         f"{lim.prefill_lo}..{lim.prefill_budget}"
+    if not lim.prefill_on_allowed:      # read "0 or 2..0 tokens": the budget admits no chunk
+        return (f"problem: maximise output tokens/s with {est} <= {lim.itl * k:g} {units}; 0..{lim.max_decode} "
+                f"decodes ({lim.decode_width} token{'s' if lim.decode_width > 1 else ''} each, context "
+                f"{lim.context}); no prefill chunk (--prefill-budget {lim.prefill_budget} is below the smallest, "
+                f"{lim.prefill_lo} tokens); output per step {lim.tokens_per_decode:g} per decode"
+                + (f"; max_num_batched_tokens <= {lim.max_batched_tokens}" if lim.max_batched_tokens else ""))
     feed = f"at most P * {1 / lim.prefill_per_output:.4g} (prompt/output {lim.prefill_per_output:.4g})" \
         if lim.prefill_per_output > 0 else "not charged for prefill"
     return (f"problem: maximise output tokens/s with {est} <= {lim.itl * k:g} {units}; 0..{lim.max_decode} decodes "

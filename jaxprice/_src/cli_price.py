@@ -187,12 +187,21 @@ def load_scenario_deployment(name, pool=None, args=None):
     if args is not None and getattr(args, "chip", None) is not None:
         if pool is not None:
             refuse("a deployment built from a model has one pool", field="--pool", value=pool)
-        return model_deployment(name, args)
+        from .errors import JaxpriceError
+        try:
+            return model_deployment(name, args)
+        except JaxpriceError as err:        # a scenario read as a model: "expected one YAML document, found 2"
+            about_name = err.field == "model" or (err.file is not None and str(err.file) == str(name))
+            if not (about_name and _names_a_scenario(name)):
+                raise
+        refuse("names a scenario, not a model: a scenario states its own chip and layout; drop --chip (and the "
+               "layout flags) to price it, or name a model", field="SCENARIO", value=name)
     if args is not None:
-        given = [f"--{k.replace('_', '-')}" for k in LAYOUT_FLAGS if getattr(args, k, None) is not None]
+        given = [k for k in LAYOUT_FLAGS if getattr(args, k, None) is not None]
         if given:
-            refuse(f"{given[0]} builds a deployment from a model: it needs --chip (a scenario states its own)",
-                   field=given[0])
+            flag, value = f"--{given[0].replace('_', '-')}", getattr(args, given[0])
+            refuse(f"{flag} builds a deployment from a model: it needs --chip (a scenario states its own)",
+                   field=flag, value=None if value is True else value)
     index = None if pool is None else parse_int(pool, flag="--pool", minimum=0)
     from .errors import JaxpriceError
     try:
@@ -202,6 +211,17 @@ def load_scenario_deployment(name, pool=None, args=None):
             raise
     refuse("names a model, not a scenario: add --chip CHIP to build a deployment of it on a chip",
            field="SCENARIO", value=name)
+
+
+def _names_a_scenario(name) -> bool:
+    """Whether SCENARIO, which is no model, is a scenario (a file or a bundled name) that loads."""
+    from .errors import JaxpriceError
+    from .resolve import load_deployment
+    try:
+        load_deployment(find_scenario(name))
+    except (JaxpriceError, OSError):
+        return False
+    return True
 
 
 def _names_a_model(name) -> bool:
@@ -245,8 +265,12 @@ def model_deployment(model, args):
         refuse(heads_reason(graph, tp), field="--tp", value=tp)
     if args.fabric is not None:
         registry.network(args.fabric, field="--fabric")
+        if width <= per_node:       # else dropped without a word (layouts.base_scenario: one node, no fabric)
+            refuse(f"joins nothing: tp x dp = {width} GPU(s) fit in one node of {per_node}; --fabric prices the "
+                   "network between nodes, for an engine wider than a node", field="--fabric", value=args.fabric)
     elif width > per_node:
-        refuse(f"tp x dp = {width}: " + spans_nodes_reason(width, per_node, registry.network_names()), field="--tp")
+        refuse(f"tp x dp = {width}: " + spans_nodes_reason(width, per_node, registry.network_names()), field="--tp",
+               value=tp)
     name = f"{graph.name}-{args.chip}-{weights}-tp{tp}" + (f"-dp{dp}" if dp > 1 else "") + ("-ep" if args.ep else "")
     scen = base_scenario(graph.name, args.chip, tp=tp, dp=dp, ep=bool(args.ep), weights=weights, graph=graph,
                          name=name, gpus_per_node=per_node, path=f"<{source} on {args.chip}>", fabric=args.fabric)
@@ -338,6 +362,8 @@ def check_finite(resources, overlap, no_overlap, *, labels, what):
 
 
 def mode_text(temperature) -> str:
+    if temperature == 0:        # the smooth kernel at 0 is the exact one (step.exact_at_zero)
+        return "smooth mode at temperature 0, i.e. exact (the surrogates are exact at 0)"
     return "exact mode" if temperature is None else f"smooth mode (temperature {temperature:g})"
 
 
@@ -376,12 +402,13 @@ def build_batches(args, dep, threshold):
                "the whole batch", field="--batch", value=args.batch[0])
     specs = []
     if args.batch:
-        for path in args.batch:
+        labels = _batch_labels(args.batch)
+        for path, label in zip(args.batch, labels):
             bf = read_batch_file(path)
             thr = threshold if threshold is not None else \
                 bf.decode_threshold if bf.decode_threshold is not None else DEFAULT_DECODE_THRESHOLD
             info = {"file": str(path)}
-            specs.append((Path(path).stem, info, bf.scheduled, bf.computed, bf.prompt_len, thr))
+            specs.append((label, info, bf.scheduled, bf.computed, bf.prompt_len, thr))
             if not args.ignore_limits:
                 check_limits(dep, requests=bf.requests, tokens=int(bf.scheduled.sum()),
                              context=int((bf.computed + bf.scheduled).max()), flag_requests="requests",
@@ -401,6 +428,12 @@ def build_batches(args, dep, threshold):
     else:
         decode = parse_int_list(args.decode, flag="--decode", minimum=0 if prefill else 1,
                                 why=" (a step needs a request; 0 is allowed with --prefill)")
+        twice = [d for i, d in enumerate(decode) if d in decode[:i]]
+        if twice:           # the same batch priced twice, two like rows (sweep and serve refuse it too)
+            refuse("lists a decode count twice; give each once", field="--decode", value=twice[0])
+    if args.context is not None and not any(decode):     # else ignored silently: prefill rows start at 0
+        refuse("is the context of the decode requests, and these batches hold none (prefill requests only, "
+               "computed 0): it changes nothing", field="--context", value=args.context)
     for d in decode:
         if d + len(prefill) > MAX_STEP_REQUESTS:
             refuse(f"{d + len(prefill)} requests in one step exceed jaxprice's cap of {MAX_STEP_REQUESTS} "
@@ -423,6 +456,22 @@ def build_batches(args, dep, threshold):
         info = {"decode": d, "context": context, "prefill": prefill}
         specs.append((str(d), info, sched, comp, sched + comp, thr))
     return specs
+
+
+def _batch_labels(paths) -> list:
+    """Each --batch file's row label: its stem, followed where two files share a stem by its file
+    name, or by the path as given where they share that too (a/step.csv and b/step.csv were two
+    rows labelled 'step'); the same file twice is refused."""
+    seen = {}
+    for path in paths:
+        key = Path(path).expanduser().resolve()
+        if key in seen:
+            refuse(f"names the same file as --batch {seen[key]}: it would be priced twice; give each file once",
+                   field="--batch", value=path)
+        seen[key] = path
+    stems, names = [Path(p).stem for p in paths], [Path(p).name for p in paths]
+    return [stem if stems.count(stem) == 1 else f"{stem} ({name if names.count(name) == 1 else path})"
+            for stem, name, path in zip(stems, names, paths)]
 
 
 def price_specs(dep, specs, temperature):

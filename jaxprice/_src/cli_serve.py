@@ -92,6 +92,16 @@ def _engine(args):
             eng[key] = v == "on"
     if args.scheduler is not None:
         eng["scheduler"] = args.scheduler
+    seqs, budget = eng.get("max_num_seqs"), eng.get("max_num_batched_tokens")
+    if seqs is not None and budget is not None and budget < seqs:     # vLLM's SchedulerConfig refuses it
+        refuse(f"is below --max-num-seqs {seqs}: vLLM refuses an engine whose token budget cannot give every "
+               "running request a token per step (max_num_batched_tokens must be >= max_num_seqs)",
+               field="--max-num-batched-tokens", value=budget)
+    from .serve import RESERVE_TO_COMPLETION
+    if args.reserve_full_isl is not None and args.scheduler in RESERVE_TO_COMPLETION:   # else ignored silently
+        refuse(f"is vLLM's admission gate; --scheduler {args.scheduler} admits a request only when it can grow to "
+               "its full length beside every running one, so it changes nothing", field="--reserve-full-isl",
+               value=args.reserve_full_isl)
     return eng
 
 
@@ -124,6 +134,9 @@ def check_outputs(args):
     if args.csv is not None:
         check_output_file(args.csv, flag="--csv", what="CSV", writes="CSV")
     check_image(args.plot, "--plot")
+    if args.plot is not None and args.trace is not None:    # drew "TTFT vs trace" on an axis of one index
+        refuse("draws TTFT, TPOT and throughput against the load (--concurrency or --rate); a trace is one run "
+               "with no load to draw against: --timeline draws it step by step", field="--plot", value=args.plot)
     check_image(args.timeline, "--timeline")
     seen = {} if args.trace is None else {Path(args.trace).expanduser().resolve(): "--trace (the input)"}
     for flag in ("--csv", "--plot", "--timeline"):      # one file each: a later one would overwrite an earlier
@@ -170,6 +183,9 @@ def run(args) -> int:
     if args.csv:
         write_csv(args.csv, label, loads, results)
     _write_figures(dep, args, opts, label, loads, results)
+    for path in (args.csv, args.plot, args.timeline):      # as price and sweep say what they wrote
+        if path:
+            print(f"wrote {path}", file=sys.stderr)
     if args.json:
         json.dump(_json_report(dep, args, opts, label, loads, results), sys.stdout, indent=1)
         print()
@@ -203,6 +219,9 @@ def _options(args) -> dict:
     seed = parse_int(args.seed if args.seed is not None else 0, flag="--seed")
     if not 0 <= seed <= MAX_SEED:
         refuse(f"must be an integer in [0, {MAX_SEED}] (a numpy RandomState seed)", field="--seed", value=seed)
+    if args.seed is not None and rr == 1 and args.rate is None:     # else ignored silently: nothing is drawn
+        refuse("seeds the request lengths (and --rate's arrivals); with --range-ratio 1 every length is fixed and "
+               "the closed loop draws no arrival, so it changes nothing", field="--seed", value=args.seed)
     acc = None if args.acceptance is None else parse_float(args.acceptance, flag="--acceptance", minimum=1)
     n = None if args.num_prompts is None else parse_int(args.num_prompts, flag="--num-prompts", minimum=1)
     if n is not None and n > MAX_RUN_REQUESTS:
@@ -231,6 +250,10 @@ def _loads(args, opts) -> tuple:
             refuse(f"must be at most {MAX_CONCURRENCY} (jaxprice's cap on closed-loop clients; 10 x that "
                    f"is the cap of {MAX_RUN_REQUESTS} requests per run)", field="--concurrency", value=c)
     _no_repeats(concs, "--concurrency")
+    if n is not None and n < max(concs):    # 1 prompt at C=64 ran one client, labelled C=64
+        c = min(x for x in concs if x > n)
+        refuse(f"is fewer than the {c} clients of --concurrency {c}: only {n} would ever send, yet the run would "
+               f"read as C={c}; give at least {max(concs)} (default 10 x C)", field="--num-prompts", value=n)
     check_sweep_size([n or 10 * c for c in concs], "--concurrency", text)
     return "C", concs
 

@@ -121,11 +121,18 @@ def options(args) -> dict:
     if not 0 < rr <= 1:
         refuse("must be in (0, 1] (1: fixed lengths)", field="--range-ratio", value=args.range_ratio)
     simulation = _simulation_options(args)
+    concurrency = parse_int_list(args.concurrency, flag="--concurrency", minimum=1)
+    num = simulation["num_prompts"]
+    if num is not None and num < max(concurrency):     # 4 prompts at C=64 ran four clients, read as C=64
+        c = min(x for x in concurrency if x > num)
+        refuse(f"is fewer than the {c} clients of --concurrency {c}: only {num} would ever send in a simulated "
+               f"run, yet it would read as C={c}; give at least {max(concurrency)} (default 10 x C)",
+               field="--num-prompts", value=num)
     return dict(chip=args.chip, gpus=parse_int(args.gpus, flag="--gpus", minimum=1),
                 gpus_per_node=parse_int(args.gpus_per_node, flag="--gpus-per-node", minimum=1), fabric=args.fabric,
                 isl=parse_int(args.isl, flag="--isl", minimum=1), osl=parse_int(args.osl, flag="--osl", minimum=2),
                 ttft_ms=_targets(args.ttft_ms, "--ttft-ms"), tpot_ms=_targets(args.tpot_ms, "--tpot-ms"),
-                concurrency=parse_int_list(args.concurrency, flag="--concurrency", minimum=1),
+                concurrency=concurrency,
                 tp=parse_int_list(args.tp, flag="--tp", minimum=1) if args.tp else None,
                 dp=parse_int_list(args.dp, flag="--dp", minimum=1) if args.dp else None,
                 ep={"on": [True], "off": [False], "both": None}[args.ep], weights=weights,
@@ -378,6 +385,9 @@ def write_outputs(result, args, report) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(result.scenario_yaml())
         print(f"wrote {path} (jaxprice price {path} ...)", file=report)
+    elif args.write_scenario:       # used to be skipped without a word
+        print(f"jaxprice size: --write-scenario {args.write_scenario} not written: no layout meets the targets",
+              file=sys.stderr)
     if args.plot:
         print(f"wrote {plot(result, args.plot)}", file=report)
     if args.json:

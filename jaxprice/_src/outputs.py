@@ -44,6 +44,7 @@ def check_output_file(path, *, flag: str, suffixes=None, what: str = "file", wri
     allowed (the writer creates them). Returns the path."""
     if path is None or str(path).strip() == "":
         refuse(f"an empty name for the {what}", field=flag, value=path, has_value=True)
+    _refuse_dash(path, flag, what)
     p = Path(path)
     if p.is_dir():
         refuse(f"is a folder; name the {what} file to write", field=flag, value=str(path))
@@ -73,11 +74,19 @@ def _check_text_suffix(p: Path, flag: str, writes: str) -> None:
                f"name it with {' or '.join(ours)} (or a suffix of your own)", field=flag, value=str(p))
 
 
+def _refuse_dash(path, flag: str, what: str) -> None:
+    """'-' is standard output where a command takes it (sweep --out, size --json, import-model --out,
+    each handled before this check); elsewhere it wrote a file named '-' (serve --csv -)."""
+    if str(path).strip() == "-":
+        refuse(f"'-' (standard output) is not taken here; name the {what} to write", field=flag, value=str(path))
+
+
 def check_output_folder(path, *, flag: str) -> Path:
     """Refuse, in one line, an output folder that cannot be made or written: an empty name, an
     existing file, an ancestor that is a file, or a place nothing can be created in."""
     if path is None or str(path).strip() == "":
         refuse("an empty folder name", field=flag, value=path, has_value=True)
+    _refuse_dash(path, flag, "folder")
     p = Path(path)
     if p.exists() and not p.is_dir():
         refuse("is a file, not a folder", field=flag, value=str(path))
