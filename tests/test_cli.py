@@ -379,3 +379,15 @@ def test_bad_arguments_exit_2_with_one_line(capsys, tmp_path, argv, want):
     assert len(lines) == 1, err
     assert lines[0].startswith(f"jaxprice {argv[0]}: error: ")
     assert want in lines[0], lines[0]
+
+
+def test_sweep_default_decodes_stay_within_max_num_seqs_beside_a_prefill_chunk(dep):
+    """The default decode counts end at max_num_seqs (256 here), one fewer when the grid holds a
+    prefill chunk: the default grid with --prefill-chunk 0,512 was refused as 257 requests."""
+    import argparse
+    args = lambda chunks: argparse.Namespace(decode=None, context="1024", prefill_chunk=chunks,  # noqa: E731
+                                             ignore_limits=False)
+    decode, _context, prefill = cli_sweep.grid_axes(args("0"), dep)[:3]
+    assert decode == [1, 2, 4, 8, 16, 32, 64, 128, 256] and prefill == [0]
+    decode, _context, prefill = cli_sweep.grid_axes(args("0,512"), dep)[:3]
+    assert decode == [1, 2, 4, 8, 16, 32, 64, 128, 255] and prefill == [0, 512]

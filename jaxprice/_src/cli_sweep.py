@@ -1,6 +1,6 @@
 """`jaxprice sweep SCENARIO`: price a grid of steps, write it to CSV, draw heat maps.
 
-    jaxprice sweep deepseek-v3-h200-fp8-sglang-tp8 --decode 4,8,...,256 --context 512,1024,...,32768 \\
+    jaxprice sweep deepseek-v3-h200-fp8-sglang-tp8 --decode 4,8,...,252 --context 512,1024,2048,...,32768 \\
         --prefill-chunk 0,512,2048 --out grid.csv --heatmap grid.png
 
 Each grid point is one step: D decode requests (1 token each, context c after the step) plus
@@ -51,7 +51,8 @@ def add_parser(subparsers):
                     "1,2,4,...,256 or 16,32,...,1024.")
     add_common_arguments(p)
     p.add_argument("--decode", metavar="LIST", default=None,
-                   help="decode request counts (default 1,2,4,... up to the deployment's max_num_seqs)")
+                   help="decode request counts (default 1,2,4,... and the deployment's max_num_seqs, less one beside a "
+                        "prefill chunk)")
     p.add_argument("--context", metavar="LIST", default=None,
                    help="contexts after the step, in tokens (default 512,1024,... up to max_model_len)")
     p.add_argument("--prefill-chunk", metavar="LIST", default="0",
@@ -73,9 +74,12 @@ def add_parser(subparsers):
 
 def grid_axes(args, dep):
     lim = engine_limits(dep)
+    prefill = parse_int_list(args.prefill_chunk, flag="--prefill-chunk", minimum=0)
     if args.decode is None:
-        top = lim.get("max_num_seqs", 256)
-        decode = [1 << k for k in range(top.bit_length()) if 1 << k <= top]
+        # powers of two and the limit itself, one request fewer beside a prefill chunk (the default
+        # ran one past max_num_seqs with --prefill-chunk 0,512 and was refused)
+        top = lim.get("max_num_seqs", 256) - (1 if any(prefill) else 0)
+        decode = [1 << k for k in range(top.bit_length()) if 1 << k < top] + [top] if top >= 1 else [0]
     else:
         decode = parse_int_list(args.decode, flag="--decode", minimum=0)
     if args.context is None:
@@ -83,7 +87,9 @@ def grid_axes(args, dep):
         context = [1 << k for k in range(9, top.bit_length()) if 1 << k <= top] or [top]
     else:
         context = parse_int_list(args.context, flag="--context", minimum=1)
-    prefill = parse_int_list(args.prefill_chunk, flag="--prefill-chunk", minimum=0)
+    if args.context is not None and not any(decode):    # else every context a copy of the same step
+        refuse("is the context of the decode requests, and --decode holds none (prefill chunks only, computed 0): "
+               "every context would price the same step", field="--context", value=args.context)
     check_tokens(context, flag="--context")
     check_tokens(prefill, flag="--prefill-chunk")
     for flag, values in (("--decode", decode), ("--context", context), ("--prefill-chunk", prefill)):
@@ -216,12 +222,16 @@ def _options(args) -> tuple:
     if args.estimate not in ESTIMATES:
         refuse("unknown estimate; expected no_overlap or overlap", field="--estimate", value=args.estimate)
     chunk = parse_int(args.chunk, flag="--chunk", minimum=1)
-    check_image(args.heatmap, "--heatmap")
-    if args.out not in (None, "-"):
-        check_output_file(args.out, flag="--out", what="CSV", writes="CSV")
     writes_csv = args.out not in (None, "-")
+    # an output onto an input or onto the other output, said as such before its suffix is judged
+    if writes_csv and Path(str(args.scenario)).is_file() and \
+            Path(args.out).resolve() == Path(str(args.scenario)).resolve():
+        refuse("is the scenario file being priced; name another file for the CSV", field="--out", value=args.out)
     if args.heatmap is not None and writes_csv and Path(args.out).resolve() == Path(args.heatmap).resolve():
         refuse("is the --heatmap path too: the image would overwrite the CSV", field="--out", value=args.out)
+    check_image(args.heatmap, "--heatmap")
+    if writes_csv:
+        check_output_file(args.out, flag="--out", what="CSV", writes="CSV")
     return threshold, temperature, chunk
 
 
