@@ -440,6 +440,8 @@ def _refused(path, field, value, reason):
     (lambda c: c.update(torch_dtype="float64"), "torch_dtype", "float64", "unknown dtype"),
     (lambda c: c.update(quantization_config={"quant_method": "bitsandbytes"}), "quantization_config.quant_method",
      "bitsandbytes", "unsupported quantization \\(supported quant_method: fp8"),
+    (lambda c: c.update(quantization_config={"quant_method": "fp8", "weight_block_size": [0, 128]}),
+     "quantization_config.weight_block_size", [0, 128], "two positive integers"),     # was "FP8 block-wise [0, 128]"
 ])
 def test_a_bad_config_is_refused_naming_file_key_and_value(tmp_path, change, field, value, reason):
     cfg = copy.deepcopy(LLAMA)

@@ -136,8 +136,9 @@ def test_the_miss_message_stays_short_for_a_tiny_target():
     r = S.LayoutResult(0, lay, 1, np.array([4]), np.array([0.02]), np.array([0.005]), np.array([100.0]),
                        np.array([200.0]), np.array([4]))
     msg = S.miss_message([r], None, 1e-303)          # --tpot-ms 1e-300
-    assert len(msg) < 300 and "5e+300 x the target" in msg
-    assert "(150%) over" in S.miss_message([r], None, 0.002)
+    assert len(msg) < 300 and "TPOT 5.00 ms, 5e+300 x the 1e-300 ms target" in msg
+    assert "TPOT 5.00 ms, 5e+03 x the 0.001 ms target" in S.miss_message([r], None, 1e-6)   # the value said once
+    assert "TPOT 5.00 ms, 3 ms (150%) over the 2 ms target" in S.miss_message([r], None, 0.002)
 
 
 @pytest.mark.parametrize("ratio", [1e-9, 0.5, 0.8, 1.0])

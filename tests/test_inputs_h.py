@@ -171,3 +171,52 @@ def test_version_is_printed_not_refused(capsys):
     with pytest.raises(SystemExit) as info:
         cli.main(["--version"])
     assert info.value.code == 0 and capsys.readouterr().out.startswith("jaxprice ")
+
+
+def test_serve_table_says_dash_where_no_request_has_a_second_token(capsys):
+    """osl 1: no time between tokens; the table showed TPOT 0.00 and tok/s/user 0.0."""
+    from jaxprice.cli import main
+    assert main(["serve", "deepseek-v3-h200-fp8-sglang-tp8", "--isl", "64", "--osl", "1", "--concurrency", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.strip().startswith("1 "))
+    assert row.split()[3:7] == ["-", "-", "-", "-"] and "'-': every request emits one token" in out
+
+
+def test_a_token_budget_below_max_num_seqs_is_refused_where_vllm_would_not_start(capsys):
+    """vLLM's SchedulerConfig refuses max_num_batched_tokens < max_num_seqs: serve refused it only
+    with both flags given (the scenario's 256 beside --max-num-batched-tokens 16 ran), and size
+    chose such a layout and printed a `vllm serve` line that fails."""
+    from jaxprice.cli import main
+    from jaxprice._src.layouts import build_candidates, candidate_space
+    assert main(["serve", "deepseek-v3-h200-fp8-sglang-tp8", "--max-num-batched-tokens", "16",
+                 "--concurrency", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "max_num_batched_tokens 16 < max_num_seqs 256" in err and err.count("\n") == 1
+    reg = jp.Registry()
+    graph = reg.model("llama-3.1-8b-instruct")
+    lays = candidate_space(graph, reg.chip("h200"), 1, weights=["bf16"], max_num_seqs=(256,),
+                           max_num_batched_tokens=(16, 8192), cudagraph_modes=("PIECEWISE",))
+    cands = build_candidates("llama-3.1-8b-instruct", graph, "h200", 1, lays, isl=1024, osl=256, registry=reg)
+    status = {c.layout.max_num_batched_tokens: (c.status, c.reason) for c in cands}
+    assert status[16][0] == "rejected" and "max_num_batched_tokens 16 < max_num_seqs 256" in status[16][1]
+    assert status[8192][0] == "ok"
+
+
+def test_accuracy_notes_a_unit_column_that_cannot_be_right(tmp_path):
+    """Microsecond values labelled 'ms' read as 7 s TPOTs, scored 99.9% off without a word."""
+    from jaxprice._src.cli_accuracy import unit_note
+    src = (Path(__file__).resolve().parents[1] / "testdata" / "measured" / "inferencex_vllm_excerpt.csv")
+    rows = src.read_text().splitlines()
+    assert unit_note(src) is None
+    head = rows[0].split(",")
+    u = head.index("unit")            # before the quoted source column: a plain split reaches it
+    bad = [rows[0]]
+    for line in rows[1:]:
+        cells = line.split(",")
+        if len(cells) > u and cells[u] == "us":
+            cells[u] = "ms"
+        bad.append(",".join(cells))
+    path = tmp_path / "ms.csv"
+    path.write_text("\n".join(bad) + "\n")
+    note = unit_note(path)
+    assert note is not None and "check its unit column" in note and "outside the 0.1 ms to 2 s" in note

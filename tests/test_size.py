@@ -201,7 +201,7 @@ def test_cli_unmet_targets_exit_1(result, capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--gpus", "3", "--weights", "bf16"], "3 GPUs is not a multiple of any width tp x dp the model fits at (2, 4"),
-    (["--gpus", "4", "--tp", "8"], "4 GPUs is not a multiple of any width tp x dp in [8]"),
+    (["--gpus", "4", "--tp", "8"], "field 'tp', value [8]: 4 GPUs is not a multiple of any width tp x dp in [8]"),
     (["--gpus", "4", "--chip", "h201"], "unknown chip"),
     (["--gpus", "4", "--tpot-ms", "0"], "a target must be > 0"),
     (["--gpus", "4", "--ttft-ms", "-5"], "a target must be > 0"),

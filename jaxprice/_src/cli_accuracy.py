@@ -275,6 +275,26 @@ def settings_note(csv_path, settings, deployments=None) -> str | None:
             "vLLM's defaults, not the bundled table's")
 
 
+PLAUSIBLE_TPOT_S = (1e-4, 2.0)    # mean TPOT of a serving engine: ~1 ms to a few hundred ms
+
+
+def unit_note(csv_path) -> str | None:
+    """A note when the file's median mean TPOT is outside PLAUSIBLE_TPOT_S: its unit column most
+    likely names the wrong unit (microseconds written 'ms' read as a 7 s TPOT, scored 99.9% off
+    without a word)."""
+    import numpy as np
+    from .accuracy import read_measurements
+    points, _ = read_measurements(csv_path)
+    if not points:
+        return None
+    med = float(np.median([p.measured for p in points]))
+    lo, hi = PLAUSIBLE_TPOT_S
+    if lo <= med <= hi:
+        return None
+    return (f"the median mean TPOT of {csv_path} reads {med * 1e3:.4g} ms, outside the {lo * 1e3:g} ms to "
+            f"{hi:g} s serving engines give: check its unit column")
+
+
 def _check_distinct_outputs(args) -> None:
     """No two outputs of one run in the same file (one would overwrite the other), and none on an
     input. --markdown may name --out's own accuracy.md: the same tables."""
@@ -304,8 +324,9 @@ def run(args) -> int:
     from .progress import Progress
     check_inputs(args)
     note = None if args.settings is None else settings_note(args.csv, args.settings, args.deployment)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    for text in (note, unit_note(args.csv)):
+        if text:
+            print(f"note: {text}", file=sys.stderr)
     if args.cache_dir:
         compile_cache.enable(args.cache_dir, field="--cache-dir")
     t0 = time.perf_counter()

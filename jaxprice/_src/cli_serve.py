@@ -111,22 +111,28 @@ COLUMNS = (("TTFT mean", "ttft_mean", 1e3), ("TTFT p99", "ttft_p99", 1e3), ("TPO
            ("tok/s/GPU", "output_tps_per_gpu", 1), ("tok/s/user", "output_tps_per_user", 1),
            ("resident", "resident_mean", 1), ("peak", "resident_peak", 1), ("preempt", "preemptions", 1),
            ("steps", "steps", 1))
+PER_TOKEN = ("tpot_mean", "tpot_p99", "itl_mean", "itl_p99", "output_tps_per_user")   # none with one token each
 
 
 def format_table(label, loads, results) -> str:
     head = [label] + [c[0] for c in COLUMNS]
-    rows = []
+    rows, dashes = [], False
     for x, r in zip(loads, results):
         cells = [f"{x:g}" if isinstance(x, float) else str(x)]
+        # a run whose every request emits one token has no time between tokens: '-', not 0
+        one_token = int(max(r.requests["output_len"], default=0)) <= 1
+        dashes |= one_token
         for _name, key, k in COLUMNS:
             v = r.summary[key] * k
-            cells.append(f"{v:.0f}" if key in ("preemptions", "steps", "resident_peak") else
+            cells.append("-" if one_token and key in PER_TOKEN else
+                         f"{v:.0f}" if key in ("preemptions", "steps", "resident_peak") else
                          f"{v:.1f}" if key.startswith(("output", "resident")) else f"{v:.2f}")
         rows.append(cells)
     widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines) + "\n(times in ms; tok/s/user = 1 / mean TPOT)"
+    return "\n".join(lines) + "\n(times in ms; tok/s/user = 1 / mean TPOT" + (
+        "; '-': every request emits one token)" if dashes else ")")
 
 
 def check_outputs(args):
@@ -177,6 +183,7 @@ def run(args) -> int:
     opts = _options(args)
     label, loads = _loads(args, opts)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
+    _check_budget(dep, opts["engine"])
     results = _simulate_loads(dep, args, opts, label, loads)
     if label == "trace":
         loads = [Path(args.trace).name]
@@ -192,6 +199,22 @@ def run(args) -> int:
         return 0
     print(_text_report(dep, args, opts, label, loads, results))
     return 0
+
+
+def _check_budget(dep, engine) -> None:
+    """A token budget below max_num_seqs that a flag sets (with the scenario's or vLLM's default for
+    the other), which vLLM refuses to start with (SchedulerConfig._verify_args,
+    vllm/config/scheduler.py: max_num_batched_tokens must be >= max_num_seqs)."""
+    from .serve import engine_settings
+    flags = [k for k in ("max_num_batched_tokens", "max_num_seqs") if k in engine]
+    if not flags:
+        return
+    out, _src = engine_settings(dep, engine)
+    seqs, budget = out["max_num_seqs"], out["max_num_batched_tokens"]
+    if out["scheduler"] == "vllm" and budget < seqs:
+        flag = "--" + flags[0].replace("_", "-")
+        refuse(f"makes max_num_batched_tokens {budget} < max_num_seqs {seqs}, which vLLM refuses to start with "
+               "(every running request needs a token per step)", field=flag, value=engine[flags[0]])
 
 
 def _options(args) -> dict:

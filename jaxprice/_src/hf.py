@@ -464,6 +464,11 @@ def _fp8_quant(qc: dict, excl: tuple, file: str, src: str) -> Quant:
     """The Quant of an FP8 checkpoint (per tensor or block-wise), its unquantized modules as vLLM
     reads them."""
     block = qc.get("weight_block_size")
+    if block is not None and not (isinstance(block, list) and len(block) == 2 and
+                                  all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in block)):
+        # vLLM's block-wise FP8 reads two block sides (rows, columns), each at least 1 element
+        refuse("expected two positive integers (the block's rows and columns, e.g. [128, 128])", file=file,
+               field=f"{_QC}.weight_block_size", value=block)
     desc = f"FP8 block-wise {block}" if block else "FP8 per tensor"
     # vLLM's Fp8Config reads the layers an FP8 checkpoint keeps at its 16-bit precision from
     # ``ignored_layers``, falling back to ``modules_to_not_convert`` when that is empty, and

@@ -316,6 +316,11 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
         if heads_reason(graph, lay.tp):
             out.append(Candidate(lay, replicas, "rejected", heads_reason(graph, lay.tp)))
             continue
+        if lay.max_num_batched_tokens < lay.max_num_seqs:       # SchedulerConfig._verify_args, vllm/config/scheduler.py
+            out.append(Candidate(lay, replicas, "rejected", f"vLLM refuses max_num_batched_tokens "
+                                 f"{lay.max_num_batched_tokens} < max_num_seqs {lay.max_num_seqs} (every running "
+                                 "request needs a token per step)"))
+            continue
         scen = build_scenario(model, chip_name, lay, isl=isl, osl=osl, graph=graph, gpus_per_node=gpus_per_node,
                               fabric=fabric)
         try:

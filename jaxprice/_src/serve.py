@@ -300,7 +300,8 @@ def _kv_blocks(s: _Settings, dep, ref_len):
                                      f"prompt + half its mean output (windowed_kv_capacity)")
     blocks = int(cap // out["block_size"]) - 1 if math.isfinite(cap) else 2 ** 40
     out["kv_blocks"] = min(max(blocks, 0), 2 ** 40)      # 2**40 blocks or more: unlimited, as inf (int64 lanes)
-    src["kv_blocks"] = "floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)"
+    src["kv_blocks"] = ("floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)" if blocks < 2 ** 40 else
+                        "unlimited: 2**40 blocks (kv_capacity_tokens of 2**40 blocks or more, or inf)")
 
 
 def _sglang_chunk(memory_gib):

@@ -896,9 +896,10 @@ def miss_message(results, ttft_t, tpot_t) -> str:
     for name, val, tgt in (("TTFT", r.ttft[j], ttft_t), ("TPOT", r.tpot[j], tpot_t)):
         if tgt is None:
             continue
-        if val > tgt:
-            over = f"{val / tgt - 1:.0%}" if val / tgt < 100 else f"{val / tgt:.3g} x the target"
-            parts.append(f"{name} {val * 1e3:.2f} ms, {(val - tgt) * 1e3:.3g} ms ({over}) over the "
+        if val > tgt * 100:         # "4.98 ms (4.98e+03 x the target) over" said the value twice
+            parts.append(f"{name} {val * 1e3:.2f} ms, {val / tgt:.3g} x the {tgt * 1e3:g} ms target")
+        elif val > tgt:
+            parts.append(f"{name} {val * 1e3:.2f} ms, {(val - tgt) * 1e3:.3g} ms ({val / tgt - 1:.0%}) over the "
                          f"{tgt * 1e3:g} ms target")
         else:
             parts.append(f"{name} {val * 1e3:.2f} ms meets {tgt * 1e3:g} ms")
@@ -1282,7 +1283,9 @@ def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weigh
                               cudagraph_modes=cudagraph_modes)
     if not layouts:
         widths = sorted({t * d for t in (tp or WIDTHS) for d in (dp or [1])})
-        refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field="gpus", value=gpus)
+        # the widths asked for are the slip when given (size --gpus 1 --tp 2 blamed --gpus)
+        field, value = ("tp", tp) if tp else ("dp", dp) if dp else ("gpus", gpus)
+        refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field=field, value=value)
     _check_unused_widths(graph, gpus, layouts, tp=tp, dp=dp)
     cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=workload.isl, osl=workload.osl,
                              registry=registry, gpus_per_node=gpus_per_node, fabric=fabric)
