@@ -368,31 +368,6 @@ def test_batched_schedules_across_deployments_equal_one_by_one(dep):
     assert isinstance(got[2][0], jp.JaxpriceError) and "fewer than one request needs" in str(got[2][0])
 
 
-def test_later_calls_reuse_an_earlier_group_size_where_padding_is_cheap(dep, monkeypatch):
-    """``group_sizes`` kept across calls: a later call's lone lane rides in the earlier call's
-    4-lane shape (3 dummy lanes, far under PAD_UNITS) instead of a 1-lane shape of its own, and
-    schedules as it does alone; with no padding allowed it keeps its own size."""
-    w = jp.Workload(48, 6, 0.5, seed=2)
-    eng = dict(max_num_batched_tokens=64, **SYNC)
-    sizes, seen = {}, []
-    spy = lambda done, total, **info: seen.append(info["lanes"])  # noqa: E731
-    serve.build_schedules_batched([(dep, [(w, jp.ClosedLoop(3, n)) for n in (6, 7, 8, 9)], eng)],
-                                  callback=spy, group_sizes=sizes)
-    assert seen == [4] and list(sizes.values()) == [{4}]
-    seen.clear()
-    late = serve.build_schedules_batched([(dep, [(w, jp.ClosedLoop(3, 5))], eng)], callback=spy,
-                                         group_sizes=sizes)[0][0]
-    assert seen == [4]
-    alone = serve.build_schedules(dep, [(w, jp.ClosedLoop(3, 5))], engine=eng)[0]
-    for k in ("tokens", "prefill_tokens", "n_decode", "reads", "pairs", "finishes"):
-        np.testing.assert_array_equal(late.sums[k], alone.sums[k])
-    np.testing.assert_array_equal(late.requests["finish_step"], alone.requests["finish_step"])
-    monkeypatch.setattr(serve, "PAD_UNITS", 0)
-    seen.clear()
-    serve.build_schedules_batched([(dep, [(w, jp.ClosedLoop(3, 5))], eng)], callback=spy, group_sizes=sizes)
-    assert seen == [1]
-
-
 def test_dp_ranks_in_other_shape_buckets_and_fewer_clients_than_ranks():
     """dp = 2: with 33 clients the ranks keep 17 and 16 in flight (two slot buckets, run in
     different scheduler groups, assembled into one run); with 1 client only rank 0 gets

@@ -844,10 +844,6 @@ LANE_ELEMENTS = 1024      # lanes x slots per batched scheduler call: small lane
 #                           in proportion, so they go in small groups
 ALONE_SLOTS = 256         # lanes of this many slots or more run alone: there n lanes in one call cost n
 #                           times one per iteration (measured), and the call runs as long as its longest
-PAD_UNITS = 2_000_000     # dummy lanes x slots x expected records a group may carry to reuse a group
-#                           size compiled before (``_lane_groups``' ``sizes``): a scheduler compile costs
-#                           ~6.5 CPU-s on 2 cores, a lane-slot-record ~0.08 us (measured, the size
-#                           search's shapes), so this much padding costs under 1/32 of a compile
 
 
 def _kv_pressure(lane, settings):
@@ -869,15 +865,12 @@ def _expected_length(lane, settings, est):
     return est * (4.0 * p if p > 1.0 else 1.0)
 
 
-def _lane_groups(entries, sizes=None):
+def _lane_groups(entries):
     """Entries (bucket key, expected length, ...) -> lists of entries run together: per shape
     bucket, the largest slot bucket first (its lanes run longest: the other buckets' shapes
     compile meanwhile), longest lanes first (lanes of one call run as long as its longest), in
     groups of one size per bucket (``_group_size``; the last group padded to it), so each
-    bucket compiles one shape. ``sizes`` ({bucket key: set of group sizes}, kept by a caller
-    across calls, e.g. the size search's rounds) records the sizes used; a bucket whose lanes
-    would form a smaller group than one used before takes the smallest such size when its
-    dummy lanes cost at most PAD_UNITS (that shape is compiled; its own would be a compile)."""
+    bucket compiles one shape."""
     by_key: dict = {}
     for e in entries:
         by_key.setdefault(e[0], []).append(e)
@@ -885,20 +878,8 @@ def _lane_groups(entries, sizes=None):
     for key, es in sorted(by_key.items(), key=lambda kv: (-kv[0][0], kv[0][1])):
         es.sort(key=lambda e: -e[1])
         size = _group_size(key[0], len(es))
-        if sizes is not None:
-            size = _reused_size(size, sizes.get(key, ()), key[0], es)
-            sizes.setdefault(key, set()).add(size)
         groups += [(key, es[o:o + size], size) for o in range(0, len(es), size)]
     return groups
-
-
-def _reused_size(size, used, slots, es):
-    """The smallest group size in ``used`` above ``size`` that ``es`` (fewer lanes than it) fill
-    with dummy lanes costing at most PAD_UNITS lane x slot x expected records, else ``size``."""
-    for u in sorted(x for x in used if x > size and x > len(es)):
-        if (u - len(es)) * slots * max(e[1] for e in es) <= PAD_UNITS:
-            return u
-    return size
 
 
 def _group_size(slots, lanes):
@@ -989,13 +970,13 @@ def _run_group(lanes, st, compiled):
     return _run_closed(lanes, st)
 
 
-def _run_groups(entries, n_laws, results, callback=None, sizes=None):
+def _run_groups(entries, n_laws, results, callback=None):
     """Run every lane group (``_lane_groups``), ``scheduler_workers()`` calls at once in the
     order the groups come (the largest first), the shapes compiled ahead in a background thread
     (``_compile_ahead``; a lane that runs out of records is run again alone at the end):
     {(job, item, rank): NumPy states}; a lane the scheduler refuses puts its JaxpriceError in
     ``results``. The groups are independent, so running them side by side changes no result."""
-    groups = _lane_groups(entries, sizes)
+    groups = _lane_groups(entries)
     calls = [_group_call(g, n_laws) for g in groups]
     lane_states, again = {}, []
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool, \
@@ -1024,7 +1005,7 @@ def _run_groups(entries, n_laws, results, callback=None, sizes=None):
     return lane_states
 
 
-def build_schedules_batched(jobs, *, callback=None, group_sizes=None) -> list:
+def build_schedules_batched(jobs, *, callback=None) -> list:
     """Closed-loop schedules of many deployments at once. ``jobs``: a list of (deployment, items,
     engine[, acceptance]), items (workload, ClosedLoop) pairs as for ``build_schedules``. Returns, per job, a
     list with per item its Schedule, or the JaxpriceError that refuses that run (so one bad
@@ -1036,14 +1017,11 @@ def build_schedules_batched(jobs, *, callback=None, group_sizes=None) -> list:
     (``_expected_length``) and run in groups of one size per bucket (``_lane_groups``), the
     shapes compiled in a background thread while earlier groups run. The compiles are one per
     bucket, not one per deployment, and the schedules equal ``build_schedules``' (a test holds
-    them equal). ``callback(done, total, stage='scheduled')`` after each group. ``group_sizes``:
-    a dict a caller making several calls keeps across them (``_lane_groups``' ``sizes``), so a
-    later call with few lanes in a bucket reuses an earlier call's group shape where its padding
-    is cheap instead of compiling its own (the schedules are the same either way)."""
+    them equal). ``callback(done, total, stage='scheduled')`` after each group."""
     results = [[None] * len(job[1]) for job in jobs]
     prepared, laws_of, entries = _prepare_lanes(jobs, results)
     n_laws = max([len(l.a) for l in laws_of] + [1])
-    lane_states = _run_groups(entries, n_laws, results, callback, group_sizes)
+    lane_states = _run_groups(entries, n_laws, results, callback)
     for j, prep in enumerate(prepared):
         for i, p in enumerate(prep):
             if p is None or results[j][i] is not None or any((j, i, r) not in lane_states

@@ -459,19 +459,18 @@ def simulation_compiles() -> dict:
     return {"scheduler": _jit_cache_size(SCH.run_closed), "kernel": _jit_cache_size(serve._price_chunk)}
 
 
-def _schedules_batched(serve, deps, layouts, items, callback=None, group_sizes=None):
+def _schedules_batched(serve, deps, layouts, items, callback=None):
     """Every layout's schedules of its ``items`` (per layout, closed-loop levels) in ONE shared
     ``serve.build_schedules_batched`` call (the lanes of all layouts, levels and dp ranks grouped
-    by shape bucket): per layout per item a Schedule or the JaxpriceError refusing that run.
-    ``group_sizes``: see ``serve.build_schedules_batched``."""
+    by shape bucket): per layout per item a Schedule or the JaxpriceError refusing that run."""
     jobs = [(dep, its, None) for dep, its in zip(deps, items)]
     progress = None if callback is None else (lambda done, total, **info: callback(done, total, stage="schedule"))
-    return serve.build_schedules_batched(jobs, callback=progress, group_sizes=group_sizes)
+    return serve.build_schedules_batched(jobs, callback=progress)
 
 
 def evaluate_serve_many(deps, layouts, workload: SizeWorkload, concurrencies, *, num_prompts=None,
                         prompts_per_client=None, estimate: str = "no_overlap", callback=None, stats: dict | None = None,
-                        points=None, group_sizes=None):
+                        points=None):
     """The ``serve`` evaluator over many layouts at once: every layout's closed-loop sweep
     scheduled in SHARED scheduler calls (``serve.build_schedules_batched``: the lanes of all
     layouts, levels and dp ranks grouped by shape bucket, so the compiles do not grow with the
@@ -482,9 +481,7 @@ def evaluate_serve_many(deps, layouts, workload: SizeWorkload, concurrencies, *,
     ``prompts_per_client`` x C when given, else the benchmark's 10 x C. ``stats`` (a dict)
     receives steps, scheduler_iterations, seconds_schedule, seconds_price. ``points``: per layout a
     [levels] bool mask of the levels to simulate (default all; at least one each); the arrays
-    returned then hold those levels only. ``group_sizes``: a dict kept across calls
-    (``serve.build_schedules_batched``: a later call reuses an earlier one's scheduler shapes
-    where that is cheaper than compiling its own)."""
+    returned then hold those levels only."""
     serve = _serve_module()
     if serve is None:
         refuse("the serving simulation (jaxprice serve) is not installed in this version", field="evaluator",
@@ -503,7 +500,7 @@ def evaluate_serve_many(deps, layouts, workload: SizeWorkload, concurrencies, *,
     masks = [np.ones(len(concs), bool)] * len(layouts) if points is None else [np.asarray(m, bool) for m in points]
     items = [[(wl, serve.ClosedLoop(c, prompts(c))) for c, on in zip(concs, m) if on] for m in masks]
     t0 = time.perf_counter()
-    built = _schedules_batched(serve, deps, layouts, items, callback, group_sizes)
+    built = _schedules_batched(serve, deps, layouts, items, callback)
     t1 = time.perf_counter()
     out, steps, iters = [], 0, 0
     for k, (dep, lay, scheds) in enumerate(zip(deps, layouts, built)):
@@ -549,12 +546,9 @@ def refine(results, cands, workload: SizeWorkload, concurrencies, ttft_t, tpot_t
     whose numbers are not yet simulated, those layouts, until none is left (or after
     ``max_rounds`` rounds). So every frontier point and the chosen layouts carry simulated
     numbers; ``limit`` bounds only the layouts near the targets added in the first round. A
-    layout the simulation refuses is dropped (its candidate rejected with the reason). The rounds
-    share their scheduler group sizes (``evaluate_serve_many``'s ``group_sizes``): a later
-    round's few lanes ride in an earlier round's compiled shape where that is cheap. Returns
+    layout the simulation refuses is dropped (its candidate rejected with the reason). Returns
     (results, rounds)."""
     results = list(results)
-    group_sizes: dict = {}
     done: set = set()          # candidate indices simulated under ``rule``
     rounds = 0
     while True:
@@ -573,8 +567,7 @@ def refine(results, cands, workload: SizeWorkload, concurrencies, ttft_t, tpot_t
         todo = [i for i in todo if masks[i].any()]
         outs = evaluate_serve_many([cands[results[i].index].deployment for i in todo],
                                    [results[i].layout for i in todo], workload, concurrencies, num_prompts=num_prompts,
-                                   stats=stats, callback=callback, points=[masks[i] for i in todo],
-                                   group_sizes=group_sizes) if todo else []
+                                   stats=stats, callback=callback, points=[masks[i] for i in todo]) if todo else []
         drop = set()
         for i, out in zip(todo, outs):
             done.add(results[i].index)
