@@ -1674,6 +1674,10 @@ def select_deployments(points, deployments, csv_path):
     """The points of the named deployments (all for None); refuses a selection matching none."""
     if deployments is None:
         return points
+    if not isinstance(deployments, (str, list, tuple, set, frozenset)) or not all(
+            isinstance(d, str) for d in ([deployments] if isinstance(deployments, str) else deployments)):
+        refuse("expected deployment names (a str or a list of them)", field="deployments",
+               value=deployments if isinstance(deployments, (int, float)) else str(deployments)[:80], has_value=True)
     keep = {deployments} if isinstance(deployments, str) else set(deployments)   # one name, not its letters
     have = {p.deployment for p in points}
     points = [p for p in points if p.deployment in keep]
@@ -1698,6 +1702,31 @@ def check_scenario_dirs(dirs, field="scenario_dirs") -> None:
             refuse("no such folder", field=field, value=str(d))
         if not p.is_dir():
             refuse("is a file, not a folder of <deployment>.yaml scenarios", field=field, value=str(d))
+
+
+def path_list(value, field, *, none=None):
+    """A list of paths from a library argument: None -> ``none``, one str or path -> [it] (not
+    its letters), a list or tuple of them -> a list; anything else refused naming ``field``."""
+    import os
+    if value is None:
+        return none
+    if isinstance(value, (str, os.PathLike)):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        refuse("expected a list of paths", field=field,
+               value=value if isinstance(value, (int, float, bytes)) else type(value).__name__, has_value=True)
+    for i, v in enumerate(value):
+        if not isinstance(v, (str, os.PathLike)):
+            refuse("expected a path (a str or a path)", field=f"{field}[{i}]",
+                   value=v if v is None or isinstance(v, (int, float, bytes)) else type(v).__name__, has_value=True)
+    return list(value)
+
+
+def check_registry(registry) -> None:
+    if registry is not None and not isinstance(registry, Registry):
+        refuse("must be None or a Registry (jaxprice.Registry([folders]))", field="registry",
+               value=registry if isinstance(registry, (str, int, float)) else type(registry).__name__,
+               has_value=True)
 
 
 def check_coefficient_files(files, field=None) -> None:
@@ -1731,6 +1760,23 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     settings: a CSV of the engine flags each run passed (``read_settings``; default: the bundled
     table of InferenceX's runs, ``stated_settings``), for 'simulate'."""
     check_batch_rule(batch_rule)
+    check_registry(registry)
+    if isinstance(estimates, str):          # one estimate, not its letters
+        estimates = (estimates,)
+    if not isinstance(estimates, (list, tuple)) or not estimates or any(e not in ESTIMATES for e in estimates):
+        refuse(f"expected a non-empty list of estimates (known: {', '.join(ESTIMATES)})", field="estimates",
+               value=estimates if isinstance(estimates, (list, tuple, int, float)) else type(estimates).__name__,
+               has_value=True)
+    if batch_rule != "simulate" and tuple(estimates) != tuple(ESTIMATES):
+        refuse("is for batch_rule 'simulate' (a static rule prices every estimate at once)", field="estimates",
+               value=list(estimates), has_value=True)
+    if callback is not None and not callable(callback):
+        refuse("must be None or a function callback(done, total, **info)", field="callback",
+               value=type(callback).__name__)
+    if not isinstance(per_deployment, (bool, np.bool_)):
+        refuse("must be True or False", field="per_deployment", value=per_deployment, has_value=True)
+    scenario_dirs = path_list(scenario_dirs, "scenario_dirs")
+    extra_coefficient_files = path_list(extra_coefficient_files, "extra_coefficient_files", none=())
     check_scenario_dirs(scenario_dirs)
     check_coefficient_files(extra_coefficient_files)
     points, info = read_measurements(csv_path)

@@ -101,6 +101,9 @@ class Workload:
     def lengths(self, n: int):
         """(input_len, output_len) int arrays of n requests, as described above."""
         self.validate()
+        if not _is_int(n) or n < 0:
+            refuse("must be an integer >= 0 (requests)", file="workload", field="n", value=n, has_value=True)
+        _check_run_size(n, "workload", "n", n)
         rng = np.random.RandomState(int(self.seed))
         lo_i, lo_o = max(int(self.isl * self.range_ratio), 1), max(int(self.osl * self.range_ratio), 1)
         if self.range_ratio >= 1:

@@ -124,6 +124,9 @@ def _step_series(x, result, scale) -> tuple:
     overlap = np.asarray(result.overlap, dtype=float).reshape(-1) * scale
     no_overlap = np.asarray(result.no_overlap, dtype=float).reshape(-1) * scale
     bott = np.asarray(result.bottleneck).reshape(-1).astype(int)
+    if x.size != overlap.size:
+        refuse(f"has {x.size} positions for {overlap.size} priced batches (result: price_many over the same batches)",
+               field="x", value=x.size)
     return x, res, overlap, no_overlap, bott
 
 

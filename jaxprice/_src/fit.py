@@ -93,6 +93,11 @@ class Free:
     bound: float = 2.0
 
     def __post_init__(self):
+        if isinstance(self.scope, str):         # one dimension, not its letters ('global': one value everywhere)
+            object.__setattr__(self, "scope", () if self.scope.strip() == "global" else (self.scope,))
+        if self.scope is None or not hasattr(self.scope, "__iter__"):
+            refuse("expected a tuple of scope dimensions (() = one value everywhere)", field="free.scope",
+                   value=self.scope, has_value=True)
         object.__setattr__(self, "scope", tuple(self.scope))
         if not isinstance(self.pattern, str) or not self.pattern.strip():
             refuse("empty coefficient name pattern", field="free.pattern", value=self.pattern)
@@ -141,6 +146,9 @@ class Free:
 
 
 def _as_free(f) -> Free:
+    if not isinstance(f, (str, Free)):
+        refuse("expected a Free or a 'PATTERN[@SCOPE][:BOUND]' string", field="free",
+               value=f if f is None or isinstance(f, (int, float)) else type(f).__name__, has_value=True)
     return Free.parse(f) if isinstance(f, str) else f
 
 
@@ -186,7 +194,17 @@ class Observations:
     concurrency: np.ndarray | None = None
 
     def __post_init__(self):
-        self.measured = np.asarray(self.measured, dtype=float).reshape(-1)
+        if not isinstance(self.batches, Batch):
+            refuse("needs stacked batches (Batch.stack([...]): [points, rows])", field=f"{self.name}.batches",
+                   value=type(self.batches).__name__)
+        if not isinstance(self.deployment, Deployment):
+            refuse("needs a Deployment (jaxprice.load_deployment(...))", field=f"{self.name}.deployment",
+                   value=type(self.deployment).__name__)
+        try:
+            self.measured = np.asarray(self.measured, dtype=float).reshape(-1)
+        except (TypeError, ValueError):
+            refuse("measured times must be numbers (seconds)", field=f"{self.name}.measured",
+                   value=str(self.measured)[:80], has_value=True)
         if self.target not in TARGETS:
             refuse(f"unknown target (known: {', '.join(TARGETS)})", field="target", value=self.target)
         if self.estimate not in ESTIMATES:
@@ -251,6 +269,12 @@ def observations_from_measurements(csv_path, *, registry=None, scenario_dirs=Non
     the kernel could not price (kept out of the fit, never silently: the caller reports them)."""
     from . import accuracy
     accuracy.check_batch_rule(batch_rule)
+    accuracy.check_registry(registry)
+    if estimate not in ESTIMATES:
+        refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
+    scenario_dirs = accuracy.path_list(scenario_dirs, "scenario_dirs")
+    extra_coefficient_files = accuracy.path_list(extra_coefficient_files, "extra_coefficient_files", none=())
+    accuracy.check_scenario_dirs(scenario_dirs)
     points, _ = accuracy.read_measurements(csv_path)
     points = accuracy.select_deployments(points, deployments, csv_path)
     groups, refused = accuracy.group_points(points, registry=registry, scenario_dirs=scenario_dirs,
@@ -273,6 +297,8 @@ def read_step_measurements(csv_path, *, registry=None, estimate="no_overlap", ex
     path), requests, context (tokens in cache after the step), value, unit (us, ms or s), and
     optional tokens (scheduled per request, default 1) and decode_threshold (default 8). Each
     row is one uniform batch of ``requests`` rows; one Observations per scenario."""
+    from .formats import _check_path
+    _check_path(csv_path, "csv_path")       # open(5) would read file descriptor 5
     file = str(csv_path)
     try:
         fh = open(csv_path, newline="", encoding="utf-8-sig")      # a spreadsheet's byte-order mark: read
@@ -1144,8 +1170,11 @@ def _update(grad, state, theta, lo, hi, *, learning_rate, steps):
 
 
 def _check_descent(steps, learning_rate, eval_every, patience):
-    if not (isinstance(steps, int) and steps >= 0):
+    if isinstance(steps, bool) or not (isinstance(steps, int) and steps >= 0):
         refuse("steps must be a non-negative integer", field="steps", value=steps)
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float, np.integer, np.floating)):
+        refuse("the learning rate must be a positive number", field="learning_rate", value=learning_rate,
+               has_value=True)
     if not (learning_rate > 0 and math.isfinite(learning_rate)):
         refuse("the learning rate must be a positive number", field="learning_rate", value=learning_rate)
     if not (isinstance(eval_every, int) and eval_every >= 1):
@@ -1365,16 +1394,51 @@ def _check_fit_options(loss, weighting, huber_delta, temperature, prior, identif
         refuse(f"unknown loss (known: {', '.join(LOSSES)})", field="loss", value=loss)
     if weighting not in WEIGHTINGS:
         refuse(f"unknown weighting (known: {', '.join(WEIGHTINGS)})", field="weighting", value=weighting)
-    if not (isinstance(huber_delta, (int, float)) and huber_delta > 0):
-        refuse("huber_delta must be a positive number", field="huber_delta", value=huber_delta)
+    if isinstance(huber_delta, bool) or not (isinstance(huber_delta, (int, float)) and math.isfinite(huber_delta)
+                                              and huber_delta > 0):
+        refuse("huber_delta must be a finite positive number", field="huber_delta", value=huber_delta)
     if temperature is not None:
         from .step import temperature_arg
         temperature_arg(temperature)       # a number in [0, 1], as every pricing entry point takes
     if isinstance(prior, bool) or not (isinstance(prior, (int, float)) and not math.isnan(prior) and prior >= 0):
         refuse("the prior strength must be a number >= 0 (inf: keep the registry)", field="prior", value=prior,
                has_value=True)
-    if not (isinstance(identify_tol, (int, float)) and 0 <= identify_tol < 1):
+    if isinstance(identify_tol, bool) or not (isinstance(identify_tol, (int, float)) and 0 <= identify_tol < 1):
         refuse("the identifiability tolerance must be in [0, 1)", field="identify_tol", value=identify_tol)
+
+
+def _check_fit_args(train, free, held_out, holdout, seed, min_delta, identify, per_deployment, compile_workers,
+                    callback):
+    """The plain arguments of fit_coefficients, refused in one line before anything is compiled."""
+    if isinstance(train, Observations) or isinstance(held_out, Observations):
+        refuse("expected a list of Observations (wrap one in [...])",
+               field="train" if isinstance(train, Observations) else "held_out", value="Observations")
+    for name, obs in (("train", train), ("held_out", held_out)):
+        if obs is None and name == "held_out":
+            continue
+        if obs is None or isinstance(obs, (str, bytes, dict)) or not hasattr(obs, "__iter__"):
+            refuse("expected a list of Observations", field=name, value=type(obs).__name__)
+    if free is None or not (isinstance(free, (str, Free)) or hasattr(free, "__iter__")):
+        refuse("expected Free objects or 'PATTERN[@SCOPE][:BOUND]' strings", field="free",
+               value=free if free is None or isinstance(free, (int, float)) else type(free).__name__, has_value=True)
+    if isinstance(holdout, bool) or not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
+        refuse("the held-out fraction must be in [0, 1)", field="holdout", value=holdout, has_value=True)
+    if holdout > 0 and held_out is not None:
+        refuse("give held_out= or holdout=, not both (holdout would be ignored)", field="holdout", value=holdout)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        refuse("must be an integer >= 0", field="seed", value=seed, has_value=True)
+    if isinstance(min_delta, bool) or not (isinstance(min_delta, (int, float)) and 0 <= min_delta < math.inf):
+        refuse("must be a finite number >= 0 (relative improvement)", field="min_delta", value=min_delta,
+               has_value=True)
+    for name, v in (("identify", identify), ("per_deployment", per_deployment)):
+        if not isinstance(v, (bool, np.bool_)):
+            refuse("must be True or False", field=name, value=v, has_value=True)
+    if compile_workers is not None and (isinstance(compile_workers, bool) or not isinstance(
+            compile_workers, (int, np.integer)) or compile_workers < 1):
+        refuse("must be None or an integer >= 1", field="compile_workers", value=compile_workers, has_value=True)
+    if callback is not None and not callable(callback):
+        refuse("must be None or a function callback(done, total, **info)", field="callback",
+               value=type(callback).__name__)
 
 
 def _split_for_early_stopping(train, held_out, holdout, seed):
@@ -1471,6 +1535,16 @@ def fit_coefficients(train, free, *, held_out=None, holdout=0.0, seed=0, steps=4
     _check_descent(steps, learning_rate, eval_every, patience)
     if method not in METHODS:
         refuse(f"unknown method (known: {', '.join(METHODS)})", field="method", value=method)
+    _check_fit_args(train, free, held_out, holdout, seed, min_delta, identify, per_deployment, compile_workers,
+                    callback)
+    if isinstance(free, (str, Free)):       # one pattern, not its letters
+        free = [free]
+    train, held_out = list(train), None if held_out is None else list(held_out)
+    for name, obs in (("train", train), ("held_out", held_out or ())):
+        for i, o in enumerate(obs):
+            if not isinstance(o, (Observations, SimObservations)):
+                refuse("is not an Observations (observations_from_measurements, Observations(...))",
+                       field=f"{name}[{i}]", value=type(o).__name__)
     gn = method == "gauss-newton"
     train, held_out = _split_for_early_stopping(train, held_out, holdout, seed)
     settings = {"tau": float(temperature or 0.0), "delta": float(huber_delta), "loss": loss,

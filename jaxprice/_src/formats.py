@@ -43,6 +43,7 @@ def _cached(loader):
     """Memoise a loader on (path, mtime, size): registries are read once per process, and a
     changed file is read again."""
     def wrapper(path, *args):
+        _check_path(path)
         p = Path(path)
         try:
             st = p.stat()
@@ -75,6 +76,14 @@ def read_yaml_documents(path) -> list:
         if not isinstance(d, dict):
             refuse(f"document {i + 1} is a {type(d).__name__}, expected a mapping", file=str(path))
     return docs
+
+
+def _check_path(path, field="path"):
+    """A file path argument: a str or a path (open() reads an int as a file descriptor)."""
+    if not isinstance(path, (str, os.PathLike)):
+        refuse("needs a file path (a str or a path)", field=field,
+               value=path if path is None or isinstance(path, (int, float, bytes)) else type(path).__name__,
+               has_value=True)
 
 
 def read_yaml(path) -> dict:
@@ -236,6 +245,7 @@ def load_model_graph(path) -> ModelGraph:
     """Read a model graph: the project format (``format: jaxprice-model/1``) or a public
     ``kind: ModelGraph`` file; a Hugging Face ``config.json`` (or a folder holding one) is
     imported (jaxprice/_src/hf.py)."""
+    _check_path(path)
     file = str(path)
     from .hf import import_hf_config, is_hf_config
     if is_hf_config(path):
@@ -516,6 +526,7 @@ def load_coefficient_set(path) -> CoefficientSet:
 
     Parsed sets are cached by path and content digest (sets are immutable once read), so
     resolving many deployments parses the large collectives set once."""
+    _check_path(path)
     try:
         # by the resolved path: registry roots that link one file parse it once
         key = (str(Path(path).resolve()), hashlib.sha1(Path(path).read_bytes()).hexdigest())
@@ -604,6 +615,7 @@ def load_scenario(path, pool_index: int | None = None) -> Scenario:
 
     ``pool_index`` picks the Deployment pool to price; it may be left out only when the
     Deployment has one pool (a second pool is never ignored silently)."""
+    _check_path(path)
     file = str(path)
     scen, dep = _scenario_documents(path, file)
     cluster, sets, pools, nodes = _cluster_and_pools(scen, dep, file)
@@ -774,7 +786,13 @@ class Registry:
         if roots is None and env and not Path(env).is_dir():      # else "unknown chip (no entry under ...)"
             refuse("the registry named by the environment is not a folder", field="JAXPRICE_REGISTRY", value=env)
         roots = [default_registry_root()] if roots is None else roots
-        self.roots = [Path(r) for r in (roots if isinstance(roots, (list, tuple)) else [roots])]
+        roots = roots if isinstance(roots, (list, tuple)) else [roots]
+        for r in roots:
+            if not isinstance(r, (str, os.PathLike)):
+                refuse("must be registry folders (str or path, or a list of them)", field="registry_roots",
+                       value=r if r is None or isinstance(r, (int, float, bytes)) else type(r).__name__,
+                       has_value=True)
+        self.roots = [Path(r) for r in roots]
         self._chips = None
 
     def _candidates(self, *rel):

@@ -1332,6 +1332,10 @@ def graph_from_doc(doc: dict, file: str):
 def import_hf_config(path, quant_config=None, *, name=None, hf_repo=None):
     """A Hugging Face config.json (or a folder holding config.json and, optionally,
     hf_quant_config.json) as a ``ModelGraph``, ready for ``resolve``."""
+    for field, v in (("name", name), ("hf_repo", hf_repo)):
+        if v is not None and not (isinstance(v, str) and v.strip()):
+            refuse("must be None or a non-empty string", field=field,
+                   value=v if isinstance(v, (str, int, float)) else type(v).__name__, has_value=True)
     res = import_result(path, quant_config, name=name, hf_repo=hf_repo)
     return graph_from_doc(res.doc, res.config_path)
 

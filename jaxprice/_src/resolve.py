@@ -1335,6 +1335,15 @@ def _resolution(widths: Widths, formats: Formats, kv: KvLayout, host: HostModes,
 def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=()) -> Deployment:
     """Resolve one deployment into a Plan and its Coefficients, stage by stage (see the module
     docstring); each stage refuses what it cannot resolve before a later one runs."""
+    if not isinstance(scenario, Scenario):
+        refuse("needs a Scenario (load_scenario(path)); load_deployment(name or path) reads and resolves one",
+               field="scenario", value=scenario if scenario is None or isinstance(scenario, (str, int)) else
+               type(scenario).__name__, has_value=True)
+    if registry is not None and not isinstance(registry, Registry):
+        refuse("must be None or a Registry", field="registry", value=type(registry).__name__)
+    if not isinstance(extra_sets, (list, tuple)):
+        refuse("must be a list of coefficient sets (load_coefficient_set(path))", field="extra_sets",
+               value=type(extra_sets).__name__)
     reg = registry or Registry()
     _check_coverage(scenario)
     docs = _documents(scenario, reg)
@@ -1423,8 +1432,27 @@ def load_deployment(path, registry=None, *, pool_index: int | None = None, regis
     if not text.strip():            # "" would be read as the current folder (".: is a directory")
         refuse("an empty name; give a bundled scenario name or a scenario file", field="path", value=path,
                has_value=True)
+    if registry is not None and not isinstance(registry, Registry):
+        refuse("must be None or a Registry (jaxprice.Registry([folders])); registry_roots= takes folders",
+               field="registry", value=registry if isinstance(registry, (str, int, float)) else type(registry).__name__,
+               has_value=True)
+    if registry is not None and registry_roots:
+        refuse("give registry= or registry_roots=, not both (registry_roots would be ignored)",
+               field="registry_roots", value=registry_roots, has_value=True)
+    files = extra_coefficient_files
+    if files is None:
+        files = ()
+    elif isinstance(files, (str, os.PathLike)):     # one file, not its characters
+        files = (files,)
+    elif not isinstance(files, (list, tuple)):
+        refuse("must be a list of coefficient-set file paths", field="extra_coefficient_files",
+               value=files if isinstance(files, (int, float, bytes)) else type(files).__name__, has_value=True)
+    for i, f in enumerate(files):
+        if not isinstance(f, (str, os.PathLike)):
+            refuse("must be a coefficient-set file path (a str or a path)", field=f"extra_coefficient_files[{i}]",
+                   value=f if f is None or isinstance(f, (int, float, bytes)) else type(f).__name__, has_value=True)
     if registry is None:
         registry = Registry(registry_roots) if registry_roots else Registry()
     scenario = load_scenario(scenario_path(path), pool_index)
-    extra = [load_coefficient_set(f) for f in extra_coefficient_files]
+    extra = [load_coefficient_set(f) for f in files]
     return resolve(scenario, registry, extra_sets=extra)

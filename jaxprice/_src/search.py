@@ -771,6 +771,9 @@ def grid_search(deployment, *, itl, prefill_budget, min_prefill=0, context=4096,
     if chunk is None:
         chunk = EXACT_CHUNK if total <= 64 * EXACT_CHUNK else GRID_CHUNK
     chunk = _number(chunk, "chunk", integer=True, minimum=1)
+    if callback is not None and not callable(callback):
+        refuse("must be None or a function callback(done, total, **info)", field="callback",
+               value=type(callback).__name__)
     ex = _Exact(dep, lim, chunk)
     _check_possible(ex)
     best_key, best, feasible = -np.inf, None, 0

@@ -97,6 +97,7 @@ import numpy as np
 from . import schedule as S
 from .client import ClosedLoop, OpenLoop, Trace, Workload, _is_real, check_sweep_size
 from .errors import JaxpriceError, refuse
+from .plan import Coefficients
 from .step import exact_at_zero, _step_time, temperature_arg
 
 ESTIMATES = ("no_overlap", "overlap")
@@ -289,7 +290,7 @@ def _kv_blocks(s: _Settings, dep, ref_len):
     counted with sliding-window layers holding only their window at the run's typical length."""
     out, src = s.out, s.src
     cap = out["kv_capacity_tokens"]
-    if not (isinstance(cap, (int, float)) and cap >= 0):
+    if isinstance(cap, bool) or not (isinstance(cap, (int, float)) and cap >= 0):
         s.refuse("must be a number >= 0 (tokens per dp rank)", "kv_capacity_tokens")
     windows = dep.plan.memory.get("kv_window_bytes_per_token", ())
     if windows and ref_len and math.isfinite(cap):
@@ -464,6 +465,9 @@ class Schedule:
     def step_times(self, coefficients, estimate="no_overlap", temperature=None):
         """Each step's time (s): the kernel's estimate of every rank's batch plus the host
         costs, the slowest rank; a jnp array, differentiable in the coefficients."""
+        if not isinstance(coefficients, Coefficients):
+            refuse("needs a Coefficients (deployment.coefficients)", field="coefficients",
+                   value=type(coefficients).__name__)
         return price_steps(self, coefficients, estimate=estimate, temperature=temperature)
 
 
@@ -1044,6 +1048,7 @@ def build_schedule(deployment, workload, client, *, engine=None, acceptance=None
     """The schedule of one run, without step times (closed loop). An open-loop client's schedule
     depends on times: it is simulated with ``coefficients`` (default the deployment's) and
     returned as the fixed schedule it produced."""
+    _check_run(deployment, estimate, temperature, coefficients)
     return build_schedules(deployment, [(workload, client)], engine=engine, acceptance=acceptance,
                            coefficients=coefficients, estimate=estimate, temperature=temperature)[0]
 
@@ -1151,6 +1156,28 @@ def metric_offsets(sched: Schedule, coefficients=None):
     return xp.stack([xp.asarray(0.0), xp.mean(lat["admission"])])
 
 
+def _check_step_times(sched, step_times, coefficients):
+    """schedule_metrics' arguments: a Schedule, one time per step (shapes only for JAX arrays,
+    which may be traced; NumPy or list values also finite and >= 0), Coefficients or None."""
+    if not isinstance(sched, Schedule):
+        refuse("needs a Schedule (build_schedule(...))", field="sched", value=type(sched).__name__)
+    if coefficients is not None and not isinstance(coefficients, Coefficients):
+        refuse("must be None (the deployment's) or a Coefficients", field="coefficients",
+               value=type(coefficients).__name__)
+    if not isinstance(step_times, (jax.Array, jax.core.Tracer)):
+        try:
+            arr = np.asarray(step_times, dtype=float)
+        except (TypeError, ValueError):
+            refuse("must be numbers, one time (s) per step", field="step_times",
+                   value=type(step_times).__name__)
+        if arr.shape == (sched.steps,) and not np.all(np.isfinite(arr) & (arr >= 0)):
+            k = int(np.flatnonzero(~(np.isfinite(arr) & (arr >= 0)))[0])
+            refuse("must be finite times >= 0 (s)", field=f"step_times[{k}]", value=float(arr[k]), has_value=True)
+    if tuple(np.shape(step_times)) != (sched.steps,):
+        refuse(f"needs one time per step: shape ({sched.steps},) for this schedule", field="step_times",
+               value=tuple(np.shape(step_times)), has_value=True)
+
+
 def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     """The run's metrics from each step's time: per-request arrays (ttft, tpot, e2e, first_token,
     finish, arrival, admission, wait) and the summary (ttft_mean/median/p90/p99, the same for
@@ -1164,6 +1191,7 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     deployment's, as built). jnp in, jnp out (differentiable in step_times and the coefficients;
     affine in step_times: the admission and completion latencies do not scale with them);
     NumPy in, NumPy out."""
+    _check_step_times(sched, step_times, coefficients)
     xp = _xp(step_times)
     req = sched.requests
     end = step_end_times(sched, step_times)
@@ -1305,6 +1333,9 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
     pricing call. ``engine`` may
     be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran)."""
     _check_run(deployment, estimate, temperature, coefficients)
+    if callback is not None and not callable(callback):
+        refuse("must be None or a function callback(done, total, **info)", field="callback",
+               value=type(callback).__name__)
     coefs = deployment.coefficients if coefficients is None else coefficients
     if isinstance(concurrencies, (str, bytes, Mapping)) or not hasattr(concurrencies, "__iter__"):
         refuse("must be a list of concurrencies, e.g. [1, 2, 4]", field="concurrencies", value=concurrencies,
@@ -1328,7 +1359,12 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
             if got is not None and not isinstance(got, Mapping):
                 refuse("engine(C) must return a dict of engine settings", field="engine",
                        value=type(got).__name__)
-            key = tuple(sorted((got or {}).items()))
+            try:        # a setting of an unhashable value (a list) is refused by engine_settings, naming it
+                key = tuple(sorted((got or {}).items()))
+                hash(key)
+            except TypeError:
+                engine_settings(deployment, got, acceptance=acceptance)
+                raise
             groups.setdefault(key, []).append(i)
         scheds = [None] * len(items)
         for key, ids in groups.items():

@@ -933,6 +933,8 @@ def _positive(value, field, integer=False, maximum=None, why=""):
         return None
     if isinstance(value, bool):
         refuse("expected a number, not a boolean", field=field, value=value)
+    if isinstance(value, (str, bytes)):      # float("100") would take it
+        refuse("expected a number, not a string", field=field, value=value, has_value=True)
     if integer and isinstance(value, (int, np.integer)):     # exact, however large (float() would round it)
         v = int(value)
     else:
@@ -1005,6 +1007,14 @@ def _check_axes(*, tp, dp, weights, max_num_seqs, max_num_batched_tokens, cudagr
                        ("weights", weights or ()), ("ep", ep or ())):
         if isinstance(vals, (str, bytes)) or not hasattr(vals, "__iter__"):
             refuse("expected a list", field=name, value=vals)
+    for name, vals in (("tp", tp), ("dp", dp), ("ep", ep), ("weights", weights), ("cudagraph_modes", cudagraph_modes)):
+        if vals is not None and not len(vals):     # None is every value; [] would reject every layout
+            refuse("expected at least one value (None: every value)", field=name, value=list(vals), has_value=True)
+    for name, vals in (("weights", weights or ()), ("cudagraph_modes", cudagraph_modes)):
+        for v in vals:
+            if not isinstance(v, str):
+                refuse("expected names (strings)", field=name, value=v if isinstance(v, (int, float)) else
+                       type(v).__name__, has_value=True)
     for name, vals in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
         if not len(vals):
             refuse("expected at least one value", field=name, value=list(vals))
@@ -1023,6 +1033,24 @@ def _check_axes(*, tp, dp, weights, max_num_seqs, max_num_batched_tokens, cudagr
     for f in weights or ():
         if f not in DTYPE_BYTES:
             refuse(f"unknown weight format (known: {', '.join(DTYPE_BYTES)})", field="weights", value=f)
+
+
+def _check_size_args(*, chip, registry, callback, on_candidates, workers, stacked, mesh):
+    """The plain arguments of ``size``, refused in one line before anything is resolved."""
+    if not isinstance(chip, str):
+        refuse("expected a chip name (a string, e.g. 'h200')", field="chip",
+               value=chip if chip is None or isinstance(chip, (int, float)) else type(chip).__name__, has_value=True)
+    if registry is not None and not isinstance(registry, Registry):
+        refuse("must be None or a Registry (jaxprice.Registry([folders]))", field="registry",
+               value=type(registry).__name__)
+    for name, f in (("callback", callback), ("on_candidates", on_candidates)):
+        if f is not None and not callable(f):
+            refuse("must be None or a function", field=name, value=type(f).__name__)
+    _whole(workers, source=None, field="workers", what="an integer >= 1", minimum=1)
+    if not isinstance(stacked, (bool, np.bool_)):
+        refuse("must be True or False", field="stacked", value=stacked, has_value=True)
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+        refuse("must be None or a 1-D jax.sharding.Mesh (sweep.batch_mesh())", field="mesh", value=type(mesh).__name__)
 
 
 def _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_prompts, search_prompts) -> int:
@@ -1320,8 +1348,16 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
                                                              range_ratio)
     requested = evaluator
     evaluator, simulate = _checked_evaluator(evaluator, simulate)
+    tp, dp, ep, weights, max_num_seqs, max_num_batched_tokens, cudagraph_modes = (
+        list(x) if hasattr(x, "__iter__") and not isinstance(x, (str, bytes)) else x      # a generator, once
+        for x in (tp, dp, ep, weights, max_num_seqs, max_num_batched_tokens, cudagraph_modes))
     _check_axes(tp=tp, dp=dp, weights=weights, max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens, cudagraph_modes=cudagraph_modes, ep=ep)
+    # whole numbers as ints: tp=[2.0] would resolve layouts "over 4.0 ranks" and reject them
+    tp, dp = (None if x is None else [int(v) for v in x] for x in (tp, dp))
+    max_num_seqs, max_num_batched_tokens = ([int(v) for v in x] for x in (max_num_seqs, max_num_batched_tokens))
+    _check_size_args(chip=chip, registry=registry, callback=callback, on_candidates=on_candidates, workers=workers,
+                     stacked=stacked, mesh=mesh)
     verify = _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_prompts, search_prompts)
     space = _candidate_space(model, chip, gpus, workload, registry, tp=tp, dp=dp, ep=ep, weights=weights,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

@@ -331,6 +331,9 @@ def split_plan(plan: Plan) -> Split:
 
 def structure_of(plan: Plan) -> Structure:
     """The plan's Structure: plans with equal structures share one compiled kernel."""
+    if not isinstance(plan, Plan):
+        refuse("needs a Plan" + ("; give deployment.plan" if isinstance(getattr(plan, "plan", None), Plan) else ""),
+               field="plan", value=type(plan).__name__)
     return split_plan(plan).structure
 
 
@@ -640,9 +643,10 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
         loss = lambda c: jnp.sum((price_deployments(stack, c, batches).no_overlap - t) ** 2)
         grad = jax.grad(loss)(shared_coefs)                       # summed over deployments
     """
-    from .step import temperature_arg
+    from .step import check_flags, temperature_arg
     if not isinstance(stack, PlanStack):
         refuse("needs a PlanStack (stack_plans)", field="stack", value=type(stack).__name__)
+    check_flags(breakdown=breakdown, fast_compile=fast_compile)
     if not isinstance(coefs, Coefficients):
         refuse("needs a Coefficients (shared, or stack_coefficients: one per deployment)", field="coefs",
                value=type(coefs).__name__)

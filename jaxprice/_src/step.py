@@ -297,6 +297,8 @@ def step_time(plan: Plan, coefs: Coefficients, batch: Batch, tau=None, breakdown
     Temperature 0 is exact mode, bit for bit: see ``exact_at_zero``. Use ``jax.vmap`` for
     many batches (or ``price_many``, which branches outside its vmap and traces faster).
     """
+    check_pricing_args(plan, coefs, batch, rank=1)      # shapes only: tracers pass
+    check_flags(breakdown=breakdown)
     return exact_at_zero(lambda t: _step_time(plan, coefs, batch, t, breakdown), tau)
 
 
@@ -650,6 +652,13 @@ def temperature_arg(temperature):
     return True, jnp.asarray(temperature, dtype=float)
 
 
+def check_flags(**flags):
+    """Boolean switches (breakdown, fold): "no" or 0.0 would silently read as their truth value."""
+    for name, v in flags.items():
+        if not isinstance(v, (bool, np.bool_)):
+            refuse("must be True or False", field=name, value=v, has_value=True)
+
+
 def check_pricing_args(plan, coefs, batch, *, rank, field="batch"):
     """Refuse, in one line and before jit, what the pricing entry points cannot price: a plan
     that is not a Plan (a Deployment: its ``.plan``), coefficients that are not Coefficients,
@@ -763,6 +772,7 @@ def price(plan: Plan, coefs: Coefficients, batch: Batch, *, temperature=None, br
     rewrites of constant subexpressions, a few ulps (tests/test_deployment_axis.py).
     """
     check_pricing_args(plan, coefs, batch, rank=1)
+    check_flags(breakdown=breakdown, fold=fold)
     smooth, tau = temperature_arg(temperature)
     if fold:
         return _price_jit(plan, coefs, batch, tau, smooth, breakdown)
@@ -781,6 +791,7 @@ def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=N
     once per plan structure (as ``price``; ``fold``: once per plan, its values constants).
     ``stack.price_deployments`` prices many deployments in one call, each as here (bit for bit)."""
     check_pricing_args(plan, coefs, batches, rank=2, field="batches")
+    check_flags(fold=fold)
     smooth, tau = temperature_arg(temperature)
     if fold:
         return _price_many_jit(plan, coefs, batches, tau, smooth)

@@ -86,7 +86,13 @@ def price_coefficient_sets(plan: Plan, coef_sets: Coefficients, batch: Batch, *,
 
 def batch_mesh(devices=None) -> Mesh:
     """A 1-D mesh named ``"batch"`` over ``devices`` (default: every device of every process)."""
+    if devices is not None and (isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__")):
+        refuse("must be None (every device) or a list of devices (jax.devices())", field="devices",
+               value=type(devices).__name__)
     devices = jax.devices() if devices is None else list(devices)
+    if not devices or not all(isinstance(d, jax.Device) for d in devices):
+        refuse("must be None (every device) or a non-empty list of devices (jax.devices())", field="devices",
+               value=[type(d).__name__ for d in devices][:3], has_value=True)
     return Mesh(np.asarray(devices), (BATCH_AXIS,))
 
 
