@@ -110,8 +110,8 @@ import jax
 import numpy as np
 
 from .client import Workload
-from .errors import JaxpriceError, refuse
-from .formats import Registry, Scenario, load_coefficient_set
+from .errors import JaxpriceError, check_callback, refuse
+from .formats import Registry, Scenario, check_registry, load_coefficient_set, path_list
 from .plan import RESOURCES, Batch, Coefficients
 from .resolve import Deployment, load_deployment, resolve, testdata_root
 
@@ -1704,31 +1704,6 @@ def check_scenario_dirs(dirs, field="scenario_dirs") -> None:
             refuse("is a file, not a folder of <deployment>.yaml scenarios", field=field, value=str(d))
 
 
-def path_list(value, field, *, none=None):
-    """A list of paths from a library argument: None -> ``none``, one str or path -> [it] (not
-    its letters), a list or tuple of them -> a list; anything else refused naming ``field``."""
-    import os
-    if value is None:
-        return none
-    if isinstance(value, (str, os.PathLike)):
-        return [value]
-    if not isinstance(value, (list, tuple)):
-        refuse("expected a list of paths", field=field,
-               value=value if isinstance(value, (int, float, bytes)) else type(value).__name__, has_value=True)
-    for i, v in enumerate(value):
-        if not isinstance(v, (str, os.PathLike)):
-            refuse("expected a path (a str or a path)", field=f"{field}[{i}]",
-                   value=v if v is None or isinstance(v, (int, float, bytes)) else type(v).__name__, has_value=True)
-    return list(value)
-
-
-def check_registry(registry) -> None:
-    if registry is not None and not isinstance(registry, Registry):
-        refuse("must be None or a Registry (jaxprice.Registry([folders]))", field="registry",
-               value=registry if isinstance(registry, (str, int, float)) else type(registry).__name__,
-               has_value=True)
-
-
 def check_coefficient_files(files, field=None) -> None:
     """Read every coefficient set up front (the loader caches them): a missing, empty or malformed
     file is refused in one line naming it (and ``field``), not left to refuse every point."""
@@ -1770,9 +1745,7 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     if batch_rule != "simulate" and tuple(estimates) != tuple(ESTIMATES):
         refuse("is for batch_rule 'simulate' (a static rule prices every estimate at once)", field="estimates",
                value=list(estimates), has_value=True)
-    if callback is not None and not callable(callback):
-        refuse("must be None or a function callback(done, total, **info)", field="callback",
-               value=type(callback).__name__)
+    check_callback(callback)
     if not isinstance(per_deployment, (bool, np.bool_)):
         refuse("must be True or False", field="per_deployment", value=per_deployment, has_value=True)
     scenario_dirs = path_list(scenario_dirs, "scenario_dirs")

@@ -29,3 +29,15 @@ class JaxpriceError(ValueError):
 
 def refuse(message: str, *, file=None, field=None, value=None, has_value=False):
     raise JaxpriceError(message, file=file, field=field, value=value, has_value=has_value)
+
+
+def shown(value):
+    """A wrong argument as a refusal shows it: None, numbers, text and bytes as they are, anything
+    else by its type's name (a Deployment is not printed whole)."""
+    return value if value is None or isinstance(value, (int, float, str, bytes)) else type(value).__name__
+
+
+def check_callback(f, field: str = "callback", what: str = "a function callback(done, total, **info)") -> None:
+    """Refuse a callback that cannot be called (it failed only after the work was done)."""
+    if f is not None and not callable(f):
+        refuse(f"must be None or {what}", field=field, value=type(f).__name__)

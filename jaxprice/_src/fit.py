@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import JaxpriceError, refuse
+from .errors import JaxpriceError, check_callback, refuse, shown
 from .formats import Registry
 from .plan import Batch, Coefficients
 from .resolve import Deployment, load_deployment, si_factor
@@ -147,8 +147,7 @@ class Free:
 
 def _as_free(f) -> Free:
     if not isinstance(f, (str, Free)):
-        refuse("expected a Free or a 'PATTERN[@SCOPE][:BOUND]' string", field="free",
-               value=f if f is None or isinstance(f, (int, float)) else type(f).__name__, has_value=True)
+        refuse("expected a Free or a 'PATTERN[@SCOPE][:BOUND]' string", field="free", value=shown(f), has_value=True)
     return Free.parse(f) if isinstance(f, str) else f
 
 
@@ -1419,8 +1418,8 @@ def _check_fit_args(train, free, held_out, holdout, seed, min_delta, identify, p
         if obs is None or isinstance(obs, (str, bytes, dict)) or not hasattr(obs, "__iter__"):
             refuse("expected a list of Observations", field=name, value=type(obs).__name__)
     if free is None or not (isinstance(free, (str, Free)) or hasattr(free, "__iter__")):
-        refuse("expected Free objects or 'PATTERN[@SCOPE][:BOUND]' strings", field="free",
-               value=free if free is None or isinstance(free, (int, float)) else type(free).__name__, has_value=True)
+        refuse("expected Free objects or 'PATTERN[@SCOPE][:BOUND]' strings", field="free", value=shown(free),
+               has_value=True)
     if isinstance(holdout, bool) or not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
         refuse("the held-out fraction must be in [0, 1)", field="holdout", value=holdout, has_value=True)
     if holdout > 0 and held_out is not None:
@@ -1436,9 +1435,7 @@ def _check_fit_args(train, free, held_out, holdout, seed, min_delta, identify, p
     if compile_workers is not None and (isinstance(compile_workers, bool) or not isinstance(
             compile_workers, (int, np.integer)) or compile_workers < 1):
         refuse("must be None or an integer >= 1", field="compile_workers", value=compile_workers, has_value=True)
-    if callback is not None and not callable(callback):
-        refuse("must be None or a function callback(done, total, **info)", field="callback",
-               value=type(callback).__name__)
+    check_callback(callback)
 
 
 def _split_for_early_stopping(train, held_out, holdout, seed):

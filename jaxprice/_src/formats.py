@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from . import schema
-from .errors import refuse
+from .errors import refuse, shown
 from .schema import (DTYPE_BYTES, ENGINE_KEYS, KNOWN_UNITS, NODE_KEYS, NODE_REQUIRED, PARALLEL_KEYS,
                      SCOPE_KEYS)
 from .schema import INT_NODE_FIELDS as _INT_FIELDS
@@ -81,9 +81,29 @@ def read_yaml_documents(path) -> list:
 def _check_path(path, field="path"):
     """A file path argument: a str or a path (open() reads an int as a file descriptor)."""
     if not isinstance(path, (str, os.PathLike)):
-        refuse("needs a file path (a str or a path)", field=field,
-               value=path if path is None or isinstance(path, (int, float, bytes)) else type(path).__name__,
-               has_value=True)
+        refuse("needs a file path (a str or a path)", field=field, value=shown(path), has_value=True)
+
+
+def path_list(value, field, *, none=None, what="a path"):
+    """A list of paths from a library argument: None -> ``none``, one str or path -> [it] (not
+    its letters), a list or tuple of them -> a list; anything else refused naming ``field``."""
+    if value is None:
+        return none
+    if isinstance(value, (str, os.PathLike)):
+        return [value]
+    if not isinstance(value, (list, tuple)):
+        refuse(f"expected a list of paths ({what} each)", field=field, value=shown(value), has_value=True)
+    for i, v in enumerate(value):
+        if not isinstance(v, (str, os.PathLike)):
+            refuse(f"expected {what} (a str or a path)", field=f"{field}[{i}]", value=shown(v), has_value=True)
+    return list(value)
+
+
+def check_registry(registry, hint: str = "") -> None:
+    """None (the bundled registry) or a Registry."""
+    if registry is not None and not isinstance(registry, Registry):
+        refuse("must be None or a Registry (jaxprice.Registry([folders]))" + hint, field="registry",
+               value=shown(registry), has_value=True)
 
 
 def read_yaml(path) -> dict:
@@ -790,8 +810,7 @@ class Registry:
         for r in roots:
             if not isinstance(r, (str, os.PathLike)):
                 refuse("must be registry folders (str or path, or a list of them)", field="registry_roots",
-                       value=r if r is None or isinstance(r, (int, float, bytes)) else type(r).__name__,
-                       has_value=True)
+                       value=shown(r), has_value=True)
         self.roots = [Path(r) for r in roots]
         self._chips = None
 

@@ -49,8 +49,8 @@ import numpy as np
 
 from . import laws
 from .errors import refuse
-from .formats import (DTYPE_BYTES, Chip, ModelGraph, Network, Registry, Scenario,
-                      load_scenario)
+from .formats import (DTYPE_BYTES, Chip, ModelGraph, Network, Registry, Scenario, check_registry,
+                      load_scenario, path_list)
 from .plan import Coefficients, Plan
 from .schema import SCALE_BYTES
 
@@ -1339,8 +1339,7 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
         refuse("needs a Scenario (load_scenario(path)); load_deployment(name or path) reads and resolves one",
                field="scenario", value=scenario if scenario is None or isinstance(scenario, (str, int)) else
                type(scenario).__name__, has_value=True)
-    if registry is not None and not isinstance(registry, Registry):
-        refuse("must be None or a Registry", field="registry", value=type(registry).__name__)
+    check_registry(registry)
     if not isinstance(extra_sets, (list, tuple)):
         refuse("must be a list of coefficient sets (load_coefficient_set(path))", field="extra_sets",
                value=type(extra_sets).__name__)
@@ -1432,25 +1431,12 @@ def load_deployment(path, registry=None, *, pool_index: int | None = None, regis
     if not text.strip():            # "" would be read as the current folder (".: is a directory")
         refuse("an empty name; give a bundled scenario name or a scenario file", field="path", value=path,
                has_value=True)
-    if registry is not None and not isinstance(registry, Registry):
-        refuse("must be None or a Registry (jaxprice.Registry([folders])); registry_roots= takes folders",
-               field="registry", value=registry if isinstance(registry, (str, int, float)) else type(registry).__name__,
-               has_value=True)
+    check_registry(registry, "; registry_roots= takes folders")
     if registry is not None and registry_roots:
         refuse("give registry= or registry_roots=, not both (registry_roots would be ignored)",
                field="registry_roots", value=registry_roots, has_value=True)
-    files = extra_coefficient_files
-    if files is None:
-        files = ()
-    elif isinstance(files, (str, os.PathLike)):     # one file, not its characters
-        files = (files,)
-    elif not isinstance(files, (list, tuple)):
-        refuse("must be a list of coefficient-set file paths", field="extra_coefficient_files",
-               value=files if isinstance(files, (int, float, bytes)) else type(files).__name__, has_value=True)
-    for i, f in enumerate(files):
-        if not isinstance(f, (str, os.PathLike)):
-            refuse("must be a coefficient-set file path (a str or a path)", field=f"extra_coefficient_files[{i}]",
-                   value=f if f is None or isinstance(f, (int, float, bytes)) else type(f).__name__, has_value=True)
+    files = path_list(extra_coefficient_files, "extra_coefficient_files", none=(),   # one str: one file
+                      what="a coefficient-set file path")
     if registry is None:
         registry = Registry(registry_roots) if registry_roots else Registry()
     scenario = load_scenario(scenario_path(path), pool_index)

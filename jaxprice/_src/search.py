@@ -86,7 +86,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .errors import refuse
+from .errors import check_callback, refuse
 from .numerics import min2
 from .plan import INT_TOKEN_LIMIT, RESOURCES, Batch
 from .step import MAX_TEMPERATURE, step_time
@@ -611,9 +611,7 @@ def _search_effort(temperature, restarts, iterations, learning_rate, seed, max_p
     lr = _number(learning_rate, "learning_rate", positive=True)
     seed = _number(seed, "seed", integer=True, minimum=0)
     max_polish_rounds = _number(max_polish_rounds, "max_polish_rounds", integer=True, minimum=0)
-    if callback is not None and not callable(callback):
-        refuse("must be None or a function callback(done, total, **info)", field="callback",
-               value=type(callback).__name__)
+    check_callback(callback)
     return tau, restarts, iterations, lr, seed, max_polish_rounds
 
 
@@ -771,9 +769,7 @@ def grid_search(deployment, *, itl, prefill_budget, min_prefill=0, context=4096,
     if chunk is None:
         chunk = EXACT_CHUNK if total <= 64 * EXACT_CHUNK else GRID_CHUNK
     chunk = _number(chunk, "chunk", integer=True, minimum=1)
-    if callback is not None and not callable(callback):
-        refuse("must be None or a function callback(done, total, **info)", field="callback",
-               value=type(callback).__name__)
+    check_callback(callback)
     ex = _Exact(dep, lim, chunk)
     _check_possible(ex)
     best_key, best, feasible = -np.inf, None, 0

@@ -96,7 +96,7 @@ import numpy as np
 
 from . import schedule as S
 from .client import ClosedLoop, OpenLoop, Trace, Workload, _is_real, check_sweep_size
-from .errors import JaxpriceError, refuse
+from .errors import JaxpriceError, check_callback, refuse
 from .plan import Coefficients
 from .step import exact_at_zero, _step_time, temperature_arg
 
@@ -1333,9 +1333,7 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
     pricing call. ``engine`` may
     be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran)."""
     _check_run(deployment, estimate, temperature, coefficients)
-    if callback is not None and not callable(callback):
-        refuse("must be None or a function callback(done, total, **info)", field="callback",
-               value=type(callback).__name__)
+    check_callback(callback)
     coefs = deployment.coefficients if coefficients is None else coefficients
     if isinstance(concurrencies, (str, bytes, Mapping)) or not hasattr(concurrencies, "__iter__"):
         refuse("must be a list of concurrencies, e.g. [1, 2, 4]", field="concurrencies", value=concurrencies,

@@ -91,8 +91,8 @@ import jax
 import numpy as np
 
 from .client import MAX_RUN_REQUESTS, MAX_SWEEP_REQUESTS, Workload
-from .errors import JaxpriceError, refuse
-from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario
+from .errors import JaxpriceError, check_callback, refuse, shown
+from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario, check_registry
 from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS,
                       PREQUANTIZED, QUANT_FLAG, WIDTHS, Candidate, Layout, build_candidates, build_scenario,
                       candidate_space, fits, is_moe, load_model, max_model_len, weight_formats, _is_hf, _kv_tokens)
@@ -1038,14 +1038,10 @@ def _check_axes(*, tp, dp, weights, max_num_seqs, max_num_batched_tokens, cudagr
 def _check_size_args(*, chip, registry, callback, on_candidates, workers, stacked, mesh):
     """The plain arguments of ``size``, refused in one line before anything is resolved."""
     if not isinstance(chip, str):
-        refuse("expected a chip name (a string, e.g. 'h200')", field="chip",
-               value=chip if chip is None or isinstance(chip, (int, float)) else type(chip).__name__, has_value=True)
-    if registry is not None and not isinstance(registry, Registry):
-        refuse("must be None or a Registry (jaxprice.Registry([folders]))", field="registry",
-               value=type(registry).__name__)
-    for name, f in (("callback", callback), ("on_candidates", on_candidates)):
-        if f is not None and not callable(f):
-            refuse("must be None or a function", field=name, value=type(f).__name__)
+        refuse("expected a chip name (a string, e.g. 'h200')", field="chip", value=shown(chip), has_value=True)
+    check_registry(registry)
+    check_callback(callback)
+    check_callback(on_candidates, "on_candidates", "a function on_candidates(candidates, context)")
     _whole(workers, source=None, field="workers", what="an integer >= 1", minimum=1)
     if not isinstance(stacked, (bool, np.bool_)):
         refuse("must be True or False", field="stacked", value=stacked, has_value=True)
