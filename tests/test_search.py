@@ -182,7 +182,7 @@ def test_new_limits_do_not_recompile(deps):
     S.optimize_batch(dep, **SMALL, itl=binding_itl(dep, 12, 48), prefill_per_output=4.0)
     sizes = S._descend._cache_size(), S._exact_prices._cache_size()
     S.optimize_batch(dep, max_decode=24, prefill_budget=100, context=8192, prefix=512, itl=0.08,
-                     prefill_per_output=2.0, estimate="overlap", max_batched_tokens=90, tokens_per_decode=1.5)
+                     prefill_per_output=2.0, estimate="overlap", max_batched_tokens=90, tokens_per_decode=1.0)
     S.grid_search(dep, max_decode=24, prefill_budget=64, itl=0.05, min_prefill=16)
     assert (S._descend._cache_size(), S._exact_prices._cache_size()) == sizes
 
@@ -203,6 +203,7 @@ def test_new_limits_do_not_recompile(deps):
     (dict(prefill_budget=1, prefill_per_output=2.0), "prefill_budget", "no output can be sustained"),
     (dict(max_batched_tokens=10, min_prefill=64), "max_batched_tokens", "smallest step"),
     (dict(tokens_per_decode=0), "tokens_per_decode", "> 0"),
+    (dict(tokens_per_decode=1.5), "tokens_per_decode", "must be in [1, 1]"),     # a decode scheduling 1 emits 1.5
 ])
 def test_bad_and_impossible_limits_are_refused(deps, kw, field, words):
     args = dict(SMALL, itl=0.05)

@@ -180,12 +180,7 @@ def _search(args, dep, limits, search) -> tuple:
     grid too; a refusal from the library names the command-line flag."""
     from .search import make_limits, optimize_batch
     try:
-        lim = make_limits(dep, **limits)
-        a, w = limits["tokens_per_decode"], lim.decode_width
-        if not 1 <= a <= w:     # 3 output tokens from a decode scheduling 1 gave 3x the tokens/s (serve refuses it)
-            raise JaxpriceError(f"must be in [1, {w}]: a decode emits at least 1 token per step and at most the {w} it "
-                                f"schedules (1 + the deployment's {w - 1} speculative tokens)",
-                                field="--tokens-per-decode", value=a)
+        lim = make_limits(dep, **limits)     # tokens_per_decode past the decode width refused there
         if limits["prefix"] and not lim.prefill_on_allowed:     # else ignored silently: no chunk, no prefix
             raise JaxpriceError(f"is the context of the prefilling request, but --prefill-budget "
                                 f"{lim.prefill_budget} admits no prefill chunk (the smallest is {lim.prefill_lo} "

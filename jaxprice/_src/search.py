@@ -198,6 +198,9 @@ def make_limits(dep, *, itl, prefill_budget, min_prefill=0, context=4096, prefix
     if estimate not in ESTIMATES:
         refuse(f"must be one of {', '.join(ESTIMATES)}", field="estimate", value=estimate)
     w = int(dep.resolution.get("decode_threshold", 1))
+    if not 1 <= a <= w:     # 3 output tokens from a decode scheduling 1 gave 3x the tokens/s
+        refuse(f"must be in [1, {w}]: a decode emits at least 1 token per step and at most the {w} it schedules "
+               f"(1 + the deployment's {w - 1} speculative tokens)", field="tokens_per_decode", value=a)
     seqs = int(dep.resolution.get("max_num_seqs") or _engine(dep).get("max_num_seqs") or 256)
     if max_decode is None:
         max_decode = seqs - 1
