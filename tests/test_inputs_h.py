@@ -47,7 +47,7 @@ CASES = [
      ("'--seed', value '5'", "changes nothing")),
     # vLLM's SchedulerConfig refuses a token budget below max_num_seqs; it was simulated
     (("serve", S, "--max-num-seqs", "256", "--max-num-batched-tokens", "16"),
-     ("'--max-num-batched-tokens', value 16", "must be >= max_num_seqs")),
+     ("'--max-num-batched-tokens', value 16", "max_num_batched_tokens 16 < max_num_seqs 256")),
     # 1 prompt at C=64 ran one client and was reported as C=64
     (("serve", S, "--concurrency", "1,64", "--num-prompts", "4"), ("'--num-prompts', value 4", "the 64 clients")),
     (("size", "llama-3.1-8b-instruct", "--chip", "h200", "--gpus", "1", "--isl", "64", "--osl", "8",
@@ -220,3 +220,20 @@ def test_accuracy_notes_a_unit_column_that_cannot_be_right(tmp_path):
     path.write_text("\n".join(bad) + "\n")
     note = unit_note(path)
     assert note is not None and "check its unit column" in note and "outside the 0.1 ms to 2 s" in note
+
+
+def test_the_budget_rule_is_vllms_only(monkeypatch):
+    """TensorRT-LLM takes max_num_tokens below max_batch_size: the budget check (vLLM's
+    SchedulerConfig) refused it there too while it ran before the engine was known."""
+    from jaxprice._src import cli_serve
+    from jaxprice.cli import main
+
+    class Reached(Exception):
+        pass
+
+    def simulate(*_a, **_k):
+        raise Reached
+    monkeypatch.setattr(cli_serve, "_simulate_loads", simulate)
+    with pytest.raises(Reached):            # past every check, to the simulation
+        main(["serve", "deepseek-v3-h200-fp8-sglang-tp8", "--scheduler", "trtllm", "--max-num-seqs", "256",
+              "--max-num-batched-tokens", "16", "--concurrency", "4"])

@@ -92,11 +92,6 @@ def _engine(args):
             eng[key] = v == "on"
     if args.scheduler is not None:
         eng["scheduler"] = args.scheduler
-    seqs, budget = eng.get("max_num_seqs"), eng.get("max_num_batched_tokens")
-    if seqs is not None and budget is not None and budget < seqs:     # vLLM's SchedulerConfig refuses it
-        refuse(f"is below --max-num-seqs {seqs}: vLLM refuses an engine whose token budget cannot give every "
-               "running request a token per step (max_num_batched_tokens must be >= max_num_seqs)",
-               field="--max-num-batched-tokens", value=budget)
     from .serve import RESERVE_TO_COMPLETION
     if args.reserve_full_isl is not None and args.scheduler in RESERVE_TO_COMPLETION:   # else ignored silently
         refuse(f"is vLLM's admission gate; --scheduler {args.scheduler} admits a request only when it can grow to "
