@@ -185,7 +185,7 @@ def _holdout(args, F) -> tuple:
 
 def _cv_seeds(args, cv) -> list:
     """--cv-seeds (default 0,1,2): the seeds of --holdout deployment's splits, each once."""
-    from .cli_price import parse_int
+    from .cli_price import parse_int, refuse_repeats
     if args.cv_seeds is not None and cv != "deployment":
         refuse("the seeds are those of --holdout deployment's splits; a leave-one-out split (model, chip) or "
                "a fraction has none", field="--cv-seeds", value=args.cv_seeds, has_value=True)
@@ -194,9 +194,8 @@ def _cv_seeds(args, cv) -> list:
     if any(items) and "" in items:
         refuse("has an empty entry", field="--cv-seeds", value=seeds)
     out = [parse_int(x, flag="--cv-seeds", minimum=0) for x in items if x]
-    twice = [x for x in out if out.count(x) > 1]
-    if twice:     # the same split twice would count twice in the mean the prior is chosen by
-        refuse("a seed given twice (each seed is one split, counted once)", field="--cv-seeds", value=twice[0])
+    # the same split twice would count twice in the mean the prior is chosen by
+    refuse_repeats(out, "a seed given twice (each seed is one split, counted once)", flag="--cv-seeds")
     if cv == "deployment" and not out:
         refuse("give at least one seed (e.g. 0,1,2) for --holdout deployment", field="--cv-seeds",
                value=args.cv_seeds, has_value=True)

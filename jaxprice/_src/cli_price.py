@@ -148,6 +148,15 @@ def parse_int_list(text, *, flag, minimum=None, why=""):
     return out
 
 
+def refuse_repeats(values, message, *, flag):
+    """Refuse the first value ``values`` lists twice (linear: lists may hold a million entries)."""
+    seen = set()
+    for v in values:
+        if v in seen:
+            refuse(message, field=flag, value=v)
+        seen.add(v)
+
+
 def find_scenario(name) -> Path:
     """A scenario file: a path, or a bundled name; an unknown name is refused with near matches."""
     from .resolve import scenario_path
@@ -428,9 +437,8 @@ def build_batches(args, dep, threshold):
     else:
         decode = parse_int_list(args.decode, flag="--decode", minimum=0 if prefill else 1,
                                 why=" (a step needs a request; 0 is allowed with --prefill)")
-        twice = [d for i, d in enumerate(decode) if d in decode[:i]]
-        if twice:           # the same batch priced twice, two like rows (sweep and serve refuse it too)
-            refuse("lists a decode count twice; give each once", field="--decode", value=twice[0])
+        # the same batch priced twice, two like rows (sweep and serve refuse it too)
+        refuse_repeats(decode, "lists a decode count twice; give each once", flag="--decode")
     if args.context is not None and not any(decode):     # else ignored silently: prefill rows start at 0
         refuse("is the context of the decode requests, and these batches hold none (prefill requests only, "
                "computed 0): it changes nothing", field="--context", value=args.context)

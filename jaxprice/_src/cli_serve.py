@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from .cli_price import (add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float, parse_int,
-                        parse_int_list)
+                        parse_int_list, refuse_repeats)
 from .client import MAX_RUN_REQUESTS, MAX_SEED, check_sweep_size
 from .errors import refuse
 from .outputs import check_image, check_output_file
@@ -164,15 +164,6 @@ def write_csv(path, label, loads, results):
                 w.writerow([x, i] + [f"{float(r.requests[k][i]):.9g}" for k in keys])
 
 
-def _no_repeats(values, flag):
-    """A load given twice would run twice and appear twice in the table and the plot."""
-    seen = set()
-    for v in values:
-        if v in seen:
-            refuse("lists this load twice; give each once", field=flag, value=v)
-        seen.add(v)
-
-
 def run(args) -> int:
     check_outputs(args)
     opts = _options(args)
@@ -258,7 +249,7 @@ def _loads(args, opts) -> tuple:
         return "trace", [load_trace(args.trace)]
     if args.rate is not None:
         rates = [parse_float(t, flag="--rate", positive=True) for t in str(args.rate).split(",")]
-        _no_repeats(rates, "--rate")
+        refuse_repeats(rates, "lists this load twice; give each once", flag="--rate")
         check_sweep_size([n or 200] * len(rates), "--rate", args.rate)
         return "rate", rates
     text = args.concurrency if args.concurrency is not None else DEFAULT_CONCURRENCY
@@ -267,7 +258,7 @@ def _loads(args, opts) -> tuple:
         if c > MAX_CONCURRENCY:
             refuse(f"must be at most {MAX_CONCURRENCY} (jaxprice's cap on closed-loop clients; 10 x that "
                    f"is the cap of {MAX_RUN_REQUESTS} requests per run)", field="--concurrency", value=c)
-    _no_repeats(concs, "--concurrency")
+    refuse_repeats(concs, "lists this load twice; give each once", flag="--concurrency")
     if n is not None and n < max(concs):    # 1 prompt at C=64 ran one client, labelled C=64
         c = min(x for x in concs if x > n)
         refuse(f"is fewer than the {c} clients of --concurrency {c}: only {n} would ever send, yet the run would "

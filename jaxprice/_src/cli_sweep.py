@@ -25,7 +25,7 @@ import numpy as np
 
 from .cli_price import (MAX_STEP_REQUESTS, UNITS, add_common_arguments, check_finite, check_limits, check_tokens,
                         common_options, describe_deployment, engine_limits, load_scenario_deployment, mode_text,
-                        parse_int, parse_int_list)
+                        parse_int, parse_int_list, refuse_repeats)
 from . import compile_cache
 from .batchfile import DEFAULT_DECODE_THRESHOLD
 from .errors import refuse
@@ -93,11 +93,7 @@ def grid_axes(args, dep):
     check_tokens(context, flag="--context")
     check_tokens(prefill, flag="--prefill-chunk")
     for flag, values in (("--decode", decode), ("--context", context), ("--prefill-chunk", prefill)):
-        seen = set()
-        for v in values:
-            if v in seen:
-                refuse("a grid axis lists a value twice", field=flag, value=v)
-            seen.add(v)
+        refuse_repeats(values, "a grid axis lists a value twice", flag=flag)
     total = len(decode) * len(context) * len(prefill)
     if total > MAX_GRID_POINTS:
         refuse(f"the grid has {len(decode)} x {len(context)} x {len(prefill)} = {total} points, above jaxprice's cap "
