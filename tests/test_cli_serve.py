@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from jaxprice import cli
+from jaxprice import cli, load_deployment
 
 S = "deepseek-v3-h200-fp8-sglang-tp8"
 SMALL = ("--isl", "64", "--osl", "16", "--range-ratio", "1")
@@ -32,6 +32,11 @@ def test_table_json_csv_and_figures(capsys, tmp_path):
     assert lines[0].startswith(S) and "scheduler vllm" in lines[1]
     head = next(i for i, ln in enumerate(lines) if ln.split()[:2] == ["C", "TTFT"])
     assert [ln.split()[0] for ln in lines[head + 1:head + 3]] == ["1", "2"]
+    # the fixed part of every TTFT, the deployment's own host latencies, is stated
+    coefs = load_deployment(S).coefficients
+    host = next(ln for ln in lines if ln.startswith("host, per request:"))
+    assert f"admission {coefs['host_admission_per_request'] * 1e6:g} us + " in host
+    assert f"{coefs['host_admission_per_token'] * 1e6:g} us x prompt tokens" in host
     with open(tmp_path / "r.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == 10 * 1 + 10 * 2                               # 10 x C requests per level

@@ -320,18 +320,31 @@ def _json_report(dep, args, opts, label, loads, results) -> dict:
                      for x, r in zip(loads, results)]}
 
 
+def _setting_text(key, results) -> str:
+    """One engine setting of the runs: its value, or each load's where the runs differ (a model with
+    sliding-window layers sizes its KV cache at each run's own lengths, so kv_blocks can differ by load;
+    the line showed the first load's for every load)."""
+    vals = [r.assumptions[key][0] for r in results if key in r.assumptions]
+    if len(set(map(str, vals))) == 1:
+        return f"{key} {vals[0]}"
+    return f"{key} {'/'.join(map(str, vals))} (by load)"
+
+
 def _text_report(dep, args, opts, label, loads, results) -> str:
     """The deployment, the engine settings the runs used, the workload and the table."""
     a = results[0].assumptions
-    engine = ", ".join(f"{k} {a[k][0]}" for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                                                  "kv_blocks", "max_model_len", "reserve_full_isl",
-                                                  "async_scheduling") if k in a)
+    engine = ", ".join(_setting_text(k, results) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
+                                                           "block_size", "kv_blocks", "max_model_len",
+                                                           "reserve_full_isl", "async_scheduling") if k in a)
     if label == "trace":
         workload = (f"workload: the trace {args.trace}, {results[0].requests['ttft'].size} requests (its lengths "
                     "and arrivals)")
     else:
         workload = (f"workload: isl {opts['isl']}, osl {opts['osl']}, range ratio {opts['rr']:g} (lengths uniform "
                     f"on [floor(r*L), L]), seed {opts['seed']}")
-    return "\n".join([f"{dep.name}: {describe_deployment(dep)}",
-                      f"engine: {engine}; dp {a['dp'][0]}; estimate {args.estimate}", workload,
-                      format_table(label, loads, results)])
+    lines = [f"{dep.name}: {describe_deployment(dep)}", f"engine: {engine}; dp {a['dp'][0]}; estimate {args.estimate}",
+             workload]
+    if "request_latency" in a:      # a fixed part of every TTFT the table shows, so it is said
+        lines.append(f"host, per request: {a['request_latency'][0]} (the registry's host_admission_per_request "
+                     "/ _per_token / host_completion; the admission is part of every TTFT and E2E)")
+    return "\n".join(lines + [format_table(label, loads, results)])
