@@ -84,3 +84,24 @@ def test_bad_input_exits_2_with_one_line(capsys, tmp_path, argv, want):
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("jaxprice serve: error: ") and want in lines[0], lines[0]
+
+
+def test_open_loop_says_where_the_wait_queue_grows(capsys, tmp_path):
+    # two clients' worth of slots: at 1000 req/s the 20 requests queue, at 1 req/s each finishes
+    # long before the next arrives
+    argv = ("serve", S, *SMALL, "--rate", "1,1000", "--num-prompts", "20", "--max-num-seqs", "2")
+    rc, out, _ = run(capsys, *argv, "--csv", str(tmp_path / "r.csv"))
+    assert rc == 0
+    notes = [ln for ln in out.splitlines() if "TTFT grew through the run" in ln]
+    assert len(notes) == 1 and notes[0].startswith("rate 1000:")
+    with open(tmp_path / "r.csv", newline="") as fh:
+        rows = [r for r in csv.DictReader(fh) if float(r["rate"]) == 1000]
+    rows.sort(key=lambda r: float(r["arrival_s"]))
+    ttft = [float(r["ttft_s"]) for r in rows]
+    first, last = sum(ttft[:4]) / 4, sum(ttft[-4:]) / 4          # fifths of 20 requests
+    assert last > 2 * first
+    assert f"{first * 1e3:.1f} ms over the first fifth" in notes[0] and f"to {last * 1e3:.1f} ms" in notes[0]
+    rc, out, _ = run(capsys, *argv, "--json")
+    runs = json.loads(out)["runs"]
+    assert [r["queue_growing"] for r in runs] == [False, True]
+    assert runs[1]["ttft_last_fifth"] == pytest.approx(last, rel=1e-6)

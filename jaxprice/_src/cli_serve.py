@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from .cli_price import (add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float, parse_int,
                         parse_int_list, refuse_repeats)
 from .client import MAX_RUN_REQUESTS, MAX_SEED, check_sweep_size
@@ -316,8 +318,16 @@ def _json_report(dep, args, opts, label, loads, results) -> dict:
             "osl": opts["osl"] if given else None, "range_ratio": opts["rr"] if given else None,
             "runs": [{label: x, "summary": r.summary,
                       "assumptions": {k: {"value": v[0] if isinstance(v[0], (int, float, str, bool)) else str(v[0]),
-                                          "source": v[1]} for k, v in r.assumptions.items()}}
+                                          "source": v[1]} for k, v in r.assumptions.items()},
+                      **({} if label == "C" else _growth_json(r))}
                      for x, r in zip(loads, results)]}
+
+
+def _growth_json(r) -> dict:
+    """Open loop: the TTFT of the first and last fifth of arrivals (s) and whether the queue grows."""
+    g = ttft_growth(r)
+    return {} if g is None else {"ttft_first_fifth": g[0], "ttft_last_fifth": g[1],
+                                 "queue_growing": g[1] > QUEUE_GROWTH * g[0]}
 
 
 def _setting_text(key, results) -> str:
@@ -347,4 +357,31 @@ def _text_report(dep, args, opts, label, loads, results) -> str:
     if "request_latency" in a:      # a fixed part of every TTFT the table shows, so it is said
         lines.append(f"host, per request: {a['request_latency'][0]} (the registry's host_admission_per_request "
                      "/ _per_token / host_completion; the admission is part of every TTFT and E2E)")
-    return "\n".join(lines + [format_table(label, loads, results)])
+    return "\n".join(lines + [format_table(label, loads, results)] + queue_notes(label, loads, results))
+
+
+QUEUE_GROWTH = 2.0       # TTFT of the last fifth of arrivals over the first fifth's, past which it is said
+
+
+def ttft_growth(r):
+    """Open loop: (mean TTFT of the first fifth of arrivals, of the last fifth) in s; None under
+    ten requests. Growth past QUEUE_GROWTH means requests arrive faster than the deployment
+    serves them: the wait queue grows, and the run's means depend on its length, not on a
+    steady state."""
+    ttft = np.asarray(r.requests["ttft"])[np.argsort(np.asarray(r.requests["arrival"]), kind="stable")]
+    k = ttft.size // 5
+    return None if k < 2 else (float(ttft[:k].mean()), float(ttft[-k:].mean()))
+
+
+def queue_notes(label, loads, results) -> list:
+    """A line under the table for each open-loop load whose wait queue grows (ttft_growth)."""
+    notes = []
+    for x, r in zip(loads, results):
+        g = None if label == "C" else ttft_growth(r)
+        if g is not None and g[1] > QUEUE_GROWTH * g[0]:
+            where = "the trace" if label == "trace" else f"rate {x:g}"
+            notes.append(f"{where}: TTFT grew through the run, {g[0] * 1e3:.1f} ms over the first fifth of arrivals "
+                         f"to {g[1] * 1e3:.1f} ms over the last: requests arrive faster than the deployment serves "
+                         f"them ({r.summary['requests_per_s']:.3g} req/s served), the wait queue grows, and the "
+                         "means depend on the run's length (--num-prompts)")
+    return notes
