@@ -16,10 +16,13 @@ Refusals (``JaxpriceError``, before anything is jitted) name the file, the key a
 a file that is not JSON, an unknown architecture (with the supported list), a missing required
 key, a wrong type, an impossible value (zero heads, hidden size not divisible by the heads,
 negative sizes, a zero max_position_embeddings, a rope_scaling that is not a mapping or whose
-factor is not positive, first_k_dense_replace / moe_layer_freq / decoder_sparse_step past the
-layer count, mlp_only_layers outside the layers, a config naming routed experts that leaves
-no layer MoE), an unsupported quantization. An all-dense stack (first_k_dense_replace equal to
-num_hidden_layers) is imported only where the config names no routed experts (null or absent).
+factor is not positive, first_k_dense_replace / moe_layer_freq / decoder_sparse_step /
+interleave_moe_layer_step past the layer count, mlp_only_layers outside the layers, a Llama 4
+moe_layers that differs from the layers its interleave_moe_layer_step makes MoE, more Qwen3-VL
+DeepStack levels than layers, a config naming routed experts that leaves no layer MoE), a
+multimodal Qwen3-VL / Llama 4 config without its text_config, an unsupported quantization. An
+all-dense stack (first_k_dense_replace equal to num_hidden_layers) is imported only where the
+config names no routed experts (null or absent).
 """
 
 from __future__ import annotations
@@ -179,6 +182,47 @@ MAPPINGS["mistral"] = {**MAPPINGS["dense"],
                                             cite=_TF.format("Mistral") + "; an explicit null: full attention")}
 MAPPINGS["qwen_moe"] = {**MAPPINGS["moe"], **_QWEN2_SWA,
                         "moe_intermediate_size": _k("moe_intermediate_size", default=768, cite=_TF.format("Qwen3Moe"))}
+# MiMo (vLLM mimo.py: MiMoModel is Qwen2Model; the MTP layers are the drafter's, mimo_mtp.py)
+MAPPINGS["mimo"] = {**MAPPINGS["qwen_dense"],
+                    "mtp_layers": _k("mtp_layers", "num_nextn_predict_layers", minimum=0, maximum=10_000, default=0,
+                                     cite="none stated: no MTP drafter")}
+
+
+def _head_dim_default(cls, default):
+    """transformers' head_dim where a config leaves it out (``default``) or states null (hidden_size
+    // num_attention_heads, as vLLM's Qwen3 and Llama4 attention read a null)."""
+    return _k("d_h", "head_dim", nullable=True, cite=f"{_TF.format(cls)}: absent {default}, null hidden_size // "
+              "num_attention_heads",
+              default=lambda v: default if "head_dim" not in v.cfg else _div(v, "hidden_size", "n_q"))
+
+
+# Qwen3-VL's text decoders (transformers Qwen3VLTextConfig / Qwen3VLMoeTextConfig): Qwen3 /
+# Qwen3-MoE without a sliding window (Qwen3VLMoeTextConfig sets sliding_window None; neither
+# reads use_sliding_window). Their transformers defaults for the KV heads (32, 16) are a toy
+# model's, so the key is required.
+MAPPINGS["qwen3_vl"] = {**_CORE, **_DENSE_MLP, "n_kv": _k("n_kv", "num_key_value_heads"),
+                        "d_h": _head_dim_default("Qwen3VLText", 128)}
+MAPPINGS["qwen3_vl_moe"] = {**_CORE, **_DENSE_MLP, **_MOE, "n_kv": _k("n_kv", "num_key_value_heads"),
+                            "moe_intermediate_size": _k("moe_intermediate_size", default=1408,
+                                                        cite=_TF.format("Qwen3VLMoeText")),
+                            "decoder_sparse_step": MAPPINGS["moe"]["decoder_sparse_step"],
+                            "mlp_only_layers": _k("mlp_only_layers", type="list", default=[], nullable=True,
+                                                  cite=_TF.format("Qwen3VLMoeText"))}
+# Llama 4 (transformers Llama4TextConfig; vLLM llama4.py): ``intermediate_size`` is the routed and
+# the shared experts' width, ``intermediate_size_mlp`` the dense layers'
+MAPPINGS["llama4"] = {**_CORE, **_MOE, "n_kv": _k("n_kv", "num_key_value_heads"),
+                      "d_h": _head_dim_default("Llama4Text", 128),
+                      "moe_intermediate_size": _k("moe_intermediate_size", "intermediate_size"),
+                      "intermediate_size_mlp": _k("intermediate_size_mlp", default=16384,
+                                                  cite=_TF.format("Llama4Text")),
+                      "interleave_moe_layer_step": _k("interleave_moe_layer_step", default=1, minimum=0,
+                                                      maximum=10_000, cite=_TF.format("Llama4Text")),
+                      "moe_layers": _k("moe_layers", type="list", default=None, nullable=True),
+                      "no_rope_layers": _k("no_rope_layers", type="list", default=None, nullable=True),
+                      "no_rope_layer_interval": _k("no_rope_layer_interval", default=4, maximum=10_000,
+                                                   cite=_TF.format("Llama4Text")),
+                      "attention_chunk_size": _k("attention_chunk_size", default=8192, allow_null=True,
+                                                 cite=_TF.format("Llama4Text") + "; an explicit null: no chunking")}
 
 # architecture -> (family, MTP drafter method)
 ARCHITECTURES = {
@@ -205,7 +249,16 @@ ARCHITECTURES = {
     "Qwen3_5ForConditionalGeneration": ("qwen_hybrid", "qwen3_5_mtp"),
     "Qwen3_5MoeForCausalLM": ("qwen_hybrid", "qwen3_5_mtp"),
     "Qwen3_5ForCausalLM": ("qwen_hybrid", "qwen3_5_mtp"),
+    "Qwen3VLForConditionalGeneration": ("qwen3_vl", None),
+    "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl_moe", None),
+    "Llama4ForConditionalGeneration": ("llama4", None),
+    "Llama4ForCausalLM": ("llama4", None),
+    "MiMoForCausalLM": ("mimo", "mimo_mtp"),
 }
+
+# architectures whose text decoder's keys are only read from ``text_config`` (none at the top level)
+NESTED_TEXT = ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+               "Llama4ForConditionalGeneration")
 
 DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
           "float32": "bf16", "fp32": "bf16", "float": "bf16"}   # fp32 checkpoints are served at bf16
@@ -218,6 +271,7 @@ class _Reader:
 
     def __init__(self, cfg: dict, family: str, file: str, where: str = ""):
         self.cfg, self.table, self.file, self.where = cfg, MAPPINGS[family], file, where
+        self.raw = cfg          # the whole config.json (set by _text_reader where cfg is its text_config)
         self.values: dict = {}
         self.inferred: list = []
 
@@ -549,12 +603,12 @@ MODULES = {
     "index_wk_weights_proj": ("{L}.self_attn.indexers_proj", "{L}.self_attn.indexer.weights_proj"),
     "index_qk_proj": ("{L}.self_attn.index_q_proj", "{L}.self_attn.index_k_proj"),
     "mixer_out": ("{L}.linear_attn.out_proj",),
-    "mlp_gate_up": ("{L}.mlp.gate_proj", "{L}.mlp.up_proj"),
-    "mlp_down": ("{L}.mlp.down_proj",),
+    "mlp_gate_up": ("{L}.mlp.gate_proj", "{L}.mlp.up_proj", "{L}.feed_forward.gate_proj", "{L}.feed_forward.up_proj"),
+    "mlp_down": ("{L}.mlp.down_proj", "{L}.feed_forward.down_proj"),
     "experts": ("{L}.mlp.experts.0.gate_proj", "{L}.block_sparse_moe.experts.0.w1", "{L}.mlp.experts",
-                "{L}.mlp.experts.0.w1"),
+                "{L}.mlp.experts.0.w1", "{L}.feed_forward.experts"),
     "shared_experts": ("{L}.mlp.shared_experts.gate_proj", "{L}.mlp.shared_expert.gate_proj",
-                       "{L}.block_sparse_moe.shared_experts.gate_proj"),
+                       "{L}.block_sparse_moe.shared_experts.gate_proj", "{L}.feed_forward.shared_expert.gate_proj"),
     "lm_head": ("lm_head",),
 }
 _PREFIXES = ("model.layers.{i}", "model.language_model.layers.{i}", "language_model.model.layers.{i}")
@@ -729,7 +783,7 @@ def _fam_dense(r, arch, act):
     if r.cfg.get("layer_types") is not None:
         types = ["swa" if t == "sliding_attention" else "gqa"
                  for t in _layer_types(r, ("full_attention", "sliding_attention"))]
-    elif fam == "qwen_dense":
+    elif fam in ("qwen_dense", "mimo"):
         if win and r("use_sliding_window"):
             mw = r("max_window_layers")
             types = ["swa" if i >= mw else "gqa" for i in range(n)]
@@ -744,22 +798,21 @@ def _fam_dense(r, arch, act):
         seq.append(kid)
     if set(types) == {"swa"}:
         r.inferred.append(f"sliding_window {win}: every layer is swa")
+    if fam == "mimo" and r("mtp_layers"):
+        # vLLM's mimo_mtp.py: one MiMoMultiTokenPredictorLayer per draft step (spec_step_idx 0 only),
+        # a Qwen2 decoder layer behind two RMSNorms and an input_proj (2 x hidden -> hidden)
+        r.inferred.append("MiMo MTP: one Qwen2 layer per drafted token (vLLM drafts one); its input_proj "
+                          "(2 x hidden_size -> hidden_size, an unquantized nn.Linear) and norms not emitted "
+                          "(as deepseek_mtp's eh_proj)")
     return kinds, seq
 
 
 def _fam_moe(r, arch, act):
-    n = r("num_layers")
     win = r("sliding_window")
     fam = ARCHITECTURES[arch][0]
     if fam == "qwen_moe" and not r("use_sliding_window"):
         win = None
-    step = r("decoder_sparse_step")
-    if step > n:
-        refuse(f"impossible value: more than the model's {n} layers (num_hidden_layers)", file=r.file,
-               field=r.where + "decoder_sparse_step", value=step)
-    only = _layer_list(r, "mlp_only_layers", r("mlp_only_layers"))
-    flags = [i not in only and (i + 1) % step == 0 for i in range(n)]
-    _some_moe(r, flags, "mlp_only_layers")
+    flags = _sparse_step_flags(r)
     kinds, seq = {}, []
     kind = "swa" if win else "gqa"
     for moe in flags:
@@ -769,6 +822,137 @@ def _fam_moe(r, arch, act):
             kinds[kid] = _gqa_block(r, kind, win) + tail
         seq.append(kid)
     return kinds, seq
+
+
+def _sparse_step_flags(r):
+    """Which layers are MoE under decoder_sparse_step and mlp_only_layers (vLLM's Qwen2/Qwen3-MoE:
+    layer i is MoE unless listed, where (i + 1) % decoder_sparse_step == 0)."""
+    n = r("num_layers")
+    step = r("decoder_sparse_step")
+    if step > n:
+        refuse(f"impossible value: more than the model's {n} layers (num_hidden_layers)", file=r.file,
+               field=r.where + "decoder_sparse_step", value=step)
+    only = _layer_list(r, "mlp_only_layers", r("mlp_only_layers"))
+    flags = [i not in only and (i + 1) % step == 0 for i in range(n)]
+    _some_moe(r, flags, "mlp_only_layers")
+    return flags
+
+
+def _deepstack_levels(r):
+    """How many of the first layers take Qwen3-VL's DeepStack add: one per vision_config
+    deepstack_visual_indexes entry (transformers' default [8, 16, 24] where either is absent)."""
+    vc = r.raw.get("vision_config")
+    if vc is not None and not isinstance(vc, dict):
+        refuse("expected a mapping", file=r.file, field="vision_config", value=_short(vc))
+    idx = (vc or {}).get("deepstack_visual_indexes", [8, 16, 24])
+    field = "vision_config.deepstack_visual_indexes"
+    if not isinstance(idx, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in idx):
+        refuse("expected a list of vision layer indices", file=r.file, field=field,
+               value=_short(idx) if isinstance(idx, (list, dict)) else idx, has_value=True)
+    if vc is None or "deepstack_visual_indexes" not in vc:
+        r.inferred.append(f"{field} absent: [8, 16, 24] (transformers Qwen3VLVisionConfig default)")
+    n = r("num_layers")
+    if len(idx) > n:
+        refuse(f"impossible value: {len(idx)} DeepStack levels for the text model's {n} layers "
+               "(num_hidden_layers)", file=r.file, field=field, value=_short(idx))
+    return len(idx)
+
+
+def _fam_qwen3_vl(r, arch, act):
+    """Qwen3-VL's text decoder (vLLM qwen3_vl.py Qwen3LLMModel / qwen3_vl_moe.py Qwen3MoeLLMModel):
+    Qwen3 or Qwen3-MoE layers; vLLM's V1 runner passes input embeddings to a multimodal model on
+    every step, so after each of the first len(deepstack_visual_indexes) layers the DeepStack
+    buffer (the vision features at image and video tokens, zeros elsewhere) is added to the
+    hidden states: one elementwise add per token (read both, write one). M-RoPE changes the
+    rotary positions only, not the cost."""
+    h, n = r("hidden_size"), r("num_layers")
+    moe = ARCHITECTURES[arch][0] == "qwen3_vl_moe"
+    flags = _sparse_step_flags(r) if moe else [False] * n
+    levels = _deepstack_levels(r)
+    add = _n("Elementwise", "deepstack_add", bytes_per_token=3 * h * act)
+    kinds, seq = {}, []
+    for i, m in enumerate(flags):
+        kid = ("attn_moe" if m else "attn_dense" if moe else "dense") + ("_deepstack" if i < levels else "")
+        if kid not in kinds:
+            tail = _moe(r) if m else _dense_mlp(h, r("intermediate_size"))
+            kinds[kid] = _gqa_block(r) + tail + ([dict(add)] if i < levels else [])
+        seq.append(kid)
+    if levels:
+        r.inferred.append(f"DeepStack: after layers 0..{levels - 1} one elementwise add of the vision features "
+                          "(zeros at text tokens) per token, as vLLM runs it for every request while the "
+                          "vision tower is loaded")
+    r.inferred.append("M-RoPE: rotary positions only, priced as Qwen3's rope")
+    return kinds, seq
+
+
+def _no_rope_layers(r):
+    """Per layer, whether it uses RoPE (1) or is a NoPE global-attention layer (0): the config's
+    no_rope_layers (at least one entry per layer; vLLM indexes it by layer), else transformers'
+    default, NoPE every no_rope_layer_interval-th layer (an empty list is the default too)."""
+    n = r("num_layers")
+    stated = r("no_rope_layers")
+    if not stated:
+        every = r("no_rope_layer_interval")
+        return [(i + 1) % every != 0 for i in range(n)]
+    if len(stated) < n:
+        refuse(f"has {len(stated)} entries for {n} layers (num_hidden_layers)", file=r.file,
+               field=r.where + "no_rope_layers", value=len(stated))
+    for v in stated:
+        if v not in (0, 1) or isinstance(v, (bool, float)):
+            refuse("expected 1 (RoPE, chunked attention) or 0 (NoPE, global attention) per layer", file=r.file,
+                   field=r.where + "no_rope_layers", value=v, has_value=True)
+    return [v == 1 for v in stated[:n]]
+
+
+def _fam_llama4(r, arch, act):
+    """Llama 4's text decoder (vLLM llama4.py Llama4DecoderLayer / Llama4MoE / Llama4Attention):
+    layer i is MoE where (i + 1) % interleave_moe_layer_step == 0 (routed experts plus one shared
+    expert, both intermediate_size wide), else a dense MLP intermediate_size_mlp wide; a RoPE layer
+    (no_rope_layers[i] == 1) runs chunked local attention over attention_chunk_size tokens, a NoPE
+    layer global attention."""
+    h, n = r("hidden_size"), r("num_layers")
+    step = r("interleave_moe_layer_step")
+    if step > n:
+        refuse(f"impossible value: more than the model's {n} layers (num_hidden_layers)", file=r.file,
+               field=r.where + "interleave_moe_layer_step", value=step)
+    moe = [step > 0 and (i + 1) % step == 0 for i in range(n)]
+    stated = r("moe_layers")
+    if stated is not None:
+        listed = _layer_list(r, "moe_layers", stated)
+        if listed != {i for i in range(n) if moe[i]}:
+            refuse(f"differs from the layers interleave_moe_layer_step {step} makes MoE (vLLM builds those: "
+                   f"(i + 1) % {step} == 0)", file=r.file, field=r.where + "moe_layers", value=_short(stated))
+    _some_moe(r, moe, "interleave_moe_layer_step")
+    rope = _no_rope_layers(r)
+    chunk = r("attention_chunk_size")
+    # vLLM's Llama4MoE: one shared expert (n_shared_experts = 1), intermediate_size wide
+    r.values.update(shared_experts=1, shared_intermediate_size=0)
+    kinds, seq = {}, []
+    for i in range(n):
+        chunked = bool(rope[i] and chunk)
+        kid = ("chunked" if chunked else "attn") + ("_moe" if moe[i] else "_dense")
+        if kid not in kinds:
+            # KNOWN DIVERGENCE [chunked-attention]: the graph has no chunked-local attention kind;
+            # a chunked layer is a swa layer with window attention_chunk_size. A token reads the
+            # keys of its own chunk, (context mod chunk) + 1 of them, where the window reads
+            # min(context, chunk): equal up to one chunk, past it up to twice the keys (on average
+            # chunk / 2 read as chunk) at decode and in prefill. serve sizes its KV as a window's
+            # (vLLM's hybrid KV-cache manager keeps the current chunk; where the manager is off, as
+            # vLLM turns it off for chunked local attention unless
+            # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is set, whose default differs
+            # between releases, every layer holds the whole request)
+            attn = _gqa_block(r, "swa", chunk) if chunked else _gqa_block(r)
+            kinds[kid] = attn + (_moe(r) if moe[i] else _dense_mlp(h, r("intermediate_size_mlp")))
+        seq.append(kid)
+    nope = sum(1 for x in rope if not x)
+    if chunk:
+        r.inferred.append(f"chunked local attention ({n - nope} RoPE layers) as swa with window "
+                          f"attention_chunk_size {chunk}: past one chunk it reads up to twice the keys it "
+                          f"attends; {nope} NoPE layers global")
+    r.inferred.append("one shared expert per MoE layer, intermediate_size wide (vLLM Llama4MoE)")
+    r.inferred.append("qk L2 norm (RoPE layers) and attention temperature tuning (NoPE layers): elementwise, "
+                      "not emitted (as Qwen3's q/k norms)")
+    return _order(kinds, ["chunked_dense", "chunked_moe", "attn_dense", "attn_moe"]), seq
 
 
 def _fam_minimax_m2(r, arch, act):
@@ -1014,7 +1198,8 @@ def _order(kinds, order):
 FAMILIES = {"dense": _fam_dense, "mistral": _fam_dense, "qwen_dense": _fam_dense, "moe": _fam_moe,
             "qwen_moe": _fam_moe, "minimax_m2": _fam_minimax_m2, "deepseek": _fam_deepseek, "dsa": _fam_dsa,
             "deepseek_v4": _fam_deepseek_v4, "gpt_oss": _fam_gpt_oss, "minimax_m3": _fam_minimax_m3,
-            "qwen_hybrid": _fam_qwen_hybrid}
+            "qwen_hybrid": _fam_qwen_hybrid, "qwen3_vl": _fam_qwen3_vl, "qwen3_vl_moe": _fam_qwen3_vl,
+            "llama4": _fam_llama4, "mimo": _fam_dense}
 
 
 # ----------------------------------------------------------------------------- formats per node
@@ -1174,6 +1359,9 @@ def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Import
     cfg_path, raw, sha, qpath, qdoc, qsha = _read_config_files(path, quant_config)
     file, qfile = str(cfg_path), (str(qpath) if qpath else None)
     arch, family, mtp_method = _architecture(raw, file)
+    if arch in NESTED_TEXT and raw.get("text_config") is None:
+        refuse(f"required key is missing ({arch} nests its text decoder's config there)", file=file,
+               field="text_config")
     r, multimodal = _text_reader(raw, family, file)
     base = _base_dtype(r, raw)
     kinds, seq = _layers(r, family, arch, base)
@@ -1230,11 +1418,17 @@ def _text_reader(raw: dict, family: str, file: str) -> tuple:
     if text is not None and not isinstance(text, dict):
         refuse("expected a mapping", file=file, field="text_config", value=text)
     r = _Reader(raw if text is None else text, family, file, "" if text is None else "text_config.")
+    r.raw = raw
+    if text is not None and "tie_word_embeddings" not in text and "tie_word_embeddings" in raw:
+        # the text decoder's head follows the top level's flag where text_config states none
+        r.values["tie_word_embeddings"] = _Reader(raw, family, file)("tie_word_embeddings")
     multimodal = text is not None or "vision_config" in raw
     if multimodal:
+        # COVERAGE LIMIT [vision-tower]: the vision (and audio) encoders and their projectors are not
+        # priced: the graph is the text decoder's, so a step is priced as text-only requests run it
         towers = [k for k in raw if k.endswith("_config") and k not in ("text_config", "quantization_config")]
         r.inferred.append(f"multimodal ({', '.join(towers) or 'text_config'}): the text decoder is priced, "
-                          "the other towers are not")
+                          "the other towers are not (text-only requests)")
     _check_shapes(r)
     return r, multimodal
 
