@@ -74,13 +74,15 @@ def test_two_requests_tiny_budget_every_step(dep):
     np.testing.assert_array_equal(m["wait"], [0.0, 0.0])
     assert m["summary"]["ttft_mean"] == pytest.approx(4.5 + adm, rel=1e-12)
     assert m["summary"]["ttft_admission_mean"] == pytest.approx(adm, rel=1e-12)
-    assert m["summary"]["output_tps"] == pytest.approx(6 / 15)
+    # throughput over the client's wall time: B's last token reaches it at 15 + adm, E2E adds done
+    assert m["summary"]["output_tps"] == pytest.approx(6 / (15 + adm + done), rel=1e-12)
     # without the host latencies (coefficients set to 0) the times are the steps' alone
     zero = dep.coefficients.replace(host_admission_per_request=0.0, host_admission_per_token=0.0,
                                     host_completion=0.0)
     m0 = jp.schedule_metrics(sc, np.arange(1.0, 6.0), coefficients=zero)
     np.testing.assert_allclose(m0["ttft"], [3.0, 6.0])
     np.testing.assert_allclose(m0["e2e"], [10.0, 15.0])
+    assert m0["summary"]["output_tps"] == pytest.approx(6 / 15, rel=1e-12)
 
 
 def test_a_later_request_waits_admission_and_the_step_in_flight(dep):

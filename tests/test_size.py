@@ -94,9 +94,11 @@ def test_steady_state_numbers(result):
     # TPOT grows and per-user rate falls with concurrency; per-GPU throughput grows
     assert np.all(np.diff(r.tpot) > 0) and np.all(np.diff(r.tps_per_gpu) > 0)
     np.testing.assert_allclose(r.tps_per_user, 1 / r.tpot)
-    # at one client per engine: throughput per GPU is osl / E2E / width
+    # at one client per engine: throughput per GPU is osl / E2E / width, E2E on the engine's clock
+    # (TTFT also holds the request's admission latency, which delays no step, as in the simulation)
     w = result.workload
-    e2e = r.ttft[0] + (w.mean_osl - 1) * r.tpot[0]
+    dep = result.candidates[r.index].deployment
+    e2e = r.ttft[0] - S.admission_latency(dep.coefficients, w.mean_isl) + (w.mean_osl - 1) * r.tpot[0]
     assert r.tps_per_gpu[0] == pytest.approx(w.mean_osl / e2e / r.layout.width, rel=1e-12)
 
 

@@ -31,7 +31,8 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
      beside them, TPOT = S(R decodes) + (L R / osl) x sum_j [S(R decodes + chunk j) - S(R decodes)]
      + host_output_token (L = dp for an MoE model, whose ranks step in lockstep at the slowest
      rank's pace, else 1), TTFT = half a decode step + the prompt's chunk steps + the queueing a
-     closed loop of C > R clients implies by Little's law. Priced exactly by the step kernel.
+     closed loop of C > R clients implies by Little's law + the request's admission latency (as
+     the serving simulation adds it, ``serve.request_latencies``). Priced exactly by the step kernel.
 
    ``auto`` (the default) searches every layout with ``steady``, then re-runs under ``serve``, at
    the benchmark's 10 x C prompts per point, the layouts that matter (``refine``,
@@ -285,6 +286,14 @@ def _steady_batches(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     return specs, owners, [b for spec in specs for b in spec[1]]
 
 
+def admission_latency(coefficients, mean_isl) -> float:
+    """Mean per-request admission latency (s) of requests of ``mean_isl`` prompt tokens, as the
+    serving simulation charges it to TTFT (serve.request_latencies: host_admission_per_request +
+    host_admission_per_token x prompt tokens; 0 where the coefficients carry none)."""
+    get = lambda n: float(coefficients[n]) if n in coefficients else 0.0  # noqa: E731
+    return get("host_admission_per_request") + get("host_admission_per_token") * float(mean_isl)
+
+
 def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, specs, owners, est):
     """The closed loop's metrics from the priced batches ``est`` (see the module docstring)."""
     hot = float(dep.coefficients["host_output_token"]) if "host_output_token" in dep.coefficients else 0.0
@@ -301,7 +310,10 @@ def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     ttft_s = service + hot
     request = ttft_s + (osl - 1.0) * tpot            # one request's service time, resident
     cycle = np.maximum(per_rank / busy, 1.0) * request  # closed loop: C clients share R slots
-    ttft = cycle - (osl - 1.0) * tpot
+    # plus each request's admission latency, which the serving simulation adds to its TTFT
+    # (serve.request_latencies) and which delays that request only, not the engine's steps (so
+    # not the cycle); it was left out here (the steady TTFT 40 ms under the simulation's)
+    ttft = cycle - (osl - 1.0) * tpot + admission_latency(dep.coefficients, workload.mean_isl)
     tps_engine = layout.dp * per_rank * osl / cycle
     return ttft, tpot, tps_engine / layout.width, 1.0 / tpot, R.astype(int), len(owners)
 
@@ -424,6 +436,15 @@ def _serve_module():
     return serve if hasattr(serve, "simulate_sweep") else None
 
 
+def _rank_peak(sched) -> float:
+    """A simulated run's peak resident requests on one data-parallel rank (what ``LayoutResult.resident``
+    and the JSON's resident_per_rank hold, as the steady state's R): the summary's resident_peak
+    counts every rank's together (dp x it at dp > 1)."""
+    if sched is None or not sched.steps:
+        return 0.0
+    return float(np.max(np.asarray(sched.sums["resident"])))
+
+
 def evaluate_serve(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, *, num_prompts=None,
                    engine=None, estimate="no_overlap"):
     """The ``serve`` evaluator: the serving simulation's closed-loop sweep (serve.simulate_sweep),
@@ -437,7 +458,7 @@ def evaluate_serve(dep: Deployment, layout: Layout, workload: SizeWorkload, conc
     get = lambda k: np.array([float(r.summary[k]) for r in res])  # noqa: E731
     ttft, tpot = get("ttft_mean"), get("tpot_mean")
     per_gpu = np.array([float(r.summary["output_tps"]) for r in res]) / layout.width
-    resident = get("resident_peak") if "resident_peak" in res[0].summary else np.zeros(len(res))
+    resident = np.array([_rank_peak(r.schedule) for r in res])
     steps = int(sum(float(r.summary.get("steps", 0)) for r in res))
     return ttft, tpot, per_gpu, 1.0 / tpot, resident.astype(int), steps
 
@@ -524,7 +545,7 @@ def evaluate_serve_many(deps, layouts, workload: SizeWorkload, concurrencies, *,
         get = lambda key: np.array([float(m[key]) for m in summ])  # noqa: E731
         ttft, tpot = get("ttft_mean"), get("tpot_mean")
         per_gpu = get("output_tps") / lay.width
-        resident = get("resident_peak")
+        resident = np.array([_rank_peak(sc) for sc in scheds])
         out.append((ttft, tpot, per_gpu, 1.0 / tpot, resident.astype(int), int(sum(sc.steps for sc in scheds))))
         if callback is not None:
             callback(k + 1, len(deps), stage="simulate")
