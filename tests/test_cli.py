@@ -391,3 +391,22 @@ def test_sweep_default_decodes_stay_within_max_num_seqs_beside_a_prefill_chunk(d
     assert decode == [1, 2, 4, 8, 16, 32, 64, 128, 256] and prefill == [0]
     decode, _context, prefill = cli_sweep.grid_axes(args("0,512"), dep)[:3]
     assert decode == [1, 2, 4, 8, 16, 32, 64, 128, 255] and prefill == [0, 512]
+
+
+def test_the_default_context_fits_the_deployments_max_model_len(tmp_path):
+    """price (and optimize, through the same default_context) decode at 4096 tokens of context
+    unless told otherwise; a scenario whose max_model_len is smaller (size writes isl + osl + 256)
+    was refused with the defaults. They now take its max_model_len there, and keep 4096
+    elsewhere. No compile."""
+    import argparse
+
+    src = (jp.scenario_path("deepseek-v3-h200-fp8-sglang-tp8")).read_text()
+    assert "max_model_len: 32768" in src
+    short = tmp_path / "short.yaml"
+    short.write_text(src.replace("max_model_len: 32768", "max_model_len: 2048"))
+    dep_short, dep_long = jp.load_deployment(str(short)), jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
+    assert cli_price.default_context(dep_short) == 2048 and cli_price.default_context(dep_long) == 4096
+    args = argparse.Namespace(batch=None, decode="1,2", prefill=None, context=None, ignore_limits=False)
+    specs = cli_price.build_batches(args, dep_short, None)
+    # the context after the step is 2048: 2047 tokens computed before it, 1 scheduled
+    assert [list(s[3]) for s in specs] == [[2047.0], [2047.0, 2047.0]]

@@ -16,8 +16,8 @@ import json
 import sys
 import time
 
-from .cli_price import (UNITS, add_scenario_argument, describe_deployment, load_scenario_deployment, parse_float,
-                        parse_int, parse_temperature)
+from .cli_price import (UNITS, add_scenario_argument, default_context, describe_deployment, load_scenario_deployment,
+                        parse_float, parse_int, parse_temperature)
 from .errors import JaxpriceError
 from .plan import INT_TOKEN_LIMIT, RESOURCES
 from .progress import Progress
@@ -46,8 +46,9 @@ def add_parser(subparsers):
                    help="the most prefill tokens one step may carry (one chunk; default 2048)")
     p.add_argument("--min-prefill", metavar="N", default="0",
                    help="the fewest prefill tokens every step must carry (default 0: a step may carry none)")
-    p.add_argument("--context", metavar="N", default="4096",
-                   help="each decode's context after the step, in tokens (default 4096)")
+    p.add_argument("--context", metavar="N", default=None,
+                   help="each decode's context after the step, in tokens (default 4096, or the deployment's "
+                        "max_model_len where smaller)")
     p.add_argument("--prefix", metavar="N", default="0",
                    help="tokens of the prefilling request computed before its chunk (default 0)")
     p.add_argument("--max-decode", metavar="N", default=None,
@@ -85,7 +86,7 @@ def _options(args) -> tuple[dict, dict]:
     limits = {"itl": itl_ms / 1e3,
               "prefill_budget": parse_int(args.prefill_budget, flag="--prefill-budget", minimum=0),
               "min_prefill": parse_int(args.min_prefill, flag="--min-prefill", minimum=0),
-              "context": parse_int(args.context, flag="--context", minimum=1),
+              "context": None if args.context is None else parse_int(args.context, flag="--context", minimum=1),
               "prefix": parse_int(args.prefix, flag="--prefix", minimum=0),
               "max_decode": None if args.max_decode is None else
               parse_int(args.max_decode, flag="--max-decode", minimum=1),
@@ -163,6 +164,8 @@ def _table(rows, k, units) -> str:
 def run(args) -> int:
     limits, search = _options(args)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
+    if limits["context"] is None:
+        limits["context"] = default_context(dep)
     if args.prompt_len is not None:
         _check_request_length(dep, parse_int(args.prompt_len, flag="--prompt-len"),
                               parse_int(args.output_len, flag="--output-len"))

@@ -311,6 +311,12 @@ def engine_limits(dep) -> dict:
     return out
 
 
+def default_context(dep) -> int:
+    """A decode's context when --context is not given: DEFAULT_CONTEXT, or the deployment's
+    max_model_len where that is smaller (a scenario `size` writes holds isl + osl + 256)."""
+    return min(DEFAULT_CONTEXT, engine_limits(dep).get("max_model_len", DEFAULT_CONTEXT))
+
+
 def check_limits(dep, *, requests, tokens, context, flag_requests, flag_tokens, flag_context, where=None,
                  tokens_value=None, tokens_how=""):
     """Refuse a step the engine could not run: more requests than max_num_seqs, more tokens
@@ -390,7 +396,8 @@ def add_parser(subparsers):
                    help="decode request counts, one batch each (default: 1,2,4,... up to the deployment's "
                         "max_num_seqs, unless --prefill or --batch is given)")
     p.add_argument("--context", metavar="N", default=None,
-                   help=f"each decode request's context after the step, in tokens (default {DEFAULT_CONTEXT})")
+                   help=f"each decode request's context after the step, in tokens (default {DEFAULT_CONTEXT}, or "
+                        "the deployment's max_model_len where smaller)")
     p.add_argument("--prefill", metavar="LIST", default=None,
                    help="prefill requests of these lengths (computed 0), added to every batch; alone: one batch")
     p.add_argument("--batch", metavar="FILE", action="append", default=None,
@@ -424,7 +431,7 @@ def build_batches(args, dep, threshold):
                              flag_tokens="scheduled", flag_context="computed + scheduled", where=str(path))
         return specs
     thr = threshold if threshold is not None else DEFAULT_DECODE_THRESHOLD
-    context = DEFAULT_CONTEXT if args.context is None else parse_int(args.context, flag="--context", minimum=1)
+    context = default_context(dep) if args.context is None else parse_int(args.context, flag="--context", minimum=1)
     prefill = [] if args.prefill is None else parse_int_list(args.prefill, flag="--prefill", minimum=1)
     check_tokens([context], flag="--context")
     check_tokens(prefill, flag="--prefill")
