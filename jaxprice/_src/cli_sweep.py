@@ -5,7 +5,8 @@
 
 Each grid point is one step: D decode requests (1 token each, context c after the step) plus
 one prefill chunk of P tokens (computed 0; P = 0: none; a chunk of at most the decode
-threshold is a decode, as the engine classes it). The grid is priced by the vmapped
+threshold is a decode: with the default threshold, 8, the reference kernel's; vLLM's own is 1
+without speculation, ``--decode-threshold 1``). The grid is priced by the vmapped
 kernel (``price_many``) in chunks of one padding (one compilation), with a progress bar on
 stderr. The CSV has one row per point, prefill chunk outermost and context innermost, with
 times in the unit named in each column's header (``sm_ms``...). Without ``--out`` the CSV
@@ -273,7 +274,8 @@ def _announce(dep, axes, threshold, temperature) -> None:
     small = [p for p in prefill if 0 < p <= threshold]
     if small:
         print(f"note: a prefill chunk of at most the decode threshold {threshold} tokens "
-              f"({', '.join(map(str, small))}) is priced as a decode, as the engine classes it", file=sys.stderr)
+              f"({', '.join(map(str, small))}) is priced as a decode (vLLM's threshold is 1 without speculation: "
+              "--decode-threshold 1 prices it as a prefill)", file=sys.stderr)
     print(f"{dep.scenario.name}: {describe_deployment(dep)}", file=sys.stderr)
     print(f"grid: {len(decode)} decode counts x {len(context)} contexts x {len(prefill)} prefill chunks = "
           f"{len(decode) * len(context) * len(prefill)} steps; {mode_text(temperature)}; decode threshold {threshold}",
