@@ -161,6 +161,10 @@ def test_cli_end_to_end(result, capsys, tmp_path, monkeypatch):
                    "--plot", str(png), "--write-scenario", str(yml), "--json", str(js), "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0 and "best:" in out and "vllm serve" in out and "Pareto frontier" in out
+    # the fixed part of every TTFT is said: host_admission_per_request + _per_token x the mean prompt
+    coefs = result.candidates[result.best_result.index].deployment.coefficients
+    adm = coefs["host_admission_per_request"] + coefs["host_admission_per_token"] * result.workload.mean_isl
+    assert f"every TTFT holds the request's host admission latency, {adm * 1e3:.1f} ms" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(js.read_text())
     assert data["best"]["label"] == result.best_result.layout.label and data["rejected"][0]["layout"]["tp"] == 1

@@ -342,6 +342,7 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
              f"{info['steps_priced']} steps priced, "
              f"{info.get('steps_simulated', 0)} steps simulated, {info['seconds']:.1f} s",
              describe_sources(result), format_table(result, top)]
+    lines += _admission_note(result)
     if result.best is None:
         return "\n".join(lines)
     b = result.point(result.best)
@@ -362,6 +363,20 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
     lines += [_describe_verification(v) for v in result.verification]
     lines.append("  " + result.vllm_command())
     return "\n".join(lines)
+
+
+def _admission_note(result) -> list:
+    """The fixed part of every TTFT in the table: the request's host admission latency, from the
+    registry (its per-chip values, the same for every layout of the search)."""
+    if not result.results:
+        return []
+    from .size import admission_latency
+    coefs = result.candidates[result.results[0].index].deployment.coefficients
+    adm = admission_latency(coefs, result.workload.mean_isl)
+    if adm <= 0:
+        return []
+    return [f"every TTFT holds the request's host admission latency, {adm * 1e3:.1f} ms (the registry's "
+            "host_admission_per_request + _per_token x prompt tokens): it delays the request, not the engine"]
 
 
 def _describe_verification(v: dict) -> str:
