@@ -61,6 +61,12 @@ def test_candidate_space_axes():
     assert {x.weights for x in lay} == {"fp8"}                     # fp8 checkpoint, no 4-bit peak on H200
     assert len(lay) == 19 * 3 * 3 * 2                               # 19 parallel layouts x engine settings
     assert "nvfp4" in weight_formats(moe, reg.chip("b200"))
+    # gpt-oss-120b's checkpoint is bf16 with MXFP4 experts: vLLM refuses --quantization fp8 on it
+    # (it differs from the checkpoint's own), so online FP8 is not offered; llama's bf16 gets it
+    assert weight_formats(reg.model("gpt-oss-120b"), h200) == ["bf16"]
+    assert weight_formats(dense, h200) == ["bf16", "fp8"]
+    with pytest.raises(jp.JaxpriceError, match="from its bf16 checkpoint: bf16"):
+        S.size("gpt-oss-120b", chip="h200", gpus=2, isl=1024, osl=256, weights=["fp8"])
 
 
 def test_frontier_non_dominated_and_contains_best(result):

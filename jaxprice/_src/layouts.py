@@ -98,10 +98,14 @@ def weight_formats(graph: ModelGraph, chip) -> list:
     """Served weight formats for a checkpoint on a chip: the checkpoint's own; FP8 from a 16- or
     32-bit checkpoint where the chip has an FP8 peak (vLLM's online ``--quantization fp8``);
     NVFP4 where the chip has a native four-bit peak and the checkpoint is 8-bit or wider (a
-    published NVFP4 checkpoint, ``--quantization modelopt_fp4``)."""
+    published NVFP4 checkpoint, ``--quantization modelopt_fp4``). A checkpoint whose nodes are
+    already quantized below its base width (gpt-oss-120b: bf16 with MXFP4 experts) is not
+    quantized online: vLLM refuses a --quantization that differs from the checkpoint's own."""
     ck = graph.weight_dtype
     out = [ck]
-    if DTYPE_BYTES[ck] >= 2 and (chip.fp8_tflops or 0) > 0:
+    prequantized = any(DTYPE_BYTES[n["weight_dtype"]] < DTYPE_BYTES[ck] for nodes in graph.layer_kinds.values()
+                       for n in nodes if n.get("weight_dtype") in DTYPE_BYTES)
+    if DTYPE_BYTES[ck] >= 2 and (chip.fp8_tflops or 0) > 0 and not prequantized:
         out.append("fp8")
     if DTYPE_BYTES[ck] >= 1 and (chip.nvfp4_tflops or 0) > 0 and "nvfp4" not in out:
         out.append("nvfp4")
