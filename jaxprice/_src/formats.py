@@ -225,6 +225,8 @@ def _parse_node(node, *, file, where):
     if "replicated" in node and not isinstance(node["replicated"], bool):
         refuse("replicated must be true or false", file=file, field=f"{where}.replicated",
                value=node["replicated"])
+    if "gated" in node and not isinstance(node["gated"], bool):
+        refuse("gated must be true or false", file=file, field=f"{where}.gated", value=node["gated"])
     return out
 
 

@@ -19,8 +19,10 @@ negative sizes, a zero max_position_embeddings, a rope_scaling that is not a map
 factor is not positive, first_k_dense_replace / moe_layer_freq / decoder_sparse_step /
 interleave_moe_layer_step past the layer count, mlp_only_layers outside the layers, a Llama 4
 moe_layers that differs from the layers its interleave_moe_layer_step makes MoE, more Qwen3-VL
-DeepStack levels than layers, a config naming routed experts that leaves no layer MoE), a
-multimodal Qwen3-VL / Llama 4 config without its text_config, an unsupported quantization. An
+DeepStack levels than layers, a config naming routed experts that leaves no layer MoE, a
+Nemotron-H layer pattern of another length than num_hidden_layers or with an unknown layer type), a
+multimodal Qwen3-VL / Llama 4 config without its text_config, an unsupported quantization, an
+``Infinity`` / ``NaN`` literal in a key the importer reads (elsewhere it is parsed and left alone). An
 all-dense stack (first_k_dense_replace equal to num_hidden_layers) is imported only where the
 config names no routed experts (null or absent).
 """
@@ -224,6 +226,38 @@ MAPPINGS["llama4"] = {**_CORE, **_MOE, "n_kv": _k("n_kv", "num_key_value_heads")
                       "attention_chunk_size": _k("attention_chunk_size", default=8192, allow_null=True,
                                                  cite=_TF.format("Llama4Text") + "; an explicit null: no chunking")}
 
+# Nemotron-H / Nemotron 3 (vLLM nemotron_h.py; the checkpoints' configuration_nemotron_h.py, whose
+# key spellings n_groups / conv_kernel / expand the configs use, and transformers' NemotronHConfig,
+# whose mamba_n_groups / mamba_d_conv / mamba_expand are read second). The layer pattern and every
+# width the bundled configs state are required; the mixer sizes default as both configs do.
+_NEMO = "transformers / configuration_nemotron_h.py NemotronHConfig default"
+MAPPINGS["nemotron_h"] = {
+    **_CORE,
+    "num_layers": _k("num_layers", "num_hidden_layers", maximum=10_000, nullable=True,
+                     default=lambda v: len(_nemotron_pattern(v)),
+                     cite="newer NemotronHConfig: the length of layers_block_type"),
+    "hybrid_override_pattern": _k("hybrid_override_pattern", type="str", default=None, nullable=True),
+    "layers_block_type": _k("layers_block_type", type="list", default=None, nullable=True),
+    "intermediate_size": _k("intermediate_size", default=21504, cite=_NEMO),
+    "mamba_num_heads": _k("mamba_num_heads", default=128, cite=_NEMO),
+    "mamba_head_dim": _k("mamba_head_dim", default=64, cite=_NEMO),
+    "ssm_state_size": _k("ssm_state_size", default=128, cite=_NEMO),
+    "n_groups": _k("n_groups", "n_groups", "mamba_n_groups", default=8, cite=_NEMO),
+    "conv_kernel": _k("conv_kernel", "conv_kernel", "mamba_d_conv", default=4, cite=_NEMO),
+    "mamba_ssm_cache_dtype": _k("mamba_ssm_cache_dtype", type="str", default="float32", nullable=True,
+                                cite=_NEMO + " (vLLM's mamba_ssm_cache_dtype auto: float32)"),
+    "experts": _k("experts", "n_routed_experts", default=8, cite=_NEMO),
+    "top_k": _k("top_k", "num_experts_per_tok", default=2, cite=_NEMO),
+    "moe_intermediate_size": _k("moe_intermediate_size", default=7688, cite=_NEMO),
+    "shared_experts": _k("shared_experts", "n_shared_experts", minimum=0, default=1, allow_null=True,
+                         cite=_NEMO + "; an explicit null: none (vLLM NemotronHMoE)"),
+    "shared_intermediate_size": _k("shared_intermediate_size", "moe_shared_expert_intermediate_size",
+                                   minimum=0, default=7688, cite=_NEMO),
+    "moe_latent_size": _k("moe_latent_size", default=None, nullable=True),
+    "mtp_layers": _k("mtp_layers", "num_nextn_predict_layers", minimum=0, maximum=10_000, default=0,
+                     cite="none stated: no MTP drafter"),
+}
+
 # architecture -> (family, MTP drafter method)
 ARCHITECTURES = {
     "LlamaForCausalLM": ("dense", None),
@@ -254,6 +288,7 @@ ARCHITECTURES = {
     "Llama4ForConditionalGeneration": ("llama4", None),
     "Llama4ForCausalLM": ("llama4", None),
     "MiMoForCausalLM": ("mimo", "mimo_mtp"),
+    "NemotronHForCausalLM": ("nemotron_h", None),
 }
 
 # architectures whose text decoder's keys are only read from ``text_config`` (none at the top level)
@@ -302,6 +337,10 @@ class _Reader:
 
     def _check(self, spec, key, val):
         from .schema import shown      # a long list or mapping is described, not pasted into the line
+        bad = _non_finite_in(val)
+        if bad is not None:
+            refuse("not a finite number (JSON has no Infinity or NaN; the importer reads this key)",
+                   file=self.file, field=self.where + key, value=bad.literal, has_value=True)
         f = dict(file=self.file, field=self.where + key, value=shown(val), has_value=True)
         if val is None and spec.allow_null:
             return None
@@ -592,8 +631,9 @@ def _group_format(qc: dict, gname: str, g, file: str) -> str:
 # Representative module names of a node, for matching the unquantized-module lists. ``{L}`` is
 # the layer prefix (``model.layers.<i>`` and its multimodal spellings).
 MODULES = {
-    "qkv_proj": ("{L}.self_attn.q_proj", "{L}.self_attn.k_proj", "{L}.self_attn.v_proj"),
-    "o_proj": ("{L}.self_attn.o_proj",),
+    "qkv_proj": ("{L}.self_attn.q_proj", "{L}.self_attn.k_proj", "{L}.self_attn.v_proj",
+                 "{L}.mixer.q_proj", "{L}.mixer.k_proj", "{L}.mixer.v_proj"),
+    "o_proj": ("{L}.self_attn.o_proj", "{L}.mixer.o_proj"),
     "qkv_a_proj": ("{L}.self_attn.q_a_proj", "{L}.self_attn.kv_a_proj_with_mqa"),
     "q_b_proj": ("{L}.self_attn.q_b_proj",),
     "kv_b_proj": ("{L}.self_attn.kv_b_proj",),
@@ -602,16 +642,25 @@ MODULES = {
     "index_wq_b": ("{L}.self_attn.indexer.wq_b",),
     "index_wk_weights_proj": ("{L}.self_attn.indexers_proj", "{L}.self_attn.indexer.weights_proj"),
     "index_qk_proj": ("{L}.self_attn.index_q_proj", "{L}.self_attn.index_k_proj"),
-    "mixer_out": ("{L}.linear_attn.out_proj",),
+    "mixer_out": ("{L}.linear_attn.out_proj", "{L}.mixer.out_proj"),
+    # Nemotron-H (its modules sit under ``mixer``: one mixer per layer)
+    "mixer_in_proj": ("{L}.mixer.in_proj",),
+    "mlp_up": ("{L}.mixer.up_proj",),
+    "shared_expert_up": ("{L}.mixer.shared_experts.up_proj",),
+    "shared_expert_down": ("{L}.mixer.shared_experts.down_proj",),
+    "moe_latent_in": ("{L}.mixer.fc1_latent_proj",),
+    "moe_latent_out": ("{L}.mixer.fc2_latent_proj",),
     "mlp_gate_up": ("{L}.mlp.gate_proj", "{L}.mlp.up_proj", "{L}.feed_forward.gate_proj", "{L}.feed_forward.up_proj"),
-    "mlp_down": ("{L}.mlp.down_proj", "{L}.feed_forward.down_proj"),
+    "mlp_down": ("{L}.mlp.down_proj", "{L}.feed_forward.down_proj", "{L}.mixer.down_proj"),
     "experts": ("{L}.mlp.experts.0.gate_proj", "{L}.block_sparse_moe.experts.0.w1", "{L}.mlp.experts",
-                "{L}.mlp.experts.0.w1", "{L}.feed_forward.experts"),
+                "{L}.mlp.experts.0.w1", "{L}.feed_forward.experts", "{L}.mixer.experts.0.up_proj"),
     "shared_experts": ("{L}.mlp.shared_experts.gate_proj", "{L}.mlp.shared_expert.gate_proj",
-                       "{L}.block_sparse_moe.shared_experts.gate_proj", "{L}.feed_forward.shared_expert.gate_proj"),
+                       "{L}.block_sparse_moe.shared_experts.gate_proj", "{L}.feed_forward.shared_expert.gate_proj",
+                       "{L}.mixer.shared_experts.up_proj"),
     "lm_head": ("lm_head",),
 }
-_PREFIXES = ("model.layers.{i}", "model.language_model.layers.{i}", "language_model.model.layers.{i}")
+_PREFIXES = ("model.layers.{i}", "model.language_model.layers.{i}", "language_model.model.layers.{i}",
+             "backbone.layers.{i}")      # Nemotron-H checkpoints (vLLM maps backbone -> model)
 
 
 def _matcher(quant: Quant):
@@ -1191,6 +1240,149 @@ def _fam_qwen_hybrid(r, arch, act):
     return _order(kinds, sorted(kinds, key=lambda k: (k.startswith("attn"), k))), seq
 
 
+_NEMOTRON_LAYERS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def _nemotron_pattern(r) -> str:
+    """Nemotron-H's layer pattern, one character per layer (vLLM nemotron_h.py
+    ALL_DECODER_LAYER_TYPES: 'M' Mamba2, '*' attention, '-' MLP, 'E' MoE): hybrid_override_pattern,
+    else the newer configs' layers_block_type (mamba / attention / mlp / moe); an unknown layer
+    type is refused naming the key and the character."""
+    pat = r("hybrid_override_pattern")
+    if pat is not None:
+        for i, c in enumerate(pat):
+            if c not in _NEMOTRON_LAYERS:
+                refuse(f"unknown layer type at layer {i} (known: 'M' Mamba2, '*' attention, '-' MLP, "
+                       "'E' MoE)", file=r.file, field=r.where + "hybrid_override_pattern", value=c)
+        return pat
+    types = r("layers_block_type")
+    if types is None:
+        refuse("required key is missing (the layer pattern; or layers_block_type)", file=r.file,
+               field=r.where + "hybrid_override_pattern")
+    names = {v: k for k, v in _NEMOTRON_LAYERS.items()}
+    for i, t in enumerate(types):
+        if t not in names:
+            refuse(f"unknown layer type at layer {i} (known: {', '.join(names)})", file=r.file,
+                   field=r.where + "layers_block_type", value=str(t))
+    return "".join(names[t] for t in types)
+
+
+def _fam_nemotron_h(r, arch, act):
+    """Nemotron-H / Nemotron 3 (vLLM nemotron_h.py): one mixer per layer behind one RMSNorm, as
+    the layer pattern says.
+
+    - 'M' Mamba2 (MambaMixer2): in_proj (hidden -> z, xBC, dt: 2 I + 2 G S + H wide, I = heads x
+      head_dim), the scan (RecurrentUpdate mamba2), out_proj (I -> hidden) and its all-reduce.
+    - '*' attention: qkv_proj, gqa attention (no RoPE, no window), o_proj.
+    - '-' MLP: up_proj and down_proj (relu2: ungated, no gate matrix).
+    - 'E' MoE: relu2 routed experts (GroupedGEMM ``gated: false``) and one shared MLP of
+      n_shared_experts x moe_shared_expert_intermediate_size. With moe_latent_size (Nemotron 3
+      Super / Ultra) the routed experts run in the latent: fc1_latent_proj (hidden -> latent) and
+      fc2_latent_proj (latent -> hidden) are ReplicatedLinear GEMMs (``replicated: true``), the
+      experts' k is the latent, and the shared experts, which read the hidden state, are their own
+      up and down GEMMs.
+
+    Parameters (hand-worked; tests/test_hf_nemotron.py checks the graphs against them), Nemotron 3
+    Nano 30B-A3B: h 2688, 23 M + 23 E + 6 '*' layers; Mamba in_proj 10304 x 2688 + out_proj 4096 x
+    2688 = 38,707,200; attention (4096 + 2 x 256) x 2688 + 2688 x 4096 = 23,396,352; MoE 128 routed
+    x 2 x 1856 x 2688 = 1,277,165,568 plus shared 2 x 3712 x 2688 = 19,955,712; lm_head and embedding
+    131072 x 2688 = 352,321,536 each: 31,569,076,224 in all (31.6B, the published total), active
+    2,866,569,216 in the layers (6 routed experts of 9,977,856) + 352,321,536 lm_head = 3.22B, 3.57B
+    with the embedding (published: 3.2B active, 3.6B with embeddings). Super 120B-A12B: see the
+    test file."""
+    h, n = r("hidden_size"), r("num_layers")
+    pat = _nemotron_pattern(r)
+    key = "hybrid_override_pattern" if r("hybrid_override_pattern") is not None else "layers_block_type"
+    if len(pat) != n:
+        refuse(f"has {len(pat)} entries for {n} layers (num_hidden_layers)", file=r.file,
+               field=r.where + key, value=len(pat))
+    heads, hd, state = r("mamba_num_heads"), r("mamba_head_dim"), r("ssm_state_size")
+    groups, conv = r("n_groups"), r("conv_kernel")
+    inner = heads * hd      # vLLM: intermediate_size = mamba_num_heads * mamba_head_dim (expand is not read)
+    sd = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(r("mamba_ssm_cache_dtype"))
+    if sd is None:
+        refuse("unknown state dtype (known: float32, bfloat16, float16)", file=r.file,
+               field=r.where + "mamba_ssm_cache_dtype", value=r("mamba_ssm_cache_dtype"))
+    norm = _n("Elementwise", "input_norm")
+    kinds = {}
+    if "M" in pat:
+        kinds["mamba"] = [dict(norm), _gemm("mixer_in_proj", 2 * inner + 2 * groups * state + heads, h),
+                          _n("RecurrentUpdate", recurrent_kind="mamba2", n_heads=heads, d_h=hd, state_size=state,
+                             n_groups=groups, conv_kernel=conv, intermediate_size=inner, state_dtype=sd),
+                          _gemm("mixer_out", h, inner), _n("AllReduce", "mixer_out", emit="tensor_parallel")]
+        if "expand" in r.cfg and r.cfg["expand"] * h != inner:
+            r.inferred.append(f"expand not read: vLLM sizes the Mamba2 mixer as mamba_num_heads x mamba_head_dim "
+                              f"= {inner}")
+    if "*" in pat:
+        kinds["attention"] = _gqa_block(r)
+        r.inferred.append("attention without RoPE (NemotronHAttention): priced as gqa")
+    if "-" in pat:
+        ffn = r("intermediate_size")
+        kinds["mlp"] = [dict(norm), _gemm("mlp_up", ffn, h), _gemm("mlp_down", h, ffn), dict(AR_MLP)]
+    if "E" in pat:
+        kinds["moe"] = _nemotron_moe(r, h)
+    seq = _split_by_exclusion(r, kinds, [_NEMOTRON_LAYERS[c] for c in pat])
+    if r("mtp_layers"):
+        r.inferred.append(f"num_nextn_predict_layers {r('mtp_layers')}: the MTP drafter is not emitted "
+                          "(no drafter priced)")
+    if "E" in pat:
+        r.inferred.append("MoE router (GateLinear, fp32) not emitted, as the other families' routers")
+    return kinds, seq
+
+
+def _split_by_exclusion(r, kinds, seq):
+    """The layer sequence with each kind split where the checkpoint's unquantized-module list
+    treats its layers differently (Nemotron 3 Nano NVFP4 keeps six of its 23 Mamba layers' in_proj
+    and out_proj at bf16): the layers whose weight nodes are all left unquantized become their own
+    kind ``<kind>_unquantized`` (any other mixture ``<kind>_mixed<j>``), so every layer is priced
+    at its own format. ``kinds`` gains the new kinds (copies of the nodes)."""
+    quant = r.values.get("_quant")
+    if quant is None or quant.fmt is None or not quant.excluded:
+        return seq
+    out = list(seq)
+    for kid in list(kinds):
+        roles = [n.get("role", "") for n in kinds[kid] if n["op"] in ("GEMM", "GroupedGEMM")]
+        sigs = {i: tuple(_excluded(quant, role, i) for role in roles) for i, k in enumerate(seq) if k == kid}
+        common = max(set(sigs.values()), key=lambda g: (list(sigs.values()).count(g), not any(g)))
+        others = sorted({g for g in sigs.values() if g != common}, key=lambda g: (not all(g), g))
+        for j, sig in enumerate(others):
+            new = f"{kid}_unquantized" if all(sig) else f"{kid}_mixed{j}"
+            kinds[new] = [dict(n) for n in kinds[kid]]
+            layers = [i for i, g in sigs.items() if g == sig]
+            for i in layers:
+                out[i] = new
+            r.inferred.append(f"{kid}: layers {_short(layers)} keep {'all' if all(sig) else 'some'} of their weights "
+                              f"unquantized ({quant.source}): priced as their own kind {new}")
+    return out
+
+
+def _nemotron_moe(r, h):
+    """A Nemotron-H MoE layer (vLLM NemotronHMoE): ungated relu2 routed experts, one shared MLP of
+    n_shared_experts x moe_shared_expert_intermediate_size, the latent projections where
+    moe_latent_size is set."""
+    experts, top_k, ffn = r("experts"), r("top_k"), r("moe_intermediate_size")
+    shared, si = r("shared_experts"), r("shared_intermediate_size")
+    latent = r("moe_latent_size")
+    nodes = [_n("Elementwise", "input_norm")]
+    if latent is None:
+        node = _n("GroupedGEMM", "experts", n=ffn, k=h, experts=experts, top_k=top_k, gated=False)
+        if shared and si:
+            node.update(shared_experts=int(shared), shared_intermediate_size=int(si))
+        return nodes + [node, dict(A2A), dict(AR_MLP)]
+    if shared and si:
+        # vLLM builds the shared experts as one NemotronHMLP, shared x si wide, on the hidden state
+        nodes += [_gemm("shared_expert_up", shared * si, h), _gemm("shared_expert_down", h, shared * si)]
+    nodes += [dict(_gemm("moe_latent_in", latent, h), replicated=True),
+              _n("GroupedGEMM", "experts", n=ffn, k=latent, experts=experts, top_k=top_k, latent_size=latent,
+                 gated=False),
+              dict(_gemm("moe_latent_out", h, latent), replicated=True),
+              dict(A2A, bytes_per_token=2 * latent), dict(AR_MLP)]
+    r.inferred.append(f"latent MoE: routed experts on the {latent}-wide latent (fc1/fc2_latent_proj, replicated "
+                      f"on every tensor-parallel rank); the expert all-to-all carries the latent "
+                      f"({2 * latent} bytes per token); shared experts on the hidden state as their own GEMMs")
+    return nodes
+
+
 def _order(kinds, order):
     return {k: kinds[k] for k in order if k in kinds}
 
@@ -1199,7 +1391,7 @@ FAMILIES = {"dense": _fam_dense, "mistral": _fam_dense, "qwen_dense": _fam_dense
             "qwen_moe": _fam_moe, "minimax_m2": _fam_minimax_m2, "deepseek": _fam_deepseek, "dsa": _fam_dsa,
             "deepseek_v4": _fam_deepseek_v4, "gpt_oss": _fam_gpt_oss, "minimax_m3": _fam_minimax_m3,
             "qwen_hybrid": _fam_qwen_hybrid, "qwen3_vl": _fam_qwen3_vl, "qwen3_vl_moe": _fam_qwen3_vl,
-            "llama4": _fam_llama4, "mimo": _fam_dense}
+            "llama4": _fam_llama4, "mimo": _fam_dense, "nemotron_h": _fam_nemotron_h}
 
 
 # ----------------------------------------------------------------------------- formats per node
@@ -1289,8 +1481,37 @@ def _unique_keys(pairs):
     return out
 
 
+class _NonFinite(float):
+    """A JSON ``Infinity``, ``-Infinity`` or ``NaN`` literal (not JSON, but Python's json module and
+    transformers write them: Nemotron 3's ``"time_step_limit": [0.0, Infinity]``). Parsed, so a
+    config holding one in a key the importer does not read imports; a key the importer reads that
+    holds one is refused naming the file, the key and the literal (``_Reader._check``)."""
+
+    def __new__(cls, name):
+        obj = super().__new__(cls, {"Infinity": "inf", "-Infinity": "-inf"}.get(name, "nan"))
+        obj.literal = name
+        return obj
+
+    def __repr__(self):
+        return self.literal
+
+    __str__ = __repr__
+
+
 def _no_constant(name):
-    raise _BadJson(f"{name} is not a number JSON allows")
+    return _NonFinite(name)
+
+
+def _non_finite_in(val):
+    """The first non-finite literal in a config value (nested lists and mappings too), or None."""
+    if isinstance(val, _NonFinite):
+        return val
+    items = val.values() if isinstance(val, dict) else val if isinstance(val, list) else ()
+    for v in items:
+        found = _non_finite_in(v)
+        if found is not None:
+            return found
+    return None
 
 
 def _read_json(path: Path, what: str) -> tuple:
@@ -1364,6 +1585,8 @@ def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Import
                field="text_config")
     r, multimodal = _text_reader(raw, family, file)
     base = _base_dtype(r, raw)
+    if family == "nemotron_h":      # its layers split by the checkpoint's per-layer exclusions
+        r.values["_quant"] = read_quantization(r.cfg, raw, file, qdoc, qfile)
     kinds, seq = _layers(r, family, arch, base)
     head, glob = _weights(r, raw, kinds, seq, base, qdoc, qfile)
     stack = _compress(seq)

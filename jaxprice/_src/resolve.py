@@ -843,20 +843,23 @@ def _fuses(open_row: GemmRow, row: GemmRow) -> bool:
 def _grouped_gemm(node, kind_index: int, phase: int, replicated: bool, div: int, fmt: str,
                   classes: _RateClasses) -> _ExpertNode:
     """A GroupedGEMM node: its routed experts (6 n k FLOPs and 3 n k weights each, at the
-    grouped rate class of its format) and its shared experts, a dense term without a shape."""
+    grouped rate class of its format) and its shared experts, a dense term without a shape.
+    ``gated: false`` (registry/EXTENSIONS.md): ungated experts (an up and a down matrix, as
+    Nemotron-H's relu2 experts run), 4 n k FLOPs and 2 n k weights each, routed and shared."""
     # COVERAGE LIMIT [prefill-only-experts]: phase: prefill on a GroupedGEMM gates its
     # launches and shared experts; its routed experts are priced in every step
     n_, k_ = node["n"], node["k"]
+    mats = 3.0 if node.get("gated", True) else 2.0     # gate, up and down matrices; or up and down
     w = DTYPE_BYTES[fmt]
     cls = classes.for_format(fmt, grouped=True)
     shared = node.get("shared_experts", 0) or 0
     if shared <= 0:
-        return _ExpertNode(6.0 * n_ * k_, 3.0 * n_ * k_ * w, node["top_k"], cls, 0.0, None)
+        return _ExpertNode(2.0 * mats * n_ * k_, mats * n_ * k_ * w, node["top_k"], cls, 0.0, None)
     inner = node.get("shared_intermediate_size") or n_
-    sbytes = 3.0 * inner * k_ * shared * w
-    row = GemmRow(kind_index, 0, 0, 6.0 * inner * k_ * shared, False, phase, classes.for_format(fmt),
+    sbytes = mats * inner * k_ * shared * w
+    row = GemmRow(kind_index, 0, 0, 2.0 * mats * inner * k_ * shared, False, phase, classes.for_format(fmt),
                   replicated, False)
-    return _ExpertNode(6.0 * n_ * k_, 3.0 * n_ * k_ * w, node["top_k"], cls, sbytes / div, row)
+    return _ExpertNode(2.0 * mats * n_ * k_, mats * n_ * k_ * w, node["top_k"], cls, sbytes / div, row)
 
 
 def _prefill_pair_dim(node) -> float:

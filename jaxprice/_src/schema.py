@@ -652,8 +652,9 @@ SCALE_BYTES = {"nvfp4": 1.0 / 16, "mxfp4": 1.0 / 32, "mxfp8": 1.0 / 32}
 _COMMON = {"op", "role", "emit", "phase", "replicated"}
 NODE_KEYS = {
     "GEMM": _COMMON | {"n", "k", "weight_dtype"},
+    # gated: jaxprice extension, false for ungated (up and down only) experts, as relu2 experts run
     "GroupedGEMM": _COMMON | {"n", "k", "experts", "top_k", "shared_experts",
-                              "shared_intermediate_size", "latent_size", "weight_dtype"},
+                              "shared_intermediate_size", "latent_size", "weight_dtype", "gated"},
     # qk_nope_head_dim, v_head_dim: jaxprice extension, an MLA layer's prefill head dimensions
     "Attention": _COMMON | {"kind", "n_q", "n_kv", "d_h", "kv_lora_rank", "qk_rope_head_dim",
                             "window", "index_topk", "compress_ratio", "qk_nope_head_dim", "v_head_dim"},
@@ -685,6 +686,7 @@ POSITIVE_NODE_FIELDS = {"n", "k", "n_q", "n_kv", "d_h"}
 NODE_FIELDS = {**{k: Int(1 if k in POSITIVE_NODE_FIELDS else 0, below=DIM_LIMIT) for k in INT_NODE_FIELDS},
                "op": Str(), "role": Str(nullable=True), "emit": Str(nullable=True), "phase": Str(),
                "replicated": Bool(message="replicated must be true or false"),
+               "gated": Bool(message="gated must be true or false"),
                "weight_dtype": Str(), "state_dtype": Str(nullable=True), "kind": Str(), "recurrent_kind": Str(),
                "half": Str(), "bytes_per_token": Num(minimum=0), "compress_ratio": Num(minimum=0)}
 
