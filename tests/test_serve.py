@@ -517,6 +517,37 @@ def test_windowed_kv_capacity_by_hand():
     assert serve.windowed_kv_capacity(float("inf"), 36864.0, ((128.0, 18432.0),), 1536.0, 16) == float("inf")
 
 
+def test_recurrent_state_shrinks_the_kv_cache_by_hand():
+    """A hybrid model's requests each hold their recurrent state beside their KV blocks.
+    Nemotron 3 Nano's Mamba2 layers (64 heads of 64, state 128, 8 groups, conv kernel 4, fp32):
+    ((4096 + 2 x 8 x 128) x 3 + 64 x 64 x 128) x 4 = 2,170,880 B per layer and request, 23 layers
+    49,930,240 B on one GPU; at a resident length of 1,536 tokens that is 32,507 B per token
+    beside the 6,144 B of its attention layers, so the cache holds 6144 / (6144 + 32507) of the
+    tokens; a GDN layer (Qwen3.5) holds n_heads x state^2 x 4 B. No compile."""
+    from jaxprice._src import laws
+    assert laws.recurrent_state_bytes("mamba2", 64, 64, 128, 8, 4, 4096, 4.0) == 2_170_880
+    assert laws.recurrent_state_bytes("gdn", 64, 128, 128, 1, 4, 0, 4.0) == 64 * 128 * 128 * 4
+    import argparse
+
+    from jaxprice._src import cli_price
+    nano = cli_price.load_scenario_deployment("nvidia-nemotron-3-nano-30b-a3b-bf16", None, argparse.Namespace(
+        chip="h200", tp="1", dp=None, ep=None, weights=None, gpus_per_node=None, fabric=None))
+    m = nano.plan.memory
+    assert m["recurrent_state_bytes_per_request"] == 23 * 2_170_880 and m["kv_bytes_per_token"] == 6144
+    got = serve.windowed_kv_capacity(1000.0, 6144.0, (), 1536.0, 16, 23 * 2_170_880)
+    assert got == pytest.approx(1000.0 * 6144 / (6144 + 49_930_240 / 1536), rel=1e-12)
+    assert got == pytest.approx(158.97, rel=1e-4)
+    # the run's settings take it (and say so); a model without recurrent layers keeps the plan's capacity
+    out, src = serve.engine_settings(nano, ref_len=1536.0)
+    assert out["kv_capacity_tokens"] == pytest.approx(serve.windowed_kv_capacity(
+        m["kv_capacity_tokens"], 6144.0, (), 1536.0, out["block_size"], m["recurrent_state_bytes_per_request"]))
+    assert "recurrent state (47.6 MiB per rank)" in src["kv_capacity_tokens"][1]
+    dense = jp.load_deployment(DEP)
+    assert dense.plan.memory["recurrent_state_bytes_per_request"] == 0.0
+    assert serve.engine_settings(dense, ref_len=1536.0)[0]["kv_capacity_tokens"] == \
+        dense.plan.memory["kv_capacity_tokens"]
+
+
 def test_a_model_with_window_layers_gets_the_larger_kv_cache():
     """The plan reports the windowed share of the KV bytes per token (the reference's law, kept
     whole in kv_bytes_per_token); the serving layer sizes the cache by it at the run's resident

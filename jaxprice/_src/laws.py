@@ -59,6 +59,19 @@ def floor_plus_rate(active, floor, amount, rate):
     return jnp.where(active, floor + safe_div(amount, rate), 0.0)
 
 
+def recurrent_state_bytes(kind, n_heads, d_h, state, n_groups, conv_kernel, intermediate, width):
+    """One recurrent mixer's state per request (reference-kernel.md section 3.13)  [bytes].
+
+    mamba2: ((intermediate + 2 n_groups state) max(conv_kernel - 1, 1) + n_heads d_h state) w,
+    with n_heads state^2 in place of n_heads d_h state where d_h is 0 (the conv and SSM states);
+    kda, gdn: n_heads state^2 w (one matrix state per head). w: the state's bytes per value.
+    """
+    if kind == "mamba2":
+        ssm = n_heads * (d_h if d_h else state) * state
+        return ((intermediate + 2 * n_groups * state) * max(conv_kernel - 1, 1) + ssm) * width
+    return n_heads * state * state * width
+
+
 # ----------------------------------------------------------------------------- attention
 
 

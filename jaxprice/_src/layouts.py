@@ -282,7 +282,8 @@ def _kv_tokens(dep: Deployment, length: float) -> float:
     from .serve import windowed_kv_capacity
     m = dep.plan.memory
     return windowed_kv_capacity(float(m["kv_capacity_tokens"]), float(m["kv_bytes_per_token"]),
-                                m.get("kv_window_bytes_per_token", ()), float(length), int(m.get("block_size", 16)))
+                                m.get("kv_window_bytes_per_token", ()), float(length), int(m.get("block_size", 16)),
+                                float(m.get("recurrent_state_bytes_per_request", 0.0)))
 
 
 def _engine_key(dep: Deployment, layout: Layout):

@@ -1203,6 +1203,25 @@ def _memory(scenario: Scenario, docs: Documents, widths: Widths, stack: LayerSta
     return memory
 
 
+def _recurrent_state(graph: ModelGraph, stack: LayerStack, mamba_cache: str, tp: int) -> float:
+    """One request's recurrent state on one rank (bytes): each RecurrentUpdate node of the
+    target's stack (laws.recurrent_state_bytes; at its state_dtype, else the engine's
+    mamba_cache_dtype, auto = fp32) times its kind's layer count, over tp (vLLM shards a
+    mixer's heads and channels over the tensor-parallel group). 0 for a model without one."""
+    total = 0.0
+    for kid, count, drafter in stack.kinds:
+        if drafter:
+            continue
+        for n in graph.layer_kinds[kid]:
+            if n["op"] != "RecurrentUpdate":
+                continue
+            width = DTYPE_BYTES.get(n.get("state_dtype") or "", MAMBA_CACHE_DTYPES[mamba_cache])
+            total += count * laws.recurrent_state_bytes(
+                n["recurrent_kind"], n["n_heads"], n.get("d_h") or 0, n["state_size"], n.get("n_groups") or 1,
+                n.get("conv_kernel") or 1, n.get("intermediate_size") or 0, width)
+    return total / max(int(tp), 1)
+
+
 # ----------------------------------------------------------------------------- stages: the plan
 
 
@@ -1372,6 +1391,9 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     # the share of those bytes in sliding-window layers, by window (reported; the serving layer
     # sizes its KV cache by it: serve.windowed_kv_capacity)
     memory["kv_window_bytes_per_token"] = walk.kv_windows
+    # one request's recurrent state on this rank (reported; the serving layer holds it beside the
+    # request's KV blocks: serve.windowed_kv_capacity)
+    memory["recurrent_state_bytes_per_request"] = _recurrent_state(docs.graph, stack, formats.mamba_cache, widths.tp)
     prefill = _prefill_attention(scope)
     # the BF16 class (prefill attention, scans) must exist before the class tables are taken
     bf16_class = classes.for_format("bf16")

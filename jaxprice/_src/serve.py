@@ -127,7 +127,7 @@ def _next_pow2(x):
 
 
 def windowed_kv_capacity(capacity_tokens: float, kv_bytes_per_token: float, windows, length: float,
-                         block_size: int) -> float:
+                         block_size: int, state_bytes: float = 0.0) -> float:
     """KV-cache tokens a rank holds when some layers keep only a sliding window (tokens).
 
     ``capacity_tokens`` counts tokens at the full ``kv_bytes_per_token`` (B/token, every layer);
@@ -143,12 +143,21 @@ def windowed_kv_capacity(capacity_tokens: float, kv_bytes_per_token: float, wind
     every request (short ones hold their whole context in every layer) and the page padding of
     vLLM's layer groups is ignored. Not settled for gpt-oss: vLLM 0.15-0.18 logged its maximum
     concurrency with the windows bounded, 0.21-0.22 with every layer at full length
-    (testdata/measured/inferencex_engine_logs.csv)."""
-    if not windows or not math.isfinite(capacity_tokens) or kv_bytes_per_token <= 0 or length <= 0:
+    (testdata/measured/inferencex_engine_logs.csv).
+
+    ``state_bytes``: a hybrid model's recurrent state per request and rank (Mamba2, GDN, KDA
+    layers: ``plan.memory['recurrent_state_bytes_per_request']``), held from admission to finish
+    beside the KV blocks; at L tokens a request then holds S / L more bytes per token, and the
+    cache holds that many fewer tokens. KNOWN DIVERGENCE [recurrent-state-kv]: vLLM keeps the
+    state in pages of the same KV pool (one page per request and recurrent layer group, the
+    attention pages padded to its size); here it is spread over the request's tokens at the
+    run's typical length, as the windows are."""
+    if (not windows and state_bytes <= 0) or not math.isfinite(capacity_tokens) or kv_bytes_per_token <= 0 \
+            or length <= 0:
         return capacity_tokens
     windowed = sum(b for _w, b in windows)
     held = (kv_bytes_per_token - windowed) + sum(b * min(1.0, (w + block_size) / length) for w, b in windows)
-    return capacity_tokens * kv_bytes_per_token / held
+    return capacity_tokens * kv_bytes_per_token / (held + state_bytes / length)
 
 
 class _Settings:
@@ -293,12 +302,15 @@ def _kv_blocks(s: _Settings, dep, ref_len):
     if isinstance(cap, bool) or not (isinstance(cap, (int, float)) and cap >= 0):
         s.refuse("must be a number >= 0 (tokens per dp rank)", "kv_capacity_tokens")
     windows = dep.plan.memory.get("kv_window_bytes_per_token", ())
-    if windows and ref_len and math.isfinite(cap):
+    state = float(dep.plan.memory.get("recurrent_state_bytes_per_request", 0.0))
+    if (windows or state > 0) and ref_len and math.isfinite(cap):
         cap = out["kv_capacity_tokens"] = windowed_kv_capacity(cap, float(dep.plan.memory["kv_bytes_per_token"]),
-                                                               windows, float(ref_len), out["block_size"])
-        src["kv_capacity_tokens"] = (f"{src['kv_capacity_tokens']}, counted at the full KV bytes per token; more "
-                                     f"with the sliding-window layers holding only their window, at the run's mean "
-                                     f"prompt + half its mean output (windowed_kv_capacity)")
+                                                               windows, float(ref_len), out["block_size"], state)
+        parts = (["more with the sliding-window layers holding only their window"] if windows else []) + \
+            ([f"less by each request's recurrent state ({state / 2 ** 20:.1f} MiB per rank)"] if state > 0 else [])
+        src["kv_capacity_tokens"] = (f"{src['kv_capacity_tokens']}, counted at the full KV bytes per token; "
+                                     f"{'; '.join(parts)}, at the run's mean prompt + half its mean output "
+                                     "(windowed_kv_capacity)")
     blocks = int(cap // out["block_size"]) - 1 if math.isfinite(cap) else 2 ** 40
     out["kv_blocks"] = min(max(blocks, 0), 2 ** 40)      # 2**40 blocks or more: unlimited, as inf (int64 lanes)
     src["kv_blocks"] = ("floor(kv_capacity_tokens / block_size) - 1 (vLLM's null block)" if blocks < 2 ** 40 else
