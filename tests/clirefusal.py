@@ -42,3 +42,20 @@ def share_deployment(monkeypatch, name, dep, modules):
         return dep if scenario == name and pool is None and plain else original(scenario, pool, args)
     for mod in modules:
         monkeypatch.setattr(mod, "load_scenario_deployment", cached)
+
+
+def import_refused(path, field, value, reason) -> str:
+    """``import_result(path)`` (a config.json) refused in one line that starts with the file and
+    names the field, the value (as repr shows it; None: not checked) and matches ``reason``."""
+    import re
+
+    from jaxprice._src.hf import import_result
+    with pytest.raises(JaxpriceError) as info:
+        import_result(path)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(str(path)), msg
+    assert f"field '{field}'" in msg, msg
+    if value is not None:
+        assert f"value {value!r}" in msg, msg
+    assert re.search(reason, msg), msg
+    return msg

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clirefusal import import_refused
 
 import jaxprice as jp
 from jaxprice import JaxpriceError, Registry, load_scenario, resolve
@@ -208,40 +209,29 @@ def _cfg(folder=NANO):
     return json.loads((HF / folder / "config.json").read_text())
 
 
-def _refused(path, field, value, reason):
-    with pytest.raises(JaxpriceError) as info:
-        import_result(path)
-    msg = str(info.value)
-    assert "\n" not in msg and msg.startswith(str(path)), msg
-    assert f"field '{field}'" in msg, msg
-    if value is not None:
-        assert f"value {value}" in msg, msg
-    assert re.search(reason, msg), msg
-
-
 def test_refusals_name_file_key_and_value(tmp_path):
     c = _cfg()
     c["hybrid_override_pattern"] = c["hybrid_override_pattern"][:-1]
-    _refused(_write(tmp_path, c), "hybrid_override_pattern", "51", r"has 51 entries for 52 layers \(num_hidden_layers\)")
+    import_refused(_write(tmp_path, c), "hybrid_override_pattern", 51, r"has 51 entries for 52 layers \(num_hidden_layers\)")
     c = _cfg()
     c["hybrid_override_pattern"] = "X" + c["hybrid_override_pattern"][1:]
-    _refused(_write(tmp_path, c), "hybrid_override_pattern", "'X'", "unknown layer type at layer 0")
+    import_refused(_write(tmp_path, c), "hybrid_override_pattern", "X", "unknown layer type at layer 0")
     c = _cfg()
     del c["hybrid_override_pattern"]
-    _refused(_write(tmp_path, c), "hybrid_override_pattern", None, "required key is missing")
+    import_refused(_write(tmp_path, c), "hybrid_override_pattern", None, "required key is missing")
     u = _cfg(ULTRA)
     u["layers_block_type"][3] = "ssm"
-    _refused(_write(tmp_path, u), "layers_block_type", "'ssm'", "unknown layer type at layer 3")
+    import_refused(_write(tmp_path, u), "layers_block_type", "ssm", "unknown layer type at layer 3")
     u = _cfg(ULTRA)
     u["num_hidden_layers"] = 100
-    _refused(_write(tmp_path, u), "layers_block_type", "108", r"has 108 entries for 100 layers")
+    import_refused(_write(tmp_path, u), "layers_block_type", 108, r"has 108 entries for 100 layers")
     # a non-finite literal where the importer reads: refused; where it does not: imported
     text = (HF / NANO / "config.json").read_text()
     p = _write(tmp_path, {})
     p.write_text(text.replace('"hidden_size": 2688', '"hidden_size": Infinity'))
-    _refused(p, "hidden_size", "'Infinity'", "not a finite number")
+    import_refused(p, "hidden_size", "Infinity", "not a finite number")
     p.write_text(text.replace('"ssm_state_size": 128', '"ssm_state_size": NaN'))
-    _refused(p, "ssm_state_size", "'NaN'", "not a finite number")
+    import_refused(p, "ssm_state_size", "NaN", "not a finite number")
     p.write_text(text.replace('"time_step_max": 0.1', '"time_step_max": -Infinity'))
     assert import_result(p).doc["layer_kinds"] == _doc(NANO)["layer_kinds"]
 
@@ -313,7 +303,7 @@ def test_ungated_experts_read_two_thirds_of_the_gated_weights():
     np.testing.assert_array_equal(np.asarray(a["expert_bytes"]), np.asarray(dep.plan.arrays["expert_bytes"]))
 
 
-def test_a_gated_field_that_is_not_a_boolean_is_refused():
+def test_a_gated_field_that_is_not_a_boolean_isimport_refused():
     from jaxprice._src.formats import _parse_node
     from jaxprice._src.hf import graph_from_doc
     doc = copy.deepcopy(_doc(NANO))
