@@ -1321,7 +1321,7 @@ def _fam_nemotron_h(r, arch, act):
         kinds["mlp"] = [dict(norm), _gemm("mlp_up", ffn, h), _gemm("mlp_down", h, ffn), dict(AR_MLP)]
     if "E" in pat:
         kinds["moe"] = _nemotron_moe(r, h)
-    seq = _split_by_exclusion(r, kinds, [_NEMOTRON_LAYERS[c] for c in pat])
+    seq = [_NEMOTRON_LAYERS[c] for c in pat]
     if r("mtp_layers"):
         r.inferred.append(f"num_nextn_predict_layers {r('mtp_layers')}: the MTP drafter is not emitted "
                           "(no drafter priced)")
@@ -1330,14 +1330,14 @@ def _fam_nemotron_h(r, arch, act):
     return kinds, seq
 
 
-def _split_by_exclusion(r, kinds, seq):
+def _split_by_exclusion(r, kinds, seq, quant: Quant):
     """The layer sequence with each kind split where the checkpoint's unquantized-module list
     treats its layers differently (Nemotron 3 Nano NVFP4 keeps six of its 23 Mamba layers' in_proj
     and out_proj at bf16): the layers whose weight nodes are all left unquantized become their own
     kind ``<kind>_unquantized`` (any other mixture ``<kind>_mixed<j>``), so every layer is priced
-    at its own format. ``kinds`` gains the new kinds (copies of the nodes)."""
-    quant = r.values.get("_quant")
-    if quant is None or quant.fmt is None or not quant.excluded:
+    at its own format (every family; no other bundled config's exclusions differ by layer).
+    ``kinds`` gains the new kinds (copies of the nodes)."""
+    if quant.fmt is None or not quant.excluded:
         return seq
     out = list(seq)
     for kid in list(kinds):
@@ -1585,10 +1585,10 @@ def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Import
                field="text_config")
     r, multimodal = _text_reader(raw, family, file)
     base = _base_dtype(r, raw)
-    if family == "nemotron_h":      # its layers split by the checkpoint's per-layer exclusions
-        r.values["_quant"] = read_quantization(r.cfg, raw, file, qdoc, qfile)
     kinds, seq = _layers(r, family, arch, base)
-    head, glob = _weights(r, raw, kinds, seq, base, qdoc, qfile)
+    quant = read_quantization(r.cfg, raw, file, qdoc, qfile)
+    seq = _split_by_exclusion(r, kinds, seq, quant)
+    head, glob = _weights(r, kinds, seq, base, quant)
     stack = _compress(seq)
     repo = hf_repo or _hf_repo(cfg_path, raw)
     doc = {"format": "jaxprice-model/1", "name": name or _default_name(cfg_path, sha, repo),
@@ -1695,11 +1695,10 @@ def _layers(r, family: str, arch: str, base: str) -> tuple:
     return kinds, seq
 
 
-def _weights(r, raw: dict, kinds: dict, seq: list, base: str, qdoc: dict | None, qfile: str | None) -> tuple:
-    """(head nodes, graph weight dtype): the checkpoint's quantization read and applied to the
-    layer kinds' and the head's weight nodes (_apply_quant), and noted where it quantizes."""
+def _weights(r, kinds: dict, seq: list, base: str, quant: Quant) -> tuple:
+    """(head nodes, graph weight dtype): the checkpoint's quantization applied to the layer kinds'
+    and the head's weight nodes (_apply_quant), and noted where it quantizes."""
     head = [_n("Elementwise", "final_norm"), _gemm("lm_head", r("vocab_size"), r("hidden_size"))]
-    quant = read_quantization(r.cfg, raw, r.file, qdoc, qfile)
     glob = _apply_quant(kinds, seq, head, quant, base, r)
     if quant.fmt:
         left = sorted({p for _, p in quant.excluded})
