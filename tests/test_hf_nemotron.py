@@ -341,3 +341,21 @@ def test_nano_prices_by_its_bundled_name(capsys):
     rows = [line.split() for line in out.splitlines() if re.match(r"^\s+(1|8)\s", line)]
     assert [r[0] for r in rows] == ["1", "8"]
     assert all(float(r[-3]) > 0 and r[-1] == "hbm" for r in rows), out
+
+
+def test_the_mtp_block_of_super_and_ultra_is_their_drafter(tmp_path):
+    """Super and Ultra ship one MTP block (num_nextn_predict_layers 1) whose layers the config
+    spells like the target's: Super's mtp_hybrid_override_pattern '*E', Ultra's
+    mtp_layers_block_type [attention, moe] (vLLM nemotron_h_mtp.py): the drafter is an attention
+    layer and a MoE layer of the target's kinds, drafting one token; Nano states none. A layer
+    type the target has no kind of is refused, naming the key."""
+    for folder in (SUPER, ULTRA):
+        spec = import_result(HF / folder).doc["speculator"]
+        assert spec == {"method": "nemotron_h_mtp", "num_spec_tokens": 1,
+                        "stack": {"pattern": ["attention", "moe"], "repeat": 1}}, folder
+    assert "speculator" not in import_result(HF / NANO).doc
+    bad = json.loads((HF / SUPER / "config.json").read_text())
+    bad["mtp_hybrid_override_pattern"] = "*X"
+    import_refused(_write(tmp_path, bad), "mtp_hybrid_override_pattern", "X", "MTP layer type the model has no")
+    bad["mtp_hybrid_override_pattern"] = "-"          # Super has no plain MLP layer
+    import_refused(_write(tmp_path, bad), "mtp_hybrid_override_pattern", "mlp", "MTP layer type the model has no")

@@ -256,6 +256,9 @@ MAPPINGS["nemotron_h"] = {
     "moe_latent_size": _k("moe_latent_size", default=None, nullable=True),
     "mtp_layers": _k("mtp_layers", "num_nextn_predict_layers", minimum=0, maximum=10_000, default=0,
                      cite="none stated: no MTP drafter"),
+    # the MTP block's own layer pattern (vLLM nemotron_h_mtp.py), as the target's is spelled
+    "mtp_hybrid_override_pattern": _k("mtp_hybrid_override_pattern", type="str", default=None, nullable=True),
+    "mtp_layers_block_type": _k("mtp_layers_block_type", type="list", default=None, nullable=True),
 }
 
 # architecture -> (family, MTP drafter method)
@@ -288,7 +291,7 @@ ARCHITECTURES = {
     "Llama4ForConditionalGeneration": ("llama4", None),
     "Llama4ForCausalLM": ("llama4", None),
     "MiMoForCausalLM": ("mimo", "mimo_mtp"),
-    "NemotronHForCausalLM": ("nemotron_h", None),
+    "NemotronHForCausalLM": ("nemotron_h", "nemotron_h_mtp"),
 }
 
 # architectures whose text decoder's keys are only read from ``text_config`` (none at the top level)
@@ -1322,9 +1325,6 @@ def _fam_nemotron_h(r, arch, act):
     if "E" in pat:
         kinds["moe"] = _nemotron_moe(r, h)
     seq = [_NEMOTRON_LAYERS[c] for c in pat]
-    if r("mtp_layers"):
-        r.inferred.append(f"num_nextn_predict_layers {r('mtp_layers')}: the MTP drafter is not emitted "
-                          "(no drafter priced)")
     if "E" in pat:
         r.inferred.append("MoE router (GateLinear, fp32) not emitted, as the other families' routers")
     return kinds, seq
@@ -1721,10 +1721,31 @@ def _add_speculator(doc: dict, r, family: str, mtp_method: str | None):
     MTP layer)."""
     mtp = r("mtp_layers") if "mtp_layers" in r.table else 0
     if mtp and mtp_method:
-        last = list(doc["layer_kinds"])[-1]
+        pattern = _nemotron_mtp_kinds(r, doc) if family == "nemotron_h" else None
+        pattern = pattern or [list(doc["layer_kinds"])[-1]]
         doc["speculator"] = {"method": mtp_method, "num_spec_tokens": int(mtp) if family == "minimax_m3" else 1,
-                             "stack": {"pattern": [last], "repeat": 1}}
-        r.inferred.append(f"MTP drafter: {mtp_method}, one layer of kind {last}")
+                             "stack": {"pattern": pattern, "repeat": 1}}
+        r.inferred.append(f"MTP drafter: {mtp_method}, " + (f"one layer of kind {pattern[0]}" if len(pattern) == 1
+                                                             else f"layers of kinds {', '.join(pattern)}"))
+
+
+def _nemotron_mtp_kinds(r, doc) -> list | None:
+    """Nemotron 3's MTP block as the target's layer kinds (vLLM nemotron_h_mtp.py builds it from
+    mtp_hybrid_override_pattern / mtp_layers_block_type, Super's '*E': an attention and a MoE
+    layer; its eh_proj fusion not emitted, as deepseek_mtp's); None where the config states no
+    pattern. A layer type the target has no kind of is refused."""
+    pat, key = r("mtp_hybrid_override_pattern"), "mtp_hybrid_override_pattern"
+    if pat is None and r("mtp_layers_block_type") is not None:
+        names = {v: k for k, v in _NEMOTRON_LAYERS.items()}
+        pat, key = "".join(names.get(str(t), "?") for t in r("mtp_layers_block_type")), "mtp_layers_block_type"
+    if pat is None:
+        return None
+    kinds = [_NEMOTRON_LAYERS.get(c) for c in pat]
+    for c, k in zip(pat, kinds):
+        if k is None or k not in doc["layer_kinds"]:
+            refuse("an MTP layer type the model has no layer of (known: the target's "
+                   f"{', '.join(doc['layer_kinds'])})", file=r.file, field=r.where + key, value=c if k is None else k)
+    return kinds
 
 
 def graph_from_doc(doc: dict, file: str):
