@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -345,3 +346,12 @@ def test_llama4_module_names_meet_the_quantization_lists(tmp_path):
     dense = doc["layer_kinds"]["chunked_dense"]
     assert all("weight_dtype" not in n for n in dense if n["op"] == "GEMM")
     assert all("weight_dtype" not in n for n in doc["head"])
+
+
+def test_the_readme_lists_every_architecture_the_importer_reads():
+    """README.md's list of importable architectures is the importer's table, name for name."""
+    from jaxprice._src.hf import ARCHITECTURES
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("The importer reads these architectures")
+    listed = re.findall(r"`(\w+For\w+)`", text[start:text.index("A coefficient\nentry reads", start)])
+    assert sorted(listed) == sorted(ARCHITECTURES)
