@@ -410,3 +410,25 @@ def test_the_default_context_fits_the_deployments_max_model_len(tmp_path):
     specs = cli_price.build_batches(args, dep_short, None)
     # the context after the step is 2048: 2047 tokens computed before it, 1 scheduled
     assert [list(s[3]) for s in specs] == [[2047.0], [2047.0, 2047.0]]
+
+
+def test_price_says_when_the_deployment_would_not_start(capsys):
+    """Llama-3.1-70B in bf16 on one H100: 131.4 GiB of weights on an 80 GiB GPU. The step is still
+    priced (it needs no memory), and the report says the deployment does not fit, in the text and
+    in --json; on 4 GPUs it fits and nothing is said."""
+    import argparse
+    rc, out, _ = run(capsys, "price", "llama-3.1-70b-instruct", "--chip", "h100", "--tp", "1", "--weights", "bf16",
+                     "--decode", "1", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and doc["fits"] is False and doc["fit_note"].startswith("does not fit: weights 131.4 GiB")
+    rc, out, _ = run(capsys, "price", "llama-3.1-70b-instruct", "--chip", "h100", "--tp", "1", "--weights", "bf16",
+                     "--decode", "1")
+    assert rc == 0 and out.rstrip().endswith(f"note: this deployment {doc['fit_note']}: vLLM would not start it; "
+                                             "the steps are priced as if it did")
+    ns = lambda tp: argparse.Namespace(chip="h100", tp=tp, dp=None, ep=None, weights="bf16",  # noqa: E731
+                                       gpus_per_node=None, fabric=None)
+    args = argparse.Namespace(batch=None, decode="1", prefill=None, context=None, ignore_limits=False)
+    four = cli_price.load_scenario_deployment("llama-3.1-70b-instruct", None, ns("4"))
+    assert cli_price.fit_note(four, cli_price.build_batches(args, four, None)) == ""
+    one = cli_price.load_scenario_deployment("llama-3.1-70b-instruct", None, ns("1"))
+    assert cli_price.fit_note(one, cli_price.build_batches(args, one, None)) == doc["fit_note"]

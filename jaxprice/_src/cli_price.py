@@ -572,13 +572,27 @@ def run(args) -> int:
                  labels=[s[0] for s in specs], what="batch")
     records = step_records(specs, result, smooth=temperature is not None)
     layers = _breakdowns(dep, batches, temperature) if args.breakdown else None
+    unfit = fit_note(dep, specs)
     if args.json:
-        print(json.dumps(_json_report(dep, records, layers, temperature), indent=1))
+        print(json.dumps({**_json_report(dep, records, layers, temperature), "fits": not unfit,
+                          "fit_note": unfit or None}, indent=1))
     else:
-        print(_text_report(args, dep, specs, records, layers, threshold, temperature))
+        print(_text_report(args, dep, specs, records, layers, threshold, temperature)
+              + (f"\nnote: this deployment {unfit}: vLLM would not start it; the steps are priced as if it did"
+                 if unfit else ""))
     if args.plot:
         _write_plot(args, dep, specs, result, temperature)
     return 0
+
+
+def fit_note(dep, specs) -> str:
+    """Why the deployment cannot hold its weights and one request of the longest context the
+    batches hold (layouts.fits); "" where it can. The step price does not need the memory, but
+    a price of a deployment that would not start should say so."""
+    from .layouts import fits
+    need = max(int(np.max(s[3] + s[2])) if np.size(s[2]) else 1 for s in specs)
+    ok, why = fits(dep, max(need, 1))
+    return "" if ok else why
 
 
 def _check_batch_file_rows(args, specs) -> None:
