@@ -127,6 +127,11 @@ def test_json_equals_price_exact_and_smooth(capsys, dep):
         assert s["no_overlap"] == pytest.approx(float(want.no_overlap[i]), rel=1e-12)
         assert sum(s["bottleneck_weights"].values()) == pytest.approx(1.0)
     assert doc["steps"][1]["overlap"] != pytest.approx(exact["overlap"], rel=1e-6)     # smooth is not exact
+    # at temperature 0 the smooth kernel is the exact one, bit for bit, and --json says exact
+    rc, out, _ = run(capsys, "price", S, "--decode", "32", "--context", "1024", "--json", "--temperature", "0")
+    doc = json.loads(out)
+    assert doc["mode"] == "exact" and doc["temperature"] == 0.0
+    assert doc["steps"][0]["overlap"] == exact["overlap"] and doc["steps"][0]["no_overlap"] == exact["no_overlap"]
 
 
 def test_units_us_scale_the_table(capsys):

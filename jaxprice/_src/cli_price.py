@@ -613,9 +613,11 @@ def _breakdowns(dep, batches, temperature) -> list:
 
 
 def _json_report(dep, records, layers, temperature) -> dict:
-    """--json: the deployment, the mode and every step (times in seconds), with its layers under --breakdown."""
+    """--json: the deployment, the mode and every step (times in seconds), with its layers under --breakdown.
+    The mode is 'exact' at temperature 0 too (the smooth kernel is exact there, bit for bit; the
+    temperature says which was asked)."""
     doc = {"scenario": dep.scenario.name, "scenario_file": str(dep.scenario.path),
-           "deployment": describe_deployment(dep), "mode": "exact" if temperature is None else "smooth",
+           "deployment": describe_deployment(dep), "mode": "exact" if not temperature else "smooth",
            "temperature": temperature, "units": "s", "steps": records}
     if layers is not None:
         for rec, lay in zip(records, layers):
