@@ -1498,10 +1498,6 @@ class _NonFinite(float):
     __str__ = __repr__
 
 
-def _no_constant(name):
-    return _NonFinite(name)
-
-
 def _non_finite_in(val):
     """The first non-finite literal in a config value (nested lists and mappings too), or None."""
     if isinstance(val, _NonFinite):
@@ -1518,7 +1514,7 @@ def _read_json(path: Path, what: str) -> tuple:
     from .schema import read_bytes
     data = read_bytes(path, what=what, missing=f"{what} not found")     # a folder, a device, too large: refused
     try:
-        doc = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+        doc = json.loads(data, object_pairs_hook=_unique_keys, parse_constant=_NonFinite)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         refuse(f"not JSON ({getattr(err, 'msg', err)} at line {getattr(err, 'lineno', '?')})", file=str(path))
     except _BadJson as err:
