@@ -1252,6 +1252,9 @@ def _nemotron_pattern(r) -> str:
     else the newer configs' layers_block_type (mamba / attention / mlp / moe); an unknown layer
     type is refused naming the key and the character."""
     pat = r("hybrid_override_pattern")
+    if pat == "":       # with num_hidden_layers null the model would have no layer at all
+        refuse("names no layer (one character per layer: 'M' Mamba2, '*' attention, '-' MLP, 'E' MoE)",
+               file=r.file, field=r.where + "hybrid_override_pattern", value=pat)
     if pat is not None:
         for i, c in enumerate(pat):
             if c not in _NEMOTRON_LAYERS:
@@ -1262,6 +1265,9 @@ def _nemotron_pattern(r) -> str:
     if types is None:
         refuse("required key is missing (the layer pattern; or layers_block_type)", file=r.file,
                field=r.where + "hybrid_override_pattern")
+    if not types:       # with num_hidden_layers null the model would have no layer at all
+        refuse("names no layer (one type per layer: mamba, attention, mlp, moe)", file=r.file,
+               field=r.where + "layers_block_type", value=types)
     names = {v: k for k, v in _NEMOTRON_LAYERS.items()}
     for i, t in enumerate(types):
         if t not in names:
@@ -1313,7 +1319,8 @@ def _fam_nemotron_h(r, arch, act):
                           _n("RecurrentUpdate", recurrent_kind="mamba2", n_heads=heads, d_h=hd, state_size=state,
                              n_groups=groups, conv_kernel=conv, intermediate_size=inner, state_dtype=sd),
                           _gemm("mixer_out", h, inner), _n("AllReduce", "mixer_out", emit="tensor_parallel")]
-        if "expand" in r.cfg and r.cfg["expand"] * h != inner:
+        expand = r.cfg.get("expand")     # not read: a note only where it is a number that disagrees
+        if isinstance(expand, (int, float)) and not isinstance(expand, bool) and expand * h != inner:
             r.inferred.append(f"expand not read: vLLM sizes the Mamba2 mixer as mamba_num_heads x mamba_head_dim "
                               f"= {inner}")
     if "*" in pat:

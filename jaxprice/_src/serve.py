@@ -148,10 +148,9 @@ def windowed_kv_capacity(capacity_tokens: float, kv_bytes_per_token: float, wind
     ``state_bytes``: a hybrid model's recurrent state per request and rank (Mamba2, GDN, KDA
     layers: ``plan.memory['recurrent_state_bytes_per_request']``), held from admission to finish
     beside the KV blocks; at L tokens a request then holds S / L more bytes per token, and the
-    cache holds that many fewer tokens. KNOWN DIVERGENCE [recurrent-state-kv]: vLLM keeps the
-    state in pages of the same KV pool (one page per request and recurrent layer group, the
-    attention pages padded to its size); here it is spread over the request's tokens at the
-    run's typical length, as the windows are."""
+    cache holds that many fewer tokens (``size``'s fit check and steady state; the serving
+    simulation keeps the state of a fixed number of requests instead, ``_kv_blocks``;
+    KNOWN DIVERGENCE [recurrent-state-kv])."""
     if (not windows and state_bytes <= 0) or not math.isfinite(capacity_tokens) or kv_bytes_per_token <= 0 \
             or length <= 0:
         return capacity_tokens
@@ -296,7 +295,9 @@ def _take_behaviour(s: _Settings, dep):
 
 def _kv_blocks(s: _Settings, dep, ref_len):
     """KV blocks per dp rank: floor(capacity / block) - 1 (vLLM's null block), the capacity
-    counted with sliding-window layers holding only their window at the run's typical length."""
+    counted with sliding-window layers holding only their window at the run's typical length. A
+    hybrid model's pool keeps the recurrent state of max_num_seqs requests, lowered to those that
+    fit at that length (and beside one max_model_len request); its tokens are the rest."""
     out, src = s.out, s.src
     cap = out["kv_capacity_tokens"]
     if isinstance(cap, bool) or not (isinstance(cap, (int, float)) and cap >= 0):
@@ -304,10 +305,32 @@ def _kv_blocks(s: _Settings, dep, ref_len):
     windows = dep.plan.memory.get("kv_window_bytes_per_token", ())
     state = float(dep.plan.memory.get("recurrent_state_bytes_per_request", 0.0))
     if (windows or state > 0) and ref_len and math.isfinite(cap):
-        cap = out["kv_capacity_tokens"] = windowed_kv_capacity(cap, float(dep.plan.memory["kv_bytes_per_token"]),
-                                                               windows, float(ref_len), out["block_size"], state)
+        b, length = float(dep.plan.memory["kv_bytes_per_token"]), float(ref_len)
+        win = windowed_kv_capacity(cap, b, windows, length, out["block_size"])
+        if state > 0 and b > 0 and win > 0:
+            # the state is held per REQUEST, not per token: spread over the tokens at the typical
+            # length, requests shorter than it (a short prompt early in a long output) fit many
+            # times over, and a run held up to 6.7 x the pool (Nemotron 3 Nano, 128 in / 2048 out).
+            # So the pool keeps the state of at most `slots` requests (those that fit at the typical
+            # length, at most max_num_seqs) and the rest holds tokens: the same capacity at that
+            # length, and never more than the pool at any other
+            pool = cap * b
+            per_tok = pool / win                 # bytes a resident token holds (windows bounded)
+            # (and fewer where one max_model_len request would not fit beside the others' states:
+            # the request `size` found to fit, vLLM's start-up check)
+            slots = max(1, min(out["max_num_seqs"], int(pool // (state + per_tok * length)),
+                               int((pool - per_tok * out["max_model_len"]) // state)))
+            win = max(pool - slots * state, 0.0) / per_tok
+            if slots < out["max_num_seqs"]:
+                out["max_num_seqs"] = slots
+                src["max_num_seqs"] = (f"{src['max_num_seqs']}, lowered to the requests whose recurrent state "
+                                       f"({state / 2 ** 20:.1f} MiB per rank) fits beside their KV at the run's mean "
+                                       "prompt + half its mean output (KNOWN DIVERGENCE [recurrent-state-kv]: vLLM "
+                                       "takes each request's state pages from the KV pool as it admits it)")
+        cap = out["kv_capacity_tokens"] = win
         parts = (["more with the sliding-window layers holding only their window"] if windows else []) + \
-            ([f"less by each request's recurrent state ({state / 2 ** 20:.1f} MiB per rank)"] if state > 0 else [])
+            ([f"less by the recurrent state of max_num_seqs {out['max_num_seqs']} requests "
+              f"({state / 2 ** 20:.1f} MiB per rank each)"] if state > 0 else [])
         src["kv_capacity_tokens"] = (f"{src['kv_capacity_tokens']}, counted at the full KV bytes per token; "
                                      f"{'; '.join(parts)}, at the run's mean prompt + half its mean output "
                                      "(windowed_kv_capacity)")
