@@ -1405,9 +1405,9 @@ FAMILIES = {"dense": _fam_dense, "mistral": _fam_dense, "qwen_dense": _fam_dense
 
 def _apply_quant(kinds, seq, head, quant: Quant, base: str, r):
     """Set each weight node's format: the quantized one, or the base where a module list leaves it
-    alone. The global weight_dtype is the format of most non-expert weights; nodes that differ carry
-    their own ``weight_dtype``. A shared expert at a different width from the routed ones becomes
-    its own pair of dense GEMMs."""
+    alone (the layers of a kind alike: ``_split_by_exclusion`` runs first). The global weight_dtype
+    is the format of most non-expert weights; nodes that differ carry their own ``weight_dtype``. A
+    shared expert at a different width from the routed ones becomes its own pair of dense GEMMs."""
     if quant.fmt is None:
         return base
     layers_of = {}
@@ -1422,11 +1422,9 @@ def _apply_quant(kinds, seq, head, quant: Quant, base: str, r):
             if node["op"] not in ("GEMM", "GroupedGEMM") or "weight_dtype" in node:
                 continue
             role = node.get("role", "")
-            ex = [_excluded(quant, role, i) for i in idx]
-            fmt = base if sum(ex) * 2 > len(ex) else quant.fmt
-            if any(ex) and not all(ex):
-                r.inferred.append(f"{kid}.{role}: left unquantized in {sum(ex)} of {len(ex)} layers; "
-                                  f"priced at {fmt}")
+            # every layer of a kind is treated alike here: _split_by_exclusion gave layers the
+            # exclusion list treats differently kinds of their own
+            fmt = base if _excluded(quant, role, idx[0]) else quant.fmt
             fmts[(kid, j)] = fmt
             if node["op"] == "GEMM":
                 tally[fmt] = tally.get(fmt, 0) + node["n"] * node["k"] * len(idx)
