@@ -294,6 +294,53 @@ def test_steady_state_lockstep_weights():
     assert weights[1] == pytest.approx(64 / 1024) and weights[2] == pytest.approx(2 * 64 / 1024)
 
 
+def _prefill_tokens(batches, weights, R):
+    """Prompt tokens a step carries on average: the weighted rows past the R decodes."""
+    return sum(w * sum(s[R:]) for (s, _c), w in zip(batches, weights))
+
+
+def test_steady_state_packs_prompts_past_one_a_step():
+    """Short outputs at many residents finish more than one request a step: the steps carry
+    floor(q) or floor(q) + 1 whole prompts, q = R / osl on average (it was capped at one a
+    step: Llama-3.1-8B on one H100 at 1k/128, C = 512, 7,897 tok/s per GPU against the
+    simulation's 4,413; 4,507 now). No compile: the batches and weights only."""
+    reg = jp.Registry()
+    graph = reg.model("llama-3.1-8b-instruct")
+    lay = S.Layout(1, 1, False, "bf16", 512, 8192, "PIECEWISE")
+    dep = jp.resolve(S.build_scenario("llama-3.1-8b-instruct", "h100", lay, isl=1024, osl=128, graph=graph), reg)
+    wl = S.SizeWorkload(1024, 128, 1.0)
+    R, batches, tw, fw, n = S.steady_state_requests(dep, lay, wl, 256)    # q = 2: two prompts every step
+    assert (R, n, tw, fw) == (256, 1, [0.0, 1.0], [0.5, 1.0])
+    assert batches[1] == ([1] * 256 + [1024, 1024], batches[0][1] + [0, 0])
+    R, batches, tw, fw, n = S.steady_state_requests(dep, lay, wl, 200)    # q = 1.5625
+    assert R == 200 and [len(b[0]) - R for b in batches] == [0, 1, 2]
+    assert tw == pytest.approx([0.0, 0.4375, 0.5625]) and fw == pytest.approx([0.5, 0.4375, 0.5625])
+    for c in (16, 64, 100, 128, 200, 256, 300, 400):
+        R, batches, tw, *_ = S.steady_state_requests(dep, lay, wl, c)
+        assert sum(tw) == pytest.approx(1.0) and min(tw) >= 0.0
+        assert _prefill_tokens(batches, tw, R) == pytest.approx(R / 128 * 1024)
+
+
+def test_steady_state_budget_bounds_residents():
+    """The step budget must prefill prompts as fast as requests finish: R + R isl / osl <=
+    max_num_batched_tokens (here 1024 x 16 / 144 = 113 of 256 clients); the last prompt of a
+    step is cut to the room left (911 - 7 x 128 = 15 tokens), its weight raised to keep the
+    tokens; a chunked prompt at more than one chunk a step is priced by its chunks' marginal
+    cost (the decode-only weight below zero)."""
+    reg = jp.Registry()
+    graph = reg.model("llama-3.1-8b-instruct")
+    lay = S.Layout(1, 1, False, "bf16", 512, 1024, "PIECEWISE")
+    dep = jp.resolve(S.build_scenario("llama-3.1-8b-instruct", "h100", lay, isl=128, osl=16, graph=graph), reg)
+    R, batches, tw, fw, n = S.steady_state_requests(dep, lay, S.SizeWorkload(128, 16, 1.0), 256)
+    assert R == 113 and n == 1 and batches[2][0][R:] == [128] * 7 + [15]
+    assert _prefill_tokens(batches, tw, R) == pytest.approx(113 / 16 * 128)
+    assert len(batches[2][0]) <= S._spec_rows([(R, batches)])
+    R, batches, tw, fw, n = S.steady_state_requests(dep, lay, S.SizeWorkload(1536, 256, 1.0), 256)
+    assert R == 1024 * 256 // (1536 + 256) == 146 and n == 2 and tw[0] < 0.0
+    assert [b[0][R:] for b in batches[1:]] == [[878], [658]] and fw == [0.5, 1.0, 1.0]
+    assert _prefill_tokens(batches, tw, R) == pytest.approx(146 / 256 * 1536)
+
+
 # ----------------------------------------------------------------------------- the serving simulation in the search
 
 SIM = dict(chip="h200", gpus=4, isl=256, osl=64, weights=["bf16"], max_num_seqs=(256,), max_num_batched_tokens=(8192,),

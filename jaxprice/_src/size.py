@@ -26,11 +26,15 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
 
    * ``serve``: the serving simulation (``jaxprice.simulate_sweep``, serve.py), step by step.
    * ``steady``: the closed loop's steady state in closed form (``steady_state_requests``): per
-     data-parallel rank, R = min(ceil(C / dp), max_num_seqs, KV-cache fit) resident decodes at
-     mean context isl + osl/2, each prompt prefilled in chunks of max_num_batched_tokens - R
-     beside them, TPOT = S(R decodes) + (L R / osl) x sum_j [S(R decodes + chunk j) - S(R decodes)]
-     + host_output_token (L = dp for an MoE model, whose ranks step in lockstep at the slowest
-     rank's pace, else 1), TTFT = half a decode step + the prompt's chunk steps + the queueing a
+     data-parallel rank, R = min(ceil(C / dp), max_num_seqs, KV-cache fit, budget fit) resident
+     decodes at mean context isl + osl/2 (budget fit: R + R isl / osl <= max_num_batched_tokens,
+     the step budget prefilling prompts as fast as requests finish), each prompt prefilled in
+     chunks of max_num_batched_tokens - R beside them, TPOT = S(R decodes) + p x sum_j
+     [S(R decodes + chunk j) - S(R decodes)] + host_output_token, q / n = max(min(L n R / osl,
+     1), n R / osl) / n prompts a step for n chunks a prompt (L = dp for an MoE model, whose
+     ranks step in lockstep at the slowest rank's pace, else 1); a prompt that fits one step,
+     at q > 1 a step, is priced in steps carrying floor(q) or floor(q) + 1 whole prompts mixed to
+     q; TTFT = half a decode step + the prompt's chunk steps + the queueing a
      closed loop of C > R clients implies by Little's law + the request's admission latency (as
      the serving simulation adds it, ``serve.request_latencies``). Priced exactly by the step kernel.
 
@@ -201,18 +205,49 @@ def _rows(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+def _spec_rows(specs) -> int:
+    """Rows to pad the steady batches of ``specs`` to: the longest batch's, less its one prefill
+    row, rounded up to a power of two, plus one (R decodes and a chunk: the padding of R)."""
+    return _rows(max(len(b[0]) for spec in specs for b in spec[1]) - 1) + 1
+
+
+def _chunk_rate(R: int, osl: float, n_chunks: int, lockstep: int) -> float:
+    """Prompt chunks the priced step carries, per step: each rank finishes R / osl requests a
+    step (a closed loop refills each at once), each prompt n_chunks chunks; ranks that step in
+    lockstep (an MoE model's, serving-reference.md 2.2) take the slowest rank's time, so below
+    one chunk a step some rank carries one lockstep times as often:
+    max(min(lockstep n R / osl, 1), n R / osl)."""
+    q = n_chunks * R / osl
+    return max(min(lockstep * q, 1.0), q)
+
+
+def _budget_requests(budget: int, isl: int, osl: float) -> int:
+    """The resident requests per rank whose prompts the step budget can prefill as fast as they
+    finish: R + R isl / osl <= max_num_batched_tokens (R decode tokens and the prefill tokens of
+    R / osl prompts a step), so R <= budget osl / (isl + osl)."""
+    return max(1, int(budget * osl // (isl + osl)))
+
+
 def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrency: int):
     """The batches one closed-loop point is priced from (see the module docstring): returns
     (R, batches as (scheduled, computed) row lists, TPOT weights, TTFT weights, n_chunks);
     TPOT - host_output_token = sum_k tpot_w[k] S_k and the prompt's service time
-    sum_k ttft_w[k] S_k (half a decode step plus its chunk steps)."""
+    sum_k ttft_w[k] S_k (half a decode step plus its prefill steps).
+
+    q = _chunk_rate prompt chunks a step. Up to one a step (q <= 1): a fraction q / n
+    of steps carries each chunk beside the R decodes. A prompt that fits one step's room and more
+    than one a step (short outputs, many residents): steps carry k = floor(q) or k + 1 whole
+    prompts, mixed to q (the last one cut to the room, its weight raised to keep the tokens).
+    Chunked prompts at more than one chunk a step: each chunk's marginal cost,
+    S(decodes + chunk) - S(decodes), q / n times a step (the decode-only weight 1 - q < 0)."""
     isl = max(int(round(workload.mean_isl)), 1)
     osl = max(workload.mean_osl, 1.0)
     ctx = int(round(workload.mean_isl + workload.mean_osl / 2.0))
     per_rank = math.ceil(concurrency / layout.dp)
     cap = _kv_tokens(dep, ctx)
     kv_fit = int(cap // max(ctx, 1)) if math.isfinite(cap) else per_rank
-    R = max(1, min(per_rank, layout.max_num_seqs, kv_fit))
+    budget_fit = _budget_requests(layout.max_num_batched_tokens, isl, osl)
+    R = max(1, min(per_rank, layout.max_num_seqs, kv_fit, budget_fit))
     room = max(layout.max_num_batched_tokens - R, 1)
     chunks, done = [], 0
     while done < isl:
@@ -220,15 +255,33 @@ def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkloa
         chunks.append((n, done))
         done += n
     decode = ([1] * R, [ctx - 1] * R)
-    batches = [decode] + [([1] * R + [n], [ctx - 1] * R + [d]) for n, d in chunks]
-    # prefills per step: R / osl on each rank; the data-parallel ranks of an MoE model step in
-    # lockstep (serving-reference.md 2.2), so a step carries some rank's chunk dp times as often
-    # and takes the slowest rank's time
     lockstep = layout.dp if (layout.dp > 1 and dep.plan.scalars.get("has_moe")) else 1
-    a = min(lockstep * R / osl, 1.0 / len(chunks))
-    tpot_w = [1.0 - a * len(chunks)] + [a] * len(chunks)
+    q = _chunk_rate(R, osl, len(chunks), lockstep)
+    if q > 1.0 and len(chunks) == 1:
+        return (R, *_packed_prompts(decode, q, isl, room), 1)
+    batches = [decode] + [([1] * R + [n], [ctx - 1] * R + [d]) for n, d in chunks]
+    a = q / len(chunks)
+    tpot_w = [1.0 - q] + [a] * len(chunks)
     ttft_w = [0.5] + [1.0] * len(chunks)
     return R, batches, tpot_w, ttft_w, len(chunks)
+
+
+def _packed_prompts(decode, q: float, isl: int, room: int):
+    """(batches, TPOT weights, TTFT weights) of steps carrying q > 1 whole prompts of isl tokens
+    on average beside the decodes: k = floor(q) prompts (weight 1 - f) and k + 1 (weight f), the
+    (k + 1)-th cut to the room left, f chosen so the prompt tokens average q isl a step; the
+    prompt's own step is one of these, in the same mix."""
+    k = int(q)
+    last = min(isl, room - k * isl)
+    f = min((q - k) * isl / last, 1.0) if last > 0 else 0.0
+    s, c = decode
+    whole = (s + [isl] * k, c + [0] * k)
+    if f == 0.0:
+        return [decode, whole], [0.0, 1.0], [0.5, 1.0]
+    more = (whole[0] + [last], whole[1] + [0])
+    if f == 1.0:
+        return [decode, more], [0.0, 1.0], [0.5, 1.0]
+    return [decode, whole, more], [0.0, 1.0 - f, f], [0.5, 1.0 - f, f]
 
 
 @functools.lru_cache(maxsize=None)
@@ -324,7 +377,7 @@ def evaluate_steady(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     steps priced), arrays over ``concurrencies`` (clients per engine). One plan, its own kernel
     (``evaluate_steady_many`` prices many layouts in one kernel per model structure)."""
     specs, owners, flat = _steady_batches(dep, layout, workload, concurrencies)
-    rows = max(rows or 0, _rows(max(s[0] for s in specs)) + 1)
+    rows = max(rows or 0, _spec_rows(specs))
     flat += [([], [])] * (_rows(len(flat)) - len(flat))    # empty batches: one shape for many layouts
     if shapes is not None:
         shapes.add((dep.plan.digest, len(flat), rows, estimate))
@@ -354,7 +407,7 @@ def evaluate_steady_many(deps, layouts, workload: SizeWorkload, concurrencies, *
     prepared = [_steady_batches(d, lay, workload, concurrencies) for d, lay in zip(deps, layouts)]
     rows = []
     for (specs, _o, _f), lay in zip(prepared, layouts):
-        r = _rows(max(s[0] for s in specs)) + 1
+        r = _spec_rows(specs)
         if rows_cap is not None:
             r = max(r, _rows(min(math.ceil(max(concurrencies) / lay.dp), rows_cap)) + 1)
         rows.append(r)
