@@ -181,9 +181,58 @@ def add_scenario_argument(p, help="a bundled scenario name (testdata/aisimulate/
     g.add_argument("--weights", default=None, help="served weight format (default: the checkpoint's)")
     g.add_argument("--gpus-per-node", default=None, help="GPUs per node (default 8)")
     g.add_argument("--fabric", default=None, help="the network joining nodes, for an engine wider than a node")
+    e = p.add_argument_group("engine settings that change the plan (override the scenario's; with --chip, vLLM's "
+                             "defaults)")
+    e.add_argument("--gpu-memory-utilization", default=None, metavar="F",
+                   help="the share of each GPU's memory the engine may take, 0 < F <= 1 (sizes the KV cache)")
+    e.add_argument("--kv-cache-dtype", default=None, metavar="DTYPE",
+                   help="the KV-cache dtype, as vLLM's --kv-cache-dtype (auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, ...)")
+    e.add_argument("--cudagraph-mode", default=None, metavar="MODE",
+                   help="vLLM's CUDA-graph mode (NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE)")
 
 
 LAYOUT_FLAGS = ("tp", "dp", "ep", "weights", "gpus_per_node", "fabric")
+# scenario engine key -> the flag that overrides it (add_scenario_argument)
+PLAN_ENGINE_FLAGS = (("gpu_memory_utilization", "--gpu-memory-utilization"), ("cache_dtype", "--kv-cache-dtype"),
+                ("cudagraph_mode", "--cudagraph-mode"))
+
+
+def engine_overrides(args) -> dict:
+    """{scenario engine key: value} of the engine flags given (``PLAN_ENGINE_FLAGS``), checked here
+    where the resolver would name a scenario field instead of the flag."""
+    out = {}
+    if args is None:
+        return out
+    for key, flag in PLAN_ENGINE_FLAGS:
+        v = getattr(args, key if key != "cache_dtype" else "kv_cache_dtype", None)
+        if v is None:
+            continue
+        if key == "gpu_memory_utilization":
+            v = parse_float(v, flag=flag, minimum=0.0)
+            if not 0.0 < v <= 1.0:
+                refuse("must be a fraction of the GPU's memory, 0 < F <= 1", field=flag, value=v)
+        elif not str(v).strip():
+            refuse("an empty value", field=flag, value=v, has_value=True)
+        out[key] = float(v) if key == "gpu_memory_utilization" else str(v).strip()
+    return out
+
+
+def resolve_with_engine(scenario, registry, overrides: dict):
+    """``scenario`` resolved with its engine settings ``overrides`` (``engine_overrides``); a
+    value the resolver refuses is refused under its flag."""
+    import dataclasses
+    from .errors import JaxpriceError
+    from .resolve import resolve
+    if overrides:
+        scenario = dataclasses.replace(scenario, engine={**dict(scenario.engine or {}), **overrides})
+    try:
+        return resolve(scenario, registry)
+    except JaxpriceError as err:
+        key = next((k for k, _f in PLAN_ENGINE_FLAGS if k in overrides and str(err.field or "").endswith(f"engine.{k}")),
+                   None)
+        if key is None:
+            raise
+        refuse(err.reason, field=dict(PLAN_ENGINE_FLAGS)[key], value=overrides[key])
 
 
 def load_scenario_deployment(name, pool=None, args=None):
@@ -212,12 +261,18 @@ def load_scenario_deployment(name, pool=None, args=None):
             refuse(f"{flag} builds a deployment from a model: it needs --chip (a scenario states its own)",
                    field=flag, value=None if value is True else value)
     index = None if pool is None else parse_int(pool, flag="--pool", minimum=0)
+    overrides = engine_overrides(args)
     from .errors import JaxpriceError
     try:
-        return load_deployment(find_scenario(name), pool_index=index)
+        dep = load_deployment(find_scenario(name), pool_index=index)
     except JaxpriceError:
         if not _names_a_model(name):
             raise
+    else:
+        if not overrides:
+            return dep
+        from .formats import Registry
+        return resolve_with_engine(dep.scenario, Registry(), overrides)   # as load_deployment resolves
     refuse("names a model, not a scenario: add --chip CHIP to build a deployment of it on a chip",
            field="SCENARIO", value=name)
 
@@ -249,7 +304,6 @@ def model_deployment(model, args):
     size` builds a candidate (size.base_scenario) but without the engine settings size searches:
     max_num_seqs, max_num_batched_tokens, max_model_len and the graph mode are left to vLLM's
     defaults (and to serve's isl + osl + 256), which the commands state where they use them."""
-    from .resolve import resolve
     from .layouts import base_scenario, heads_reason, is_moe, load_model, spans_nodes_reason, weight_formats
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
@@ -283,7 +337,7 @@ def model_deployment(model, args):
     name = f"{graph.name}-{args.chip}-{weights}-tp{tp}" + (f"-dp{dp}" if dp > 1 else "") + ("-ep" if args.ep else "")
     scen = base_scenario(graph.name, args.chip, tp=tp, dp=dp, ep=bool(args.ep), weights=weights, graph=graph,
                          name=name, gpus_per_node=per_node, path=f"<{source} on {args.chip}>", fabric=args.fabric)
-    return resolve(scen, registry)
+    return resolve_with_engine(scen, registry, engine_overrides(args))
 
 
 def describe_deployment(dep) -> str:
