@@ -6,7 +6,11 @@
 Prints the candidate space (layouts tried, rejected with why, duplicates), a progress bar while
 the layouts are evaluated, then a table of each layout's best point within the targets, the
 Pareto frontier, the best layout and its margin over the next best, and the equivalent
-``vllm serve`` command. No layout meeting the targets: a message naming the closest one and
+``vllm serve`` command. ``--engine sglang`` sizes SGLang engines instead (its
+``--max-running-requests`` and ``--chunked-prefill-size`` axes, its scheduler in the serving
+simulation and the steady state, a ``python -m sglang.launch_server`` line); vLLM's own options
+(``--max-num-seqs``, ``--max-num-batched-tokens``, ``--graph-modes``) are refused beside it, and
+SGLang's beside vLLM. No layout meeting the targets: a message naming the closest one and
 what it misses by, exit status 1. Bad input: one line, exit status 2.
 """
 
@@ -53,12 +57,20 @@ def add_parser(subparsers):
                    help="expert parallelism (MoE models; default both)")
     p.add_argument("--weights", metavar="LIST", default=None,
                    help="served weight formats (default: what the chip and checkpoint allow)")
-    p.add_argument("--max-num-seqs", metavar="LIST", default=",".join(map(str, S.DEFAULT_MAX_NUM_SEQS)),
-                   help="engine max_num_seqs values (default %(default)s)")
-    p.add_argument("--max-num-batched-tokens", metavar="LIST", default=",".join(map(str, S.DEFAULT_BATCHED_TOKENS)),
-                   help="engine max_num_batched_tokens values (default %(default)s)")
-    p.add_argument("--graph-modes", metavar="LIST", default=",".join(S.DEFAULT_GRAPH_MODES),
-                   help="CUDA-graph modes (default %(default)s)")
+    p.add_argument("--engine", default="vllm", metavar="{" + ",".join(S.ENGINES) + "}",
+                   help="the serving engine sized: vllm (default) or sglang (SGLang's scheduler: admission reserved "
+                        "to completion, prefill-only steps; its launch line)")
+    seqs, tokens = ",".join(map(str, S.DEFAULT_MAX_NUM_SEQS)), ",".join(map(str, S.DEFAULT_BATCHED_TOKENS))
+    p.add_argument("--max-num-seqs", metavar="LIST", default=None,
+                   help=f"vLLM: engine max_num_seqs values (default {seqs})")
+    p.add_argument("--max-num-batched-tokens", metavar="LIST", default=None,
+                   help=f"vLLM: engine max_num_batched_tokens values (default {tokens})")
+    p.add_argument("--graph-modes", metavar="LIST", default=None,
+                   help=f"vLLM: CUDA-graph modes (default {','.join(S.DEFAULT_GRAPH_MODES)})")
+    p.add_argument("--max-running-requests", metavar="LIST", default=None,
+                   help=f"SGLang: max_running_requests values (default {seqs})")
+    p.add_argument("--chunked-prefill-size", metavar="LIST", default=None,
+                   help=f"SGLang: chunked_prefill_size values (default {tokens})")
     p.add_argument("--range-ratio", default="0.8",
                    help="request lengths uniform on [ratio x L, L] (InferenceX: 0.8; 1 = fixed)")
     p.add_argument("--evaluator", choices=S.EVALUATORS, default="auto",
@@ -111,10 +123,46 @@ def _names(text, flag, known, what, upper=False):
     return names
 
 
+# each engine's own flags for the shared axes (max_num_seqs, max_num_batched_tokens) and vLLM's graph modes
+ENGINE_FLAGS = {"vllm": ("--max-num-seqs", "--max-num-batched-tokens", "--graph-modes"),
+                "sglang": ("--max-running-requests", "--chunked-prefill-size")}
+
+
+def _engine_axes(args) -> tuple:
+    """(max_num_seqs text, max_num_batched_tokens text, graph modes text, their flags) under the
+    engine's own flag names; another engine's flag is refused naming it (it would be ignored)."""
+    from . import size as S
+    engine = getattr(args, "engine", "vllm")
+    if engine not in S.ENGINES:
+        refuse(f"unknown engine (known: {', '.join(S.ENGINES)})", field="--engine", value=engine)
+    for other, flags in ENGINE_FLAGS.items():
+        if other == engine:
+            continue
+        for flag in flags:
+            if getattr(args, flag[2:].replace("-", "_"), None) is not None:
+                twin = dict(zip(ENGINE_FLAGS[other], ENGINE_FLAGS[engine])).get(flag)
+                refuse(f"is {'vLLM' if other == 'vllm' else 'SGLang'}'s option, not --engine {engine}'s"
+                       + (f" (its own: {twin})" if twin else
+                          " (SGLang captures decode batches and runs prefill eagerly: no graph mode to search)"),
+                       field=flag, value=getattr(args, flag[2:].replace("-", "_")))
+    seqs, tokens = ",".join(map(str, S.DEFAULT_MAX_NUM_SEQS)), ",".join(map(str, S.DEFAULT_BATCHED_TOKENS))
+    if engine == "sglang":
+        return (seqs if args.max_running_requests is None else args.max_running_requests,
+                tokens if args.chunked_prefill_size is None else args.chunked_prefill_size, None,
+                ("--max-running-requests", "--chunked-prefill-size"))
+    return (seqs if args.max_num_seqs is None else args.max_num_seqs,
+            tokens if args.max_num_batched_tokens is None else args.max_num_batched_tokens,
+            ",".join(S.DEFAULT_GRAPH_MODES) if args.graph_modes is None else args.graph_modes,
+            ("--max-num-seqs", "--max-num-batched-tokens"))
+
+
 def options(args) -> dict:
     from .formats import DTYPE_BYTES
+    from .layouts import DEFAULT_GRAPH_MODES
     from .resolve import GRAPH_MODES
-    modes = _names(args.graph_modes, "--graph-modes", GRAPH_MODES, "cudagraph mode", upper=True)
+    seqs_text, tokens_text, modes_text, (seqs_flag, tokens_flag) = _engine_axes(args)
+    modes = (_names(modes_text, "--graph-modes", GRAPH_MODES, "cudagraph mode", upper=True) if modes_text is not None
+             else list(DEFAULT_GRAPH_MODES))
     weights = (_names(args.weights, "--weights", tuple(DTYPE_BYTES), "weight format") if args.weights is not None
                else None)
     rr = parse_float(args.range_ratio, flag="--range-ratio")
@@ -136,11 +184,10 @@ def options(args) -> dict:
                 tp=parse_int_list(args.tp, flag="--tp", minimum=1) if args.tp else None,
                 dp=parse_int_list(args.dp, flag="--dp", minimum=1) if args.dp else None,
                 ep={"on": [True], "off": [False], "both": None}[args.ep], weights=weights,
-                max_num_seqs=parse_int_list(args.max_num_seqs, flag="--max-num-seqs", minimum=1),
-                max_num_batched_tokens=parse_int_list(args.max_num_batched_tokens, flag="--max-num-batched-tokens",
-                                                      minimum=1),
+                max_num_seqs=parse_int_list(seqs_text, flag=seqs_flag, minimum=1),
+                max_num_batched_tokens=parse_int_list(tokens_text, flag=tokens_flag, minimum=1),
                 cudagraph_modes=modes, range_ratio=rr, evaluator=args.evaluator,
-                **simulation)
+                **simulation, **({"engine": args.engine} if getattr(args, "engine", "vllm") != "vllm" else {}))
 
 
 def _simulation_options(args) -> dict:
@@ -176,17 +223,22 @@ def describe_space(cands, ctx, show_rejected=False) -> str:
     """The candidate space: the axes, how many layouts, how many fit, the rejected ones."""
     from .layouts import COEFFICIENT_SETS
     lay = [c.layout for c in cands]
+    sglang = ctx.get("engine", "vllm") == "sglang"
     axes = {"tp": sorted({x.tp for x in lay}), "dp": sorted({x.dp for x in lay}),
             "ep": sorted({x.ep for x in lay}), "weights": list(dict.fromkeys(x.weights for x in lay)),
-            "max_num_seqs": sorted({x.max_num_seqs for x in lay}),
-            "max_num_batched_tokens": sorted({x.max_num_batched_tokens for x in lay}),
-            "graph mode": list(dict.fromkeys(x.cudagraph_mode for x in lay))}
+            ("max_running_requests" if sglang else "max_num_seqs"): sorted({x.max_num_seqs for x in lay}),
+            ("chunked_prefill_size" if sglang else "max_num_batched_tokens"):
+                sorted({x.max_num_batched_tokens for x in lay})}
+    if not sglang:
+        axes["graph mode"] = list(dict.fromkeys(x.cudagraph_mode for x in lay))
     w = ctx["workload"]
     ok = [c for c in cands if c.status != "rejected"]
     rej = [c for c in cands if c.status == "rejected"]
     lines = [f"{ctx['model']} ({ctx['model_source']}) on {ctx['gpus']} x {ctx['chip']}, ISL {w.isl} / OSL {w.osl} "
              f"(lengths uniform on [{w.range_ratio:g} L, L]); coefficient sets as every bundled scenario: "
-             f"{', '.join(COEFFICIENT_SETS)}",
+             f"{', '.join(COEFFICIENT_SETS)}"
+             + ("; engine SGLang (its scheduler: admission reserved to completion, prefill-only steps; decode "
+                "batches in CUDA graphs, prefill eager)" if sglang else ""),
              "candidate space: " + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in axes.items())
              + f" -> {len(cands)} layouts"]
     parallels = list(dict.fromkeys(c.layout.parallel_label for c in ok))
@@ -333,7 +385,7 @@ def run(args) -> int:
 
 def describe_result(result, top: int, loaded: int = 0) -> str:
     """The search's account, the table, and the best layout with its margin, ties, simulation
-    checks and ``vllm serve`` command (nothing after the table when no layout meets the targets).
+    checks and launch command (``vllm serve`` or SGLang's) (nothing after the table when no layout meets the targets).
     ``loaded``: how many of the search's compiles the compile cache answered."""
     info = result.info
     lines = [f"searched {info['layouts_priced']} layouts x {info['concurrency_levels']} concurrencies "
@@ -361,7 +413,7 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
         lines.append(f"  beats the next best, {n['label']} ({n['tokens_per_s_per_gpu']:.1f} tok/s per GPU at "
                      f"C={n['concurrency_per_engine']}), by {result.margin:+.1%}")
     lines += [_describe_verification(v) for v in result.verification]
-    lines.append("  " + result.vllm_command())
+    lines.append("  " + result.launch_command())
     return "\n".join(lines)
 
 

@@ -5,7 +5,17 @@ a chip and a layout with NO scenario file (``base_scenario``, ``build_scenario``
 ``formats.Scenario`` record with the settings the bundled vLLM scenarios use, resolved by
 ``resolve.resolve``), and the fit check vLLM makes at start-up (``fits``: the weights,
 activations, CUDA graphs and communication buffers must leave KV cache for one maximum-length
-request). ``build_candidates`` resolves every layout and says what became of it."""
+request). ``build_candidates`` resolves every layout and says what became of it.
+
+Engines (``ENGINES``): ``vllm`` (the default) and ``sglang``. An SGLang layout is the same
+parallel layout (tp, dp, expert parallelism, weight format) with SGLang's two engine limits on
+the same axes, ``max_running_requests`` (``Layout.max_num_seqs``) and ``chunked_prefill_size``
+(``Layout.max_num_batched_tokens``), its CUDA-graph mode fixed at ``SGLANG_GRAPH_MODE`` and its
+scenario's engine block naming ``scheduler: sglang``, which the serving simulation follows
+(serve.py: reservation to completion, prefill-first steps). The registry scopes no coefficient
+by engine (its scope keys: hardware, model, tp, ep, nodes_spanned), so an SGLang candidate
+resolves to the coefficients of the vLLM one and of a bundled ``*-sglang-*`` scenario of that
+model, chip and widths."""
 
 from __future__ import annotations
 
@@ -24,6 +34,17 @@ WIDTHS = (1, 2, 4, 8, 16)
 DEFAULT_MAX_NUM_SEQS = (256, 512, 1024)
 DEFAULT_BATCHED_TOKENS = (4096, 8192, 16384)
 DEFAULT_GRAPH_MODES = ("PIECEWISE", "FULL_AND_PIECEWISE")
+ENGINES = ("vllm", "sglang")
+# SGLang captures CUDA graphs of decode batches (up to --cuda-graph-max-bs) and runs extend
+# (prefill) batches eagerly: vLLM's FULL_DECODE_ONLY, whose prefill steps the kernel prices at
+# the eager launch cost.
+# COVERAGE LIMIT [sglang-size]: an SGLang engine is priced and fitted as the vLLM engine of the
+# same layout but for its scheduler (serve.py) and graph mode: SGLang's piecewise CUDA graphs of
+# extend batches (--enable-piecewise-cuda-graph; on by default in some later versions) and
+# --disable-cuda-graph are not searched; its memory is budgeted as vLLM's (--mem-fraction-static
+# read as gpu_memory_utilization, activations inside it; block 16 where SGLang pages by 1 token);
+# under DP attention the dense (non-expert) layers are priced at the rank's tp, as vLLM runs them
+SGLANG_GRAPH_MODE = "FULL_DECODE_ONLY"
 QUANT_FLAG = {"fp8": "fp8", "nvfp4": "modelopt_fp4", "mxfp4": "mxfp4"}
 # Formats vLLM serves only from a checkpoint quantized ahead of time (FP8 it also quantizes online).
 PREQUANTIZED = ("nvfp4", "mxfp4")
@@ -44,8 +65,9 @@ class Layout:
     ep: bool
     weights: str                 # served weight format (formats.DTYPE_BYTES key)
     max_num_seqs: int
-    max_num_batched_tokens: int
-    cudagraph_mode: str
+    max_num_batched_tokens: int  # SGLang: chunked_prefill_size
+    cudagraph_mode: str          # SGLang: SGLANG_GRAPH_MODE
+    engine: str = "vllm"         # ENGINES; SGLang's max_num_seqs is its max_running_requests
 
     @property
     def width(self) -> int:
@@ -53,16 +75,24 @@ class Layout:
 
     @property
     def parallel_label(self) -> str:
-        return f"tp{self.tp} dp{self.dp}{' ep' if self.ep else ''} {self.weights}"
+        head = "" if self.engine == "vllm" else f"{self.engine} "
+        return f"{head}tp{self.tp} dp{self.dp}{' ep' if self.ep else ''} {self.weights}"
 
     @property
     def label(self) -> str:
+        if self.engine == "sglang":
+            return f"{self.parallel_label} mrr{self.max_num_seqs} chunk{self.max_num_batched_tokens}"
         mode = {"PIECEWISE": "pw", "FULL_AND_PIECEWISE": "full+pw", "FULL": "full",
                 "FULL_DECODE_ONLY": "full-dec", "NONE": "eager"}.get(self.cudagraph_mode, self.cudagraph_mode)
         return f"{self.parallel_label} seqs{self.max_num_seqs} mbt{self.max_num_batched_tokens} {mode}"
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.engine == "vllm":         # a vLLM layout's dict as before engines were added
+            del out["engine"]
+        else:                             # SGLang's names for its two limits beside the shared ones
+            out["max_running_requests"], out["chunked_prefill_size"] = self.max_num_seqs, self.max_num_batched_tokens
+        return out
 
 
 @dataclasses.dataclass
@@ -119,15 +149,18 @@ def attention_heads(graph: ModelGraph) -> list:
                    if n["op"] == "Attention" and not n.get("role")})
 
 
-def heads_reason(graph: ModelGraph, tp: int) -> str:
+def heads_reason(graph: ModelGraph, tp: int, engine: str = "vllm") -> str:
     """Why vLLM refuses a tensor-parallel width for the model ("" when it does not): its attention
     heads must divide by tp (ModelConfig.verify_with_parallel_config, vllm-project/vllm
     vllm/config.py@c0c2335: "Total number of attention heads (H) must be divisible by tensor
-    parallel size (tp)"). The reference kernel prices any width; this is the engine's rule."""
+    parallel size (tp)"). The reference kernel prices any width; this is the engine's rule.
+    SGLang shards the heads alike (its attention tensor-parallel width, tp here, also under DP
+    attention: --tp tp x dp --dp dp)."""
     bad = [h for h in attention_heads(graph) if h % int(tp)]
     if not bad:
         return ""
-    return (f"{bad[0]} attention heads do not divide by tensor-parallel size {tp} (vLLM refuses it: the heads "
+    name = "SGLang" if engine == "sglang" else "vLLM"
+    return (f"{bad[0]} attention heads do not divide by tensor-parallel size {tp} ({name} refuses it: the heads "
             "must divide by tp)")
 
 
@@ -166,17 +199,25 @@ def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int,
                    gpus_per_node: int = 8, name: str | None = None, gpu_memory_utilization: float = 0.9,
                    path: str = "<jaxprice size>", fabric: str | None = None) -> Scenario:
     """One candidate's Scenario (base_scenario) with the layout's engine settings and
-    max_model_len = ISL + OSL + 256 (capped at the model's own)."""
+    max_model_len = ISL + OSL + 256 (capped at the model's own). An SGLang layout's engine block
+    also names ``scheduler: sglang`` (the serving simulation follows it); its
+    max_num_batched_tokens is SGLang's chunked_prefill_size, its max_num_seqs SGLang's
+    max_running_requests."""
     searched = {"max_num_batched_tokens": int(layout.max_num_batched_tokens),
                 "max_num_seqs": int(layout.max_num_seqs),
                 "max_model_len": max_model_len(isl, osl, graph.max_model_len),
                 "cudagraph_mode": layout.cudagraph_mode}
+    if layout.engine != "vllm":
+        searched["scheduler"] = layout.engine
     return base_scenario(model, chip, tp=layout.tp, dp=layout.dp, ep=layout.ep, weights=layout.weights, graph=graph,
                          name=name or scenario_name(model, chip, layout), gpus_per_node=gpus_per_node,
                          gpu_memory_utilization=gpu_memory_utilization, path=path, fabric=fabric, searched=searched)
 
 
 def scenario_name(model: str, chip: str, layout: Layout) -> str:
+    if layout.engine == "sglang":
+        return (f"{model}-{chip}-{layout.weights}-sglang-tp{layout.tp}" + (f"-dp{layout.dp}" if layout.dp > 1 else "")
+                + ("-ep" if layout.ep else "") + f"-mrr{layout.max_num_seqs}-chunk{layout.max_num_batched_tokens}")
     return (f"{model}-{chip}-{layout.weights}-vllm-tp{layout.tp}" + (f"-dp{layout.dp}" if layout.dp > 1 else "")
             + ("-ep" if layout.ep else "") + f"-seqs{layout.max_num_seqs}-mbt{layout.max_num_batched_tokens}"
             + f"-{layout.cudagraph_mode.lower()}")
@@ -230,10 +271,14 @@ def _is_hf(source: str) -> bool:
 
 def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=None, weights=None,
                     max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
-                    cudagraph_modes=DEFAULT_GRAPH_MODES) -> list:
+                    cudagraph_modes=DEFAULT_GRAPH_MODES, engine: str = "vllm") -> list:
     """Every Layout to try (before the fit check), in a stable order. tp, dp, ep, weights: lists
     restricting those axes (None: all). dp > 1 only for MoE models (data-parallel attention; a
-    dense model's replicas are separate engines already); ep only for MoE and tp x dp > 1."""
+    dense model's replicas are separate engines already); ep only for MoE and tp x dp > 1.
+    engine 'sglang': max_num_seqs and max_num_batched_tokens are SGLang's max_running_requests
+    and chunked_prefill_size, the graph mode SGLANG_GRAPH_MODE (``cudagraph_modes`` unused)."""
+    if engine == "sglang":
+        cudagraph_modes = (SGLANG_GRAPH_MODE,)
     moe = is_moe(graph)
     tps = [w for w in WIDTHS if w <= gpus] if tp is None else sorted(set(tp))
     dps = ([w for w in WIDTHS if w <= gpus] if moe else [1]) if dp is None else sorted(set(dp))
@@ -258,7 +303,7 @@ def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=
         if e and (not moe or t * d == 1):
             continue
         for s, b, m in itertools.product(max_num_seqs, max_num_batched_tokens, cudagraph_modes):
-            out.append(Layout(t, d, bool(e), f, int(s), int(b), str(m)))
+            out.append(Layout(t, d, bool(e), f, int(s), int(b), str(m), engine))
     return out
 
 
@@ -318,10 +363,12 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
             out.append(Candidate(lay, replicas, "rejected",
                                  spans_nodes_reason(lay.width, gpus_per_node, registry.network_names())))
             continue
-        if heads_reason(graph, lay.tp):
-            out.append(Candidate(lay, replicas, "rejected", heads_reason(graph, lay.tp)))
+        if heads_reason(graph, lay.tp, lay.engine):
+            out.append(Candidate(lay, replicas, "rejected", heads_reason(graph, lay.tp, lay.engine)))
             continue
-        if lay.max_num_batched_tokens < lay.max_num_seqs:       # SchedulerConfig._verify_args, vllm/config/scheduler.py
+        # vLLM's SchedulerConfig._verify_args (vllm/config/scheduler.py); SGLang has no such rule: its
+        # decode steps carry every running request, outside the chunk
+        if lay.engine == "vllm" and lay.max_num_batched_tokens < lay.max_num_seqs:
             out.append(Candidate(lay, replicas, "rejected", f"vLLM refuses max_num_batched_tokens "
                                  f"{lay.max_num_batched_tokens} < max_num_seqs {lay.max_num_seqs} (every running "
                                  "request needs a token per step)"))

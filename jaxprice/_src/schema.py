@@ -620,7 +620,9 @@ ENGINE = Map({
     "dbo": Either(Bool(), Map({}, open=True), message="expected true, false or a mapping"),
     "scheduling_policy": Str(("fcfs", "priority"), nullable=True), "async_scheduling": Bool(),
     "disable_cascade_attn": Bool(), "enforce_eager": Bool(),
-    "max_cudagraph_capture_size": Token(1)}, nullable=True)
+    "max_cudagraph_capture_size": Token(1),
+    # the engine whose scheduler the serving simulation follows (serve.SCHEDULERS; pricing is the same)
+    "scheduler": Str(("vllm", "sglang", "trtllm"), nullable=True)}, nullable=True)
 ENGINE_KEYS = set(ENGINE.fields)
 
 POOL = Map({"role": Str(("colocated", "prefill", "decode")), "nodes": Width(), "parallel": PARALLEL,

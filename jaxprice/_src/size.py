@@ -81,6 +81,24 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
    equivalent ``vllm serve`` command line. When no point meets the targets, ``best`` is None and
    ``miss`` names the closest layout and what it misses by.
 
+**Engines** (``engine=``, ``--engine``; layouts.ENGINES): ``vllm`` (the default; everything
+above) or ``sglang``. An SGLang search has the same parallel layouts (dp > 1 is SGLang's DP
+attention of an MoE model: ``--tp tp x dp --dp dp --enable-dp-attention``), SGLang's
+``max_running_requests`` and ``chunked_prefill_size`` on the max_num_seqs and
+max_num_batched_tokens axes, no CUDA-graph-mode axis (decode captured, prefill eager:
+layouts.SGLANG_GRAPH_MODE), and no max_num_batched_tokens >= max_num_seqs rule. Each candidate's
+scenario names ``scheduler: sglang``: the ``serve`` evaluator (and ``auto``'s re-runs) simulate
+SGLang's scheduler, and the written scenario runs it under ``jaxprice serve``. The ``steady``
+evaluator's closed form is ``sglang_steady_state_requests``: reservation to completion bounds R by
+the KV cache at full length isl + osl and not by a token budget; a step carries prompts only or
+decodes only, so TPOT = D(R) + p x [mixed prefill-only step] + (1 + p) host_output_token for
+p prefill steps per decode step (q = R / osl prompts, m = q / (1 - e^-q) of them a step when a
+prompt fits the chunk), the dp ranks of an MoE model in lockstep, and the TTFT waits half the
+(time-weighted) step in flight and the step already scheduled. Agreement with the simulation:
+README ("Sizing SGLang") and experiments/results/sglang_steady_vs_serve.txt. Output: the
+``python -m sglang.launch_server`` line (``launch_command``, ``sglang_command``) in place of
+``vllm serve``'s; ``as_dict`` says the engine.
+
 Library code: no printing; progress goes through ``callback(done, total, **info)``.
 """
 
@@ -98,7 +116,7 @@ import numpy as np
 from .client import MAX_RUN_REQUESTS, MAX_SWEEP_REQUESTS, Workload
 from .errors import JaxpriceError, check_callback, refuse, shown
 from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario, check_registry
-from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS,
+from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS, ENGINES,
                       PREQUANTIZED, QUANT_FLAG, WIDTHS, Candidate, Layout, build_candidates, build_scenario,
                       candidate_space, fits, is_moe, load_model, max_model_len, weight_formats, _is_hf, _kv_tokens)
 from .plan import INT_TOKEN_LIMIT, Batch, _whole
@@ -284,6 +302,85 @@ def _packed_prompts(decode, q: float, isl: int, room: int):
     return [decode, whole, more], [0.0, 1.0 - f, f], [0.5, 1.0 - f, f]
 
 
+def sglang_steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrency: int):
+    """The batches one closed-loop point of an SGLang layout is priced from: returns
+    (R, batches as (scheduled, computed) row lists, TPOT weights, TTFT weights, n_chunks,
+    emitting steps per output token), as ``steady_state_requests`` plus the last; TPOT =
+    sum_k tpot_w[k] S_k + h host_output_token and the prompt's service time sum_k ttft_w[k] S_k.
+
+    SGLang (serve.py's ``scheduler: sglang``, serving-reference.md 6) differs from vLLM in two
+    ways the closed form follows. Reservation to completion: a request is admitted only if its
+    blocks at full length fit beside every running request's, so per rank
+    R = min(ceil(C / dp), max_running_requests, (floor(cap / block) - 1) // ceil((isl + osl) / block))
+    at the mean lengths (cap: the KV tokens of a rank, ``_kv_tokens`` at the mean context
+    ctx = isl + osl / 2, as the simulation sizes it), with no token-budget bound: prefill steps
+    stall the decodes instead. Prefill first: a step carries prompts only (up to
+    chunked_prefill_size tokens), or else every decode row, so the R decodes at context ctx, D,
+    run in steps of their own and each rank's R / osl = q prompts per decode step are prefilled
+    in prefill-only steps that add their whole time to the TPOT (not a chunk's marginal cost
+    beside the decodes):
+
+    * a prompt that fits the chunk (isl <= chunk): a prefill step carries the prompts that came
+      since the last one, m = min(q / (1 - exp(-q)), floor(chunk / isl)) on average (at least one;
+      arrivals taken as Poisson over a decode step: m = E[N | N >= 1]), so p = q / m prefill
+      steps a decode step, mixed of k = floor(m) prompts (weight 1 - f) and k + 1 (weight f),
+      f = m - k. TPOT = D + p [(1 - f) P_k + f P_k+1] + (1 + p) host_output_token (a prefill step
+      emits the first tokens);
+    * a longer prompt, n = ceil(isl / chunk) chunks, each a step of its own (p = n q steps):
+      TPOT = D + q sum_j P_chunk j + (1 + q) host_output_token.
+
+    An MoE model's dp ranks step in lockstep at the slowest rank's pace (serving-reference.md 2.2),
+    so a rank's decode step is a prefill step's length whenever some other rank prefills then:
+    with phi = p / (1 + p) of each rank's steps prefilling, independently, with probability
+    pi = 1 - (1 - phi)^(dp - 1); the decode weight is 1 - pi and pi moves onto the prefill
+    steps, in their mix. TTFT: the rest of the step in flight when the prompt comes (half of it,
+    as the simulation's arrival_phase; which step that is goes by time, so its mean length is
+    sum_k w_k S_k^2 / sum_k w_k S_k over the TPOT weights w: a long prefill step is more often
+    in flight than a decode step; ``_steady_metrics`` adds it), then the step already scheduled
+    (SGLang's overlap loop, as vLLM's async scheduling: a finished request's slot, and its
+    client's next request, serve the step after next; a step by count, weights w / sum w), then
+    the prompt's own prefill step(s) (the mix weighted by prompts: (1 - f) k / m,
+    f (k + 1) / m), plus the queueing and admission latency of the module docstring.
+    Checked against the simulation (experiments/sglang_steady_vs_serve.py)."""
+    isl = max(int(round(workload.mean_isl)), 1)
+    osl = max(workload.mean_osl, 1.0)
+    ctx = int(round(workload.mean_isl + workload.mean_osl / 2.0))
+    full = max(workload.mean_isl + workload.mean_osl, 1.0)
+    per_rank = math.ceil(concurrency / layout.dp)
+    cap = _kv_tokens(dep, ctx)
+    block = int(dep.plan.memory.get("block_size", 16))
+    kv_fit = (int((math.floor(cap / block) - 1) // math.ceil(full / block)) if math.isfinite(cap) else per_rank)
+    R = max(1, min(per_rank, layout.max_num_seqs, kv_fit))
+    chunk = max(int(layout.max_num_batched_tokens), 1)
+    decode = ([1] * R, [ctx - 1] * R)
+    q = R / osl
+    if isl <= chunk:
+        m = min(q / -math.expm1(-q), float(chunk // isl))
+        k = int(m)
+        f = m - k
+        steps = [([isl] * k, [0] * k)] + ([([isl] * (k + 1), [0] * (k + 1))] if f > 0 else [])
+        share = [1.0 - f] + ([f] if f > 0 else [])            # of the prefill steps
+        own = [(1.0 - f) * k / m] + ([f * (k + 1) / m] if f > 0 else [])   # of the prompts
+        p, emitting, n_chunks = q / m, q / m, 1
+    else:
+        steps, done = [], 0
+        while done < isl:
+            n = min(chunk, isl - done)
+            steps.append(([n], [done]))
+            done += n
+        n_chunks = len(steps)
+        share = [1.0 / n_chunks] * n_chunks
+        own = [1.0] * n_chunks
+        p, emitting = n_chunks * q, q
+    lockstep = layout.dp if (layout.dp > 1 and dep.plan.scalars.get("has_moe")) else 1
+    phi = p / (1.0 + p)
+    pi = 1.0 - (1.0 - phi) ** (lockstep - 1)
+    tpot_w = [1.0 - pi] + [(p + pi) * w for w in share]
+    per_step = [w / sum(tpot_w) for w in tpot_w]          # the step already scheduled
+    ttft_w = [per_step[0]] + [o + w for o, w in zip(own, per_step[1:])]
+    return R, [decode] + steps, tpot_w, ttft_w, n_chunks, 1.0 + emitting
+
+
 @functools.lru_cache(maxsize=None)
 def _pricer(mesh, estimate="no_overlap"):
     from .accuracy import FAST_COMPILE
@@ -334,8 +431,9 @@ def stack_rows(requests, rows: int) -> Batch:
 def _steady_batches(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies):
     """(specs, owners, flat): the steady-state point specs, per batch (point, TPOT weight, TTFT
     weight), and the flat list of (scheduled, computed) batches (see steady_state_requests)."""
-    specs = [steady_state_requests(dep, layout, workload, c) for c in concurrencies]
-    owners = [(j, tw[k], fw[k]) for j, (_R, batches, tw, fw, _n) in enumerate(specs) for k in range(len(batches))]
+    closed_form = sglang_steady_state_requests if layout.engine == "sglang" else steady_state_requests
+    specs = [closed_form(dep, layout, workload, c) for c in concurrencies]
+    owners = [(j, spec[2][k], spec[3][k]) for j, spec in enumerate(specs) for k in range(len(spec[1]))]
     return specs, owners, [b for spec in specs for b in spec[1]]
 
 
@@ -352,9 +450,17 @@ def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     hot = float(dep.coefficients["host_output_token"]) if "host_output_token" in dep.coefficients else 0.0
     n = len(concurrencies)
     tpot, service = np.full(n, hot), np.zeros(n)
+    for j, spec in enumerate(specs):      # SGLang's: its prefill steps emit tokens too
+        if len(spec) > 5:
+            tpot[j] = hot * spec[5]
+    in_flight = np.zeros((n, 2))           # SGLang's: sum w S^2, sum w S over the TPOT weights
     for (j, tw, fw), s in zip(owners, est):
         tpot[j] += tw * s
         service[j] += fw * s
+        if len(specs[j]) > 5:
+            in_flight[j] += (tw * s * s, tw * s)
+    busy_steps = in_flight[:, 1] > 0              # half the step in flight, its length weighted by time
+    service[busy_steps] += 0.5 * in_flight[busy_steps, 0] / in_flight[busy_steps, 1]
     osl = max(workload.mean_osl, 1.0)
     conc = np.asarray(concurrencies, dtype=float)
     R = np.array([s[0] for s in specs], dtype=float)
@@ -734,6 +840,7 @@ class SizeResult:
     model_source: str = ""
     verification: list = dataclasses.field(default_factory=list)
     tied: list = dataclasses.field(default_factory=list)
+    engine: str = "vllm"            # layouts.ENGINES
 
     # -- selections
     def point(self, ref) -> dict:
@@ -783,7 +890,17 @@ class SizeResult:
         if self.best is None:
             refuse("no layout meets the targets", field="targets")
         cand = self.best_candidate
+        if cand.layout.engine != "vllm":
+            refuse(f"the search sized {cand.layout.engine} engines: launch_command() gives their line",
+                   field="engine", value=cand.layout.engine)
         return vllm_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas)
+
+    def launch_command(self) -> str:
+        """The chosen engine's launch line (``vllm serve ...`` or ``python -m sglang.launch_server ...``)."""
+        if self.best is None:
+            refuse("no layout meets the targets", field="targets")
+        cand = self.best_candidate
+        return launch_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas)
 
     def as_dict(self) -> dict:
         out = {"model": self.model, "chip": self.chip, "gpus": self.gpus,
@@ -800,8 +917,9 @@ class SizeResult:
                "layouts": [r.as_dict() for r in self.results],
                "rejected": [c.as_dict() for c in self.candidates if c.status == "rejected"],
                "duplicates": [c.as_dict() for c in self.candidates if c.status == "duplicate"]}
-        if self.best is not None:
-            out["vllm_command"] = self.vllm_command()
+        out = {"engine": self.engine} | out
+        if self.best is not None:           # vllm_command or sglang_command
+            out[f"{self.engine}_command"] = self.launch_command()
         return out
 
 
@@ -821,9 +939,8 @@ def scenario_document(scen: Scenario, note: str = "") -> str:
     return head + yaml.safe_dump_all([first, second], sort_keys=False, default_flow_style=False)
 
 
-def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
-    """The ``vllm serve`` command line of one engine (run ``replicas`` of them, one per group of
-    tp x dp GPUs, behind a load balancer)."""
+def _model_repo(graph: ModelGraph | None):
+    """The Hugging Face repo id a launch line names for the model (None: unknown)."""
     repo = None
     if graph is not None:
         try:    # the graph file's hf_repo; for an imported config.json, the repo its path or config names
@@ -835,6 +952,13 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
                 repo = _hf_repo(Path(graph.path), doc)
         except Exception:  # noqa: BLE001 - a graph without a readable file just has no repo id
             repo = None
+    return repo
+
+
+def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
+    """The ``vllm serve`` command line of one engine (run ``replicas`` of them, one per group of
+    tp x dp GPUs, behind a load balancer)."""
+    repo = _model_repo(graph)
     e = scen.engine
     parts = ["vllm serve", repo or scen.model, f"--tensor-parallel-size {layout.tp}"]
     if layout.dp > 1:
@@ -859,6 +983,52 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
     if replicas > 1:
         cmd += f"    # x {replicas} replicas, one per {layout.width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer"
     return cmd
+
+
+SGLANG_KV_CACHE_DTYPE = {"fp8": "fp8_e4m3"}   # SGLang's --kv-cache-dtype choices: auto, fp8_e5m2, fp8_e4m3, ...
+
+
+def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
+    """The ``python -m sglang.launch_server`` command line of one SGLang engine (flags as
+    sgl-project/sglang python/sglang/srt/server_args.py spells them; only those the layout
+    sets). SGLang's --tp is every GPU of the engine: a layout of dp > 1 (an MoE model's
+    data-parallel attention) is ``--tp tp x dp --dp dp --enable-dp-attention`` (attention
+    data-parallel over dp ranks of tp GPUs each, the experts over all tp x dp), expert
+    parallelism ``--ep-size tp x dp``; max_num_seqs is --max-running-requests, the token budget
+    --chunked-prefill-size; the radix (prefix) cache off, as the benchmark's prompts never share
+    a prefix. Run ``replicas`` of them behind a load balancer."""
+    repo = _model_repo(graph)
+    e = scen.engine
+    width = layout.tp * layout.dp
+    parts = ["python -m sglang.launch_server", f"--model-path {repo or scen.model}", f"--tp {width}"]
+    if layout.dp > 1:
+        parts += [f"--dp {layout.dp}", "--enable-dp-attention"]
+    if layout.ep:
+        parts.append(f"--ep-size {width}")
+    if "quantization" in e and graph is not None and e["quantization"] != graph.weight_dtype:
+        parts.append(f"--quantization {QUANT_FLAG.get(e['quantization'], e['quantization'])}")
+    if e.get("cache_dtype", "auto") != "auto":
+        parts.append(f"--kv-cache-dtype {SGLANG_KV_CACHE_DTYPE.get(e['cache_dtype'], e['cache_dtype'])}")
+    parts += [f"--max-running-requests {e['max_num_seqs']}", f"--chunked-prefill-size {e['max_num_batched_tokens']}",
+              f"--context-length {e['max_model_len']}", f"--mem-fraction-static {e['gpu_memory_utilization']}",
+              "--disable-radix-cache"]
+    cmd = " ".join(parts)
+    if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
+        cmd += (f"    # {e['quantization']}: serve a published {e['quantization']} checkpoint of this model in its "
+                "place (ModelOpt's, e.g. nvidia/...-FP4); SGLang reads its quantization from the checkpoint")
+    if scen.nodes > 1:
+        others = "; ".join(f"node {k}: the same with --node-rank {k}" for k in range(1, scen.nodes))
+        cmd += (f" --nnodes {scen.nodes} --node-rank 0 --dist-init-addr HEAD_IP:5000    # on the head node "
+                f"({scen.fabric} between the {scen.nodes} nodes); {others}")
+    if replicas > 1:
+        cmd += f"    # x {replicas} replicas, one per {width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer"
+    return cmd
+
+
+def launch_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
+    """The engine's launch line: ``vllm serve ...`` or ``python -m sglang.launch_server ...``."""
+    fn = sglang_command if layout.engine == "sglang" else vllm_command
+    return fn(scen, layout, graph, replicas=replicas)
 
 
 def _multi_node_launch(scen: Scenario, layout: Layout) -> str:
@@ -1052,6 +1222,20 @@ def _checked_workload(gpus, isl, osl, ttft_ms, tpot_ms, concurrency, range_ratio
     return gpus, SizeWorkload(isl, osl, float(range_ratio)), ttft_t, tpot_t, conc
 
 
+def _check_engine(engine, cudagraph_modes) -> None:
+    """Refuse an unknown engine, and vLLM's CUDA-graph modes beside SGLang (whose decode batches
+    are captured and prefill batches run eagerly, layouts.SGLANG_GRAPH_MODE)."""
+    if not isinstance(engine, str) or engine not in ENGINES:
+        refuse(f"unknown engine (known: {', '.join(ENGINES)})", field="engine", value=shown(engine), has_value=True)
+    if engine == "sglang":
+        given = list(cudagraph_modes) if hasattr(cudagraph_modes, "__iter__") and not isinstance(
+            cudagraph_modes, (str, bytes)) else cudagraph_modes
+        if given != list(DEFAULT_GRAPH_MODES):
+            refuse("is vLLM's CUDA-graph mode axis: SGLang engines capture their decode batches and run prefill "
+                   "eagerly (no mode to search)", field="cudagraph_modes",
+                   value=", ".join(map(str, given)) if isinstance(given, list) else shown(given), has_value=True)
+
+
 def _checked_evaluator(evaluator: str, simulate) -> tuple[str, int]:
     """The search's evaluator and how many layouts near the targets are re-run under the
     simulation: 'auto' searches with 'steady' and refines with the simulation where installed."""
@@ -1178,7 +1362,7 @@ def _check_search_size(evaluator, requested, simulate, conc, num_prompts, search
                "steady", field="concurrency", value=max(conc))
 
 
-def _check_layout_axes(graph, chip_obj, gpus, *, tp, dp, ep, weights):
+def _check_layout_axes(graph, chip_obj, gpus, *, tp, dp, ep, weights, engine="vllm"):
     """Refuse listed layout values the search would drop or mislabel: a weight format vLLM does
     not serve the checkpoint in on the chip (``weight_formats``; its layouts would be priced at
     the checkpoint's format under another name), expert parallelism for a model without experts
@@ -1186,7 +1370,8 @@ def _check_layout_axes(graph, chip_obj, gpus, *, tp, dp, ep, weights):
     allowed = weight_formats(graph, chip_obj)
     for f in weights or ():
         if f not in allowed:
-            refuse(f"not a format vLLM serves {graph.name} in on {chip_obj.name} (from its {graph.weight_dtype} "
+            name = "SGLang" if engine == "sglang" else "vLLM"
+            refuse(f"not a format {name} serves {graph.name} in on {chip_obj.name} (from its {graph.weight_dtype} "
                    f"checkpoint: {', '.join(allowed)})", field="weights", value=f)
     moe = is_moe(graph)
     if ep is not None and True in list(ep):
@@ -1354,7 +1539,7 @@ def _prompt_rules(num_prompts, search_prompts) -> tuple[str, str]:
 
 
 def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weights, max_num_seqs,
-                     max_num_batched_tokens, cudagraph_modes, gpus_per_node, fabric):
+                     max_num_batched_tokens, cudagraph_modes, gpus_per_node, fabric, engine="vllm"):
     """The model, chip and fabric looked up and the layouts resolved into candidates (each ok
     or rejected with its reason): (graph, registry, model source, chip, gpus_per_node, layouts,
     candidates); a workload past the model's length, axes the model or chip cannot take, or GPUs
@@ -1369,10 +1554,10 @@ def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weigh
                               why=" (a scenario's limit)")
     if fabric is not None:
         registry.network(fabric, field="fabric")
-    _check_layout_axes(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights)
+    _check_layout_axes(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights, engine=engine)
     layouts = candidate_space(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              cudagraph_modes=cudagraph_modes)
+                              cudagraph_modes=cudagraph_modes, engine=engine)
     if not layouts:
         widths = sorted({t * d for t in (tp or WIDTHS) for d in (dp or [1])})
         # the widths asked for are the slip when given (size --gpus 1 --tp 2 blamed --gpus)
@@ -1391,9 +1576,12 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
          num_prompts=None, gpus_per_node: int = 8, fabric: str | None = None, mesh=None,
          registry: Registry | None = None, callback=None, on_candidates=None, workers: int = 2, stacked: bool = True,
          verify: int = 0,
-         simulate: int | None = None, search_prompts=DEFAULT_SEARCH_PROMPTS) -> SizeResult:
+         simulate: int | None = None, search_prompts=DEFAULT_SEARCH_PROMPTS, engine: str = "vllm") -> SizeResult:
     """Search the layouts of ``model`` on ``gpus`` x ``chip`` for a workload of ``isl`` / ``osl``
-    tokens (see the module docstring). ``model``: a registry model name or a model graph file.
+    tokens (see the module docstring). engine: 'vllm' (default) or 'sglang' (SGLang engines:
+    max_num_seqs and max_num_batched_tokens are its max_running_requests and
+    chunked_prefill_size; cudagraph_modes, vLLM's, is refused unless left at its default).
+    ``model``: a registry model name or a model graph file.
     ttft_ms, tpot_ms: targets on the means (None: none). concurrency: clients per engine.
     tp, dp, ep, weights, max_num_seqs, max_num_batched_tokens, cudagraph_modes: the candidate
     axes (None for tp/dp/ep/weights: all). evaluator: 'steady', 'serve' or 'auto' (serve when
@@ -1414,6 +1602,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     layout (2: 2 x C prompts per point; None: 10 x C, no re-run). on_candidates(candidates, context dict): called once the
     candidate space is resolved, before the search (the CLI prints it). Bad input raises JaxpriceError before anything is jitted."""
     t0 = time.perf_counter()
+    _check_engine(engine, cudagraph_modes)
     gpus, workload, ttft_t, tpot_t, conc = _checked_workload(gpus, isl, osl, ttft_ms, tpot_ms, concurrency,
                                                              range_ratio)
     requested = evaluator
@@ -1431,14 +1620,16 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     verify = _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_prompts, search_prompts)
     space = _candidate_space(model, chip, gpus, workload, registry, tp=tp, dp=dp, ep=ep, weights=weights,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             cudagraph_modes=cudagraph_modes, gpus_per_node=gpus_per_node, fabric=fabric)
+                             cudagraph_modes=cudagraph_modes, gpus_per_node=gpus_per_node, fabric=fabric,
+                             engine=engine)
     graph, registry, source, chip_obj, gpus_per_node, layouts, cands = space
     t_resolve = time.perf_counter() - t0
     _check_search_size(evaluator, requested, simulate, conc, num_prompts, search_prompts,
                        sum(c.status == "ok" for c in cands))
     if on_candidates is not None:
         on_candidates(cands, {"model": graph.name, "model_source": source, "chip": chip, "gpus": gpus,
-                              "workload": workload, "fabric": fabric, "gpus_per_node": gpus_per_node})
+                              "workload": workload, "fabric": fabric, "gpus_per_node": gpus_per_node,
+                              "engine": engine})
     ok = [k for k, c in enumerate(cands) if c.status == "ok"]
     if not ok:
         _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node)
@@ -1474,7 +1665,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
                       tpot_target=tpot_t, candidates=cands, results=results, frontier=frontier, best=best,
                       runner_up=runner, margin=margin, miss=miss, info=info, graph=graph, registry=registry,
                       model_source=source, verification=verification,
-                      tied=tied_with_best(results, ttft_t, tpot_t))
+                      tied=tied_with_best(results, ttft_t, tpot_t), engine=engine)
 
 
 # ----------------------------------------------------------------------------- figure
