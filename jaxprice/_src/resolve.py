@@ -1203,12 +1203,12 @@ def _memory(scenario: Scenario, docs: Documents, widths: Widths, stack: LayerSta
     return memory
 
 
-def _recurrent_state(graph: ModelGraph, stack: LayerStack, mamba_cache: str, tp: int) -> float:
-    """One request's recurrent state on one rank (bytes): each RecurrentUpdate node of the
-    target's stack (laws.recurrent_state_bytes; at its state_dtype, else the engine's
-    mamba_cache_dtype, auto = fp32) times its kind's layer count, over tp (vLLM shards a
-    mixer's heads and channels over the tensor-parallel group). 0 for a model without one."""
-    total = 0.0
+def _recurrent_layer_bytes(graph: ModelGraph, stack: LayerStack, mamba_cache: str, tp: int) -> list:
+    """(layer count, one layer's recurrent state per request on one rank, bytes) of each
+    RecurrentUpdate node of the target's stack (laws.recurrent_state_bytes; at its state_dtype,
+    else the engine's mamba_cache_dtype, auto = fp32; over tp: vLLM shards a mixer's heads and
+    channels over the tensor-parallel group)."""
+    out = []
     for kid, count, drafter in stack.kinds:
         if drafter:
             continue
@@ -1216,10 +1216,45 @@ def _recurrent_state(graph: ModelGraph, stack: LayerStack, mamba_cache: str, tp:
             if n["op"] != "RecurrentUpdate":
                 continue
             width = DTYPE_BYTES.get(n.get("state_dtype") or "", MAMBA_CACHE_DTYPES[mamba_cache])
-            total += count * laws.recurrent_state_bytes(
+            out.append((count, laws.recurrent_state_bytes(
                 n["recurrent_kind"], n["n_heads"], n.get("d_h") or 0, n["state_size"], n.get("n_groups") or 1,
-                n.get("conv_kernel") or 1, n.get("intermediate_size") or 0, width)
-    return total / max(int(tp), 1)
+                n.get("conv_kernel") or 1, n.get("intermediate_size") or 0, width) / max(int(tp), 1)))
+    return out
+
+
+HYBRID_BLOCK_ALIGN = 16     # vLLM's attention block alignment for hybrid models (see hybrid_block_size)
+
+
+def hybrid_block_size(block: int, state_page: float, attention_token_page: float) -> int:
+    """The attention block size vLLM runs a model with recurrent layers at  [tokens].
+
+    vLLM pages a recurrent layer's state and an attention layer's KV blocks out of one pool, so
+    the attention page (block x one layer's KV bytes per token) must hold one layer's state:
+    need = 16 ceil(state_page / (16 attention_token_page)), and a block_size below it (or none
+    stated) is raised to it (vllm/model_executor/models/config.py,
+    HybridAttentionMambaModelConfig.verify_and_update_config); a request's attention KV then
+    takes whole blocks of that many tokens. ``block`` where there is no recurrent state."""
+    if state_page <= 0.0 or attention_token_page <= 0.0:
+        return int(block)
+    need = HYBRID_BLOCK_ALIGN * math.ceil(state_page / (HYBRID_BLOCK_ALIGN * attention_token_page))
+    return max(int(block), int(need))
+
+
+def _hybrid_block(kv: KvLayout, walk: Walk, layers: list) -> tuple[int, int, tuple]:
+    """(block size, the hybrid minimum (0: no recurrent layer), provenance notes):
+    ``hybrid_block_size`` from the largest recurrent layer's state and the target's first
+    primary attention's KV bytes per token (vLLM takes one attention geometry, the model's)."""
+    pages = [r.bytes_per_token for r in walk.attentions if not r.secondary and not walk.kinds[r.kind].drafter]
+    state = max((b for _c, b in layers), default=0.0)
+    minimum = hybrid_block_size(1, state, pages[0] if pages else 0.0) if state > 0 else 0
+    block = max(kv.block, minimum)
+    if block == kv.block:
+        return block, minimum, ()
+    # KNOWN DIVERGENCE [hybrid-block-padding]: vLLM also pads each recurrent layer's state page
+    # up to the attention page (under 16 tokens of one layer's KV); the state is held unpadded
+    return block, minimum, (("block_size", f"raised from {kv.block} to {block} tokens: vLLM's attention block for a model "
+                                  f"with recurrent layers holds one layer's state ({state / 2 ** 20:.2f} MiB per "
+                                  "rank), models/config.py HybridAttentionMambaModelConfig"),)
 
 
 # ----------------------------------------------------------------------------- stages: the plan
@@ -1393,7 +1428,9 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     memory["kv_window_bytes_per_token"] = walk.kv_windows
     # one request's recurrent state on this rank (reported; the serving layer holds it beside the
     # request's KV blocks: serve.windowed_kv_capacity)
-    memory["recurrent_state_bytes_per_request"] = _recurrent_state(docs.graph, stack, formats.mamba_cache, widths.tp)
+    layers = _recurrent_layer_bytes(docs.graph, stack, formats.mamba_cache, widths.tp)
+    memory["recurrent_state_bytes_per_request"] = sum(count * b for count, b in layers)   # 0: none
+    memory["block_size"], memory["hybrid_block_minimum"], block_notes = _hybrid_block(kv, walk, layers)
     prefill = _prefill_attention(scope)
     # the BF16 class (prefill attention, scans) must exist before the class tables are taken
     bf16_class = classes.for_format("bf16")
@@ -1403,7 +1440,7 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     scalars = _plan_scalars(docs, widths, experts, speculation, host, head, hostg, walk, bf16_class,
                             len(classes.peaks))
     plan = Plan(name=scenario.name, arrays=arrays, scalars=scalars, coef=coef, memory=memory,
-                provenance=host.notes + walk.notes,
+                provenance=host.notes + walk.notes + block_notes,
                 layer_kind_names=tuple(("drafter:" if k.drafter else "") + k.id for k in walk.kinds))
     return Deployment(scenario=scenario, graph=docs.graph, chip=docs.chip, plan=plan,
                       coefficients=scope.vector(),

@@ -243,9 +243,9 @@ def _take_limits(s: _Settings, dep, max_len):
                "vLLM default for this part (8192 on >= 70 GiB, else 2048)")
     s.take("max_num_seqs", dep.resolution.get("max_num_seqs", 1024 if big else 256),
            "resolve (vLLM default for this part)")
-    s.take("block_size", int(dep.plan.memory.get("block_size", 16)), "plan.memory block_size")
-    for key in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+    for key in ("max_num_batched_tokens", "max_num_seqs"):
         s.integer(key, 1)
+    _take_block_size(s, dep)
     s.take("kv_capacity_tokens", float(dep.plan.memory["kv_capacity_tokens"]),
            "plan.memory kv_capacity_tokens (per dp rank)")
     limit = dep.graph.max_model_len          # the model's own, where its graph states it
@@ -257,6 +257,28 @@ def _take_limits(s: _Settings, dep, max_len):
     if limit is not None and s.out["max_model_len"] > limit:
         s.refuse(f"more than the {limit} tokens {dep.graph.name} serves at (its config's max_position_embeddings, "
                  "as vLLM derives max_model_len; vLLM would not start)", "max_model_len")
+
+
+def _take_block_size(s: _Settings, dep):
+    """block_size: an engine= override, else the plan's (the scenario's or vLLM's default, and
+    for a model with recurrent layers at least vLLM's hybrid attention block,
+    resolve.hybrid_block_size, which an override may not go below: vLLM would raise it)."""
+    plan_block = int(dep.plan.memory.get("block_size", 16))
+    minimum = int(dep.plan.memory.get("hybrid_block_minimum", 0) or 0)
+    stated = s.scenario.get("block_size")
+    if minimum and plan_block == minimum and (stated is None or stated < minimum):
+        src = ("vLLM's attention block for this model's recurrent state (resolve.hybrid_block_size"
+               + (f"; raised from the {stated} stated)" if stated is not None else ")"))
+    elif stated is not None:
+        src = f"{s.path}: engine.block_size"
+    else:
+        src = "plan.memory block_size"
+    # the plan's value holds the scenario's (raised where needed): no scenario key is read here
+    s.take("block_size", plan_block, src, scen_key="<plan.memory block_size>")
+    s.integer("block_size", 1)
+    if minimum and s.out["block_size"] < minimum:
+        s.refuse(f"below the {minimum} tokens vLLM runs {dep.graph.name}'s attention blocks at (it raises a smaller "
+                 "block_size so that one block holds one recurrent layer's state)", "block_size")
 
 
 def _take_behaviour(s: _Settings, dep):

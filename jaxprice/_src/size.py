@@ -27,7 +27,8 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
    * ``serve``: the serving simulation (``jaxprice.simulate_sweep``, serve.py), step by step.
    * ``steady``: the closed loop's steady state in closed form (``steady_state_requests``): per
      data-parallel rank, R = min(ceil(C / dp), max_num_seqs, KV-cache fit, budget fit) resident
-     decodes at mean context isl + osl/2 (budget fit: R + R isl / osl <= max_num_batched_tokens,
+     decodes at mean context isl + osl/2 (KV-cache fit: each holding whole KV blocks over its
+     life, ``_held_tokens``; budget fit: R + R isl / osl <= max_num_batched_tokens,
      the step budget prefilling prompts as fast as requests finish), each prompt prefilled in
      chunks of max_num_batched_tokens - R beside them, TPOT = S(R decodes) + p x sum_j
      [S(R decodes + chunk j) - S(R decodes)] + host_output_token, q / n = max(min(L n R / osl,
@@ -229,6 +230,15 @@ def _spec_rows(specs) -> int:
     return _rows(max(len(b[0]) for spec in specs for b in spec[1]) - 1) + 1
 
 
+def _held_tokens(workload: SizeWorkload, block: int) -> float:
+    """A resident request's KV-cache tokens in whole blocks, averaged over its life: block x
+    ceil(L / block) over contexts L uniform on [isl + 1, isl + osl] (64 points)  [tokens]. About
+    the mean context + block / 2 for small blocks; a hybrid model's blocks of thousands of tokens
+    (resolve.hybrid_block_size) hold a short request in one."""
+    lengths = np.linspace(workload.mean_isl + 1.0, workload.mean_isl + max(workload.mean_osl, 1.0), 64)
+    return float(np.mean(block * np.ceil(lengths / block)))
+
+
 def _chunk_rate(R: int, osl: float, n_chunks: int, lockstep: int) -> float:
     """Prompt chunks the priced step carries, per step: each rank finishes R / osl requests a
     step (a closed loop refills each at once), each prompt n_chunks chunks; ranks that step in
@@ -262,8 +272,9 @@ def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkloa
     osl = max(workload.mean_osl, 1.0)
     ctx = int(round(workload.mean_isl + workload.mean_osl / 2.0))
     per_rank = math.ceil(concurrency / layout.dp)
-    cap = _kv_tokens(dep, ctx)
-    kv_fit = int(cap // max(ctx, 1)) if math.isfinite(cap) else per_rank
+    held = _held_tokens(workload, int(dep.plan.memory.get("block_size", 16)))
+    cap = _kv_tokens(dep, held)
+    kv_fit = int(cap // held) if math.isfinite(cap) else per_rank
     budget_fit = _budget_requests(layout.max_num_batched_tokens, isl, osl)
     R = max(1, min(per_rank, layout.max_num_seqs, kv_fit, budget_fit))
     room = max(layout.max_num_batched_tokens - R, 1)

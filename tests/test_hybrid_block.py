@@ -1,0 +1,79 @@
+"""A model with recurrent layers runs at vLLM's hybrid attention block size (resolve.hybrid_block_size,
+vllm/model_executor/models/config.py HybridAttentionMambaModelConfig): one attention block holds one
+recurrent layer's state, so a request's attention KV comes in blocks of thousands of tokens. The plan
+carries it (plan.memory block_size, hybrid_block_minimum), the serving simulation allocates in it and
+refuses an override below it, and size's steady state holds whole blocks. No compile here."""
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+import jaxprice as jp
+from jaxprice._src import cli_price, serve
+from jaxprice._src import size as S
+from jaxprice._src.resolve import hybrid_block_size
+
+NANO = "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+QWEN35 = "qwen3.5-397b-a17b-h100-fp8-sglang-tp8"
+
+
+def _built(model, chip, tp, **flags):
+    base = dict(chip=chip, tp=str(tp), dp=None, ep=None, weights=None, gpus_per_node=None, fabric=None,
+                gpu_memory_utilization=None, kv_cache_dtype=None, cudagraph_mode=None)
+    return cli_price.load_scenario_deployment(model, None, argparse.Namespace(**{**base, **flags}))
+
+
+def test_the_rule_hand_worked():
+    # Nemotron 3 Nano, one rank: a Mamba2 layer's state ((4096 + 2 x 8 x 128) x 3 + 64 x 64 x 128) x 4 B
+    state = ((4096 + 2 * 8 * 128) * 3 + 64 * 64 * 128) * 4
+    assert state == 2_170_880
+    # an attention layer's KV per token: 2 KV heads x 128 x (K, V) x 2 B = 1,024 B -> 16 ceil(132.5) = 2,128
+    assert hybrid_block_size(16, state, 1024.0) == 2128
+    assert hybrid_block_size(4096, state, 1024.0) == 4096          # a larger stated block stays
+    assert hybrid_block_size(16, state, 512.0) == 16 * math.ceil(state / (16 * 512))   # fp8 cache: 4,240
+    assert hybrid_block_size(16, 0.0, 1024.0) == 16                # no recurrent layer: as stated
+
+
+def test_plans_carry_the_block():
+    nano = _built(NANO, "h200", 1)
+    m = nano.plan.memory
+    assert m["recurrent_state_bytes_per_request"] == pytest.approx(23 * 2_170_880)   # 23 Mamba2 layers
+    assert m["kv_bytes_per_token"] == 6 * 1024 and (m["block_size"], m["hybrid_block_minimum"]) == (2128, 2128)
+    assert any(k == "block_size" and "raised from 16 to 2128" in v for k, v in nano.plan.provenance)
+    fp8 = _built(NANO, "h200", 1, kv_cache_dtype="fp8")
+    assert fp8.plan.memory["block_size"] == 4240
+    # Qwen3.5-397B on 8 H100 (fp8 cache, block 16 stated): a GDN layer's 8 heads x 128^2 x 4 B per rank
+    # over 1 KV head x 256 x 2 x 1 B = 512 B a token -> 16 ceil(524,288 / 8,192) = 1,024
+    q = jp.load_deployment(QWEN35)
+    assert q.scenario.engine["block_size"] == 16 and q.plan.memory["block_size"] == 1024
+    # a model without recurrent layers keeps its block and has no minimum
+    d = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
+    assert (d.plan.memory["block_size"], d.plan.memory["hybrid_block_minimum"]) == (16, 0)
+
+
+def test_the_simulation_allocates_in_it_and_refuses_less():
+    q = jp.load_deployment(QWEN35)
+    out, src = serve.engine_settings(q, max_len=2048)
+    assert out["block_size"] == 1024 and "raised from the 16 stated" in src["block_size"][1]
+    assert out["kv_blocks"] == pytest.approx(int(src["kv_blocks"][0]))
+    assert serve.engine_settings(q, {"block_size": 2048}, max_len=2048)[0]["block_size"] == 2048
+    with pytest.raises(jp.JaxpriceError, match="below the 1024 tokens vLLM runs"):
+        serve.engine_settings(q, {"block_size": 16}, max_len=2048)
+    d = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
+    out, src = serve.engine_settings(d, max_len=2048)
+    assert out["block_size"] == 16 and src["block_size"][1].endswith("engine.block_size")
+
+
+def test_steady_state_holds_whole_blocks():
+    """A 1k/1k request of Nano holds one 2,128-token block all its life (not its mean context of
+    1,536 tokens): the steady state's KV fit counts that."""
+    wl = S.SizeWorkload(1024, 1024, 1.0)
+    assert S._held_tokens(wl, 2128) == 2128.0
+    assert S._held_tokens(wl, 16) == pytest.approx(1536.5 + 8, abs=1.0)
+    nano = _built(NANO, "h200", 1)
+    lay = S.Layout(1, 1, False, "bf16", 1024, 8192, "FULL_AND_PIECEWISE")
+    R, *_ = S.steady_state_requests(nano, lay, wl, 1024)
+    cap = S._kv_tokens(nano, 2128.0)
+    assert R == min(1024, int(cap // 2128), S._budget_requests(8192, 1024, 1024))
