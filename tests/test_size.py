@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import subprocess
 import sys
@@ -102,10 +103,39 @@ def test_steady_state_numbers(result):
     np.testing.assert_allclose(r.tps_per_user, 1 / r.tpot)
     # at one client per engine: throughput per GPU is osl / E2E / width, E2E on the engine's clock
     # (TTFT also holds the request's admission latency, which delays no step, as in the simulation)
+    # (the steady state's TTFT: the benchmark mean's differs by its first wave, below)
     w = result.workload
     dep = result.candidates[r.index].deployment
-    e2e = r.ttft[0] - S.admission_latency(dep.coefficients, w.mean_isl) + (w.mean_osl - 1) * r.tpot[0]
+    steady = S.evaluate_steady(dep, r.layout, w, r.concurrency, num_prompts=math.inf)
+    e2e = steady[0][0] - S.admission_latency(dep.coefficients, w.mean_isl) + (w.mean_osl - 1) * r.tpot[0]
     assert r.tps_per_gpu[0] == pytest.approx(w.mean_osl / e2e / r.layout.width, rel=1e-12)
+
+
+def test_steady_ttft_is_the_benchmark_mean_with_its_first_wave(result):
+    """The benchmark's mean TTFT over its 10 x C prompts: the first wave's R a rank (C at once on
+    an idle engine, prefilled back to back, budget tokens a step) at first_wave's time, the rest at
+    the steady state's; other prompt counts move the share, inf leaves the steady state alone."""
+    r = result.results[0]
+    w, dep = result.workload, result.candidates[r.index].deployment
+    conc = list(r.concurrency)
+    alone = S.evaluate_steady(dep, r.layout, w, conc, num_prompts=math.inf)
+    assert np.all(alone[1] == r.tpot) and np.all(alone[2] == r.tps_per_gpu)
+    isl = int(round(w.mean_isl))
+    hot = float(dep.coefficients["host_output_token"])
+    adm = S.admission_latency(dep.coefficients, w.mean_isl)
+    for j, c in enumerate(conc):
+        R = int(r.resident[j])
+        batch, steps = S.first_wave(r.layout, w, R)
+        budget = r.layout.max_num_batched_tokens
+        assert sum(batch[0]) == min(budget, R * isl) and set(batch[1]) == {0}
+        assert steps == pytest.approx(np.mean([math.ceil(i * isl / budget) for i in range(1, R + 1)]))
+        s_first = float(S.price_batches(dep, S.stack_rows([batch], S._rows(len(batch[0])) + 1))[0])
+        share = min(R * r.layout.dp, c) / (10 * c)
+        want = share * (adm + hot + steps * s_first) + (1 - share) * alone[0][j]
+        assert r.ttft[j] == pytest.approx(want, rel=1e-12)
+        twice = S.evaluate_steady(dep, r.layout, w, [c], num_prompts=20 * c)[0][0]
+        assert twice == pytest.approx(share / 2 * (adm + hot + steps * s_first) + (1 - share / 2) * alone[0][j],
+                                      rel=1e-12)
 
 
 def test_one_row_padding_per_structure_prices_every_layout_as_alone():
@@ -289,7 +319,7 @@ def test_steady_state_lockstep_weights():
         dep = jp.resolve(S.build_scenario("deepseek-v3", "h200", lay, isl=1024, osl=1024, graph=graph), reg)
         R, batches, tw, fw, chunks = S.steady_state_requests(dep, lay, wl, 64 * dp)
         assert R == 64 and chunks == 1 and len(batches) == 2 and batches[1][0] == [1] * 64 + [1024]
-        assert fw == [0.5, 1.0] and sum(tw) == pytest.approx(1.0)
+        assert fw == [0.0, 1.0] and sum(tw) == pytest.approx(1.0)
         weights[dp] = tw[1]
     assert weights[1] == pytest.approx(64 / 1024) and weights[2] == pytest.approx(2 * 64 / 1024)
 
@@ -310,11 +340,11 @@ def test_steady_state_packs_prompts_past_one_a_step():
     dep = jp.resolve(S.build_scenario("llama-3.1-8b-instruct", "h100", lay, isl=1024, osl=128, graph=graph), reg)
     wl = S.SizeWorkload(1024, 128, 1.0)
     R, batches, tw, fw, n = S.steady_state_requests(dep, lay, wl, 256)    # q = 2: two prompts every step
-    assert (R, n, tw, fw) == (256, 1, [0.0, 1.0], [0.5, 1.0])
+    assert (R, n, tw, fw) == (256, 1, [0.0, 1.0], [0.0, 1.0])
     assert batches[1] == ([1] * 256 + [1024, 1024], batches[0][1] + [0, 0])
     R, batches, tw, fw, n = S.steady_state_requests(dep, lay, wl, 200)    # q = 1.5625
     assert R == 200 and [len(b[0]) - R for b in batches] == [0, 1, 2]
-    assert tw == pytest.approx([0.0, 0.4375, 0.5625]) and fw == pytest.approx([0.5, 0.4375, 0.5625])
+    assert tw == pytest.approx([0.0, 0.4375, 0.5625]) and fw == pytest.approx([0.0, 0.4375, 0.5625])
     for c in (16, 64, 100, 128, 200, 256, 300, 400):
         R, batches, tw, *_ = S.steady_state_requests(dep, lay, wl, c)
         assert sum(tw) == pytest.approx(1.0) and min(tw) >= 0.0
@@ -337,7 +367,7 @@ def test_steady_state_budget_bounds_residents():
     assert len(batches[2][0]) <= S._spec_rows([(R, batches)])
     R, batches, tw, fw, n = S.steady_state_requests(dep, lay, S.SizeWorkload(1536, 256, 1.0), 256)
     assert R == 1024 * 256 // (1536 + 256) == 146 and n == 2 and tw[0] < 0.0
-    assert [b[0][R:] for b in batches[1:]] == [[878], [658]] and fw == [0.5, 1.0, 1.0]
+    assert [b[0][R:] for b in batches[1:]] == [[878], [658]] and fw == [0.0, 1.0, 1.0]
     assert _prefill_tokens(batches, tw, R) == pytest.approx(146 / 256 * 1536)
 
 
@@ -445,18 +475,18 @@ def test_refine_leaves_points_far_over_the_ttft_target_on_the_steady_state():
     simulation of that level (run here) misses the target too, so neither the frontier nor the
     choice could have used it. The other levels equal simulate_sweep's."""
     cfg = dict(SIM, max_num_seqs=(16,), concurrency=(1, 8, 64))
-    got = jp.size(MODEL, tpot_ms=40, ttft_ms=100, evaluator="auto", **cfg)
+    got = jp.size(MODEL, tpot_ms=40, ttft_ms=130, evaluator="auto", **cfg)
     assert len(got.results) == 2
     for r in got.results:
         assert r.source == "serve" and r.kept.tolist() == [False, False, True]
-        assert r.replaced["ttft"][2] > S.SKIP_TTFT_FACTOR * 0.100 and r.ttft[2] == r.replaced["ttft"][2]
+        assert r.replaced["ttft"][2] > S.SKIP_TTFT_FACTOR * 0.130 and r.ttft[2] == r.replaced["ttft"][2]
         assert [r.point_source(j) for j in range(3)] == ["serve", "serve", "steady"]
         assert [p["source"] for p in r.as_dict()["points"]] == ["serve", "serve", "steady"]
         dep = got.candidates[r.index].deployment
         ref = jp.simulate_sweep(dep, jp.Workload(isl=256, osl=64, range_ratio=0.8), [1, 8, 64])
         np.testing.assert_array_equal(r.ttft[:2], [x.summary["ttft_mean"] for x in ref[:2]])
         np.testing.assert_array_equal(r.tpot[:2], [x.summary["tpot_mean"] for x in ref[:2]])
-        assert ref[2].summary["ttft_mean"] > 0.100                  # the skipped level misses the target simulated too
+        assert ref[2].summary["ttft_mean"] > 0.130                  # the skipped level misses the target simulated too
         assert all(res_j != 2 for res_i, res_j in got.frontier if got.results[res_i] is r)
     assert got.best is not None and got.best[1] != 2
     np.testing.assert_array_equal(S.simulation_points(got.results[0], None), [True, True, True])

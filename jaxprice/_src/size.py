@@ -35,9 +35,16 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
      1), n R / osl) / n prompts a step for n chunks a prompt (L = dp for an MoE model, whose
      ranks step in lockstep at the slowest rank's pace, else 1); a prompt that fits one step,
      at q > 1 a step, is priced in steps carrying floor(q) or floor(q) + 1 whole prompts mixed to
-     q; TTFT = half a decode step + the prompt's chunk steps + the queueing a
+     q; TTFT = the wait for the step in flight (half of one) and, under async scheduling, the
+     step already scheduled (``_vllm_wait``: 1.5 mean steps with another client on the rank,
+     none alone) + the prompt's chunk steps + the queueing a
      closed loop of C > R clients implies by Little's law + the request's admission latency (as
-     the serving simulation adds it, ``serve.request_latencies``). Priced exactly by the step kernel.
+     the serving simulation adds it, ``serve.request_latencies``); reported as the benchmark's
+     mean over its 10 x C prompts (``num_prompts``), whose first wave (R a rank, sent at once to
+     an idle engine) instead waits for ``first_wave``'s back-to-back prefill steps. Priced
+     exactly by the step kernel. Against the simulation (experiments/steady_vs_serve.py,
+     experiments/results/steady_vs_serve.txt): TPOT and tokens/s per GPU within a few percent,
+     TTFT under it (the steady state alone misses the bursts of prompts a step).
 
    ``auto`` (the default) searches every layout with ``steady``, then re-runs under ``serve``, at
    the benchmark's 10 x C prompts per point, the layouts that matter (``refine``,
@@ -96,7 +103,7 @@ decodes only, so TPOT = D(R) + p x [mixed prefill-only step] + (1 + p) host_outp
 p prefill steps per decode step (q = R / osl prompts, m = q / (1 - e^-q) of them a step when a
 prompt fits the chunk), the dp ranks of an MoE model in lockstep, and the TTFT waits half the
 (time-weighted) step in flight and the step already scheduled. Agreement with the simulation:
-README ("Sizing SGLang") and experiments/results/sglang_steady_vs_serve.txt. Output: the
+README ("Sizing SGLang") and experiments/results/steady_vs_serve.txt. Output: the
 ``python -m sglang.launch_server`` line (``launch_command``, ``sglang_command``) in place of
 ``vllm serve``'s; ``as_dict`` says the engine.
 
@@ -260,7 +267,7 @@ def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkloa
     """The batches one closed-loop point is priced from (see the module docstring): returns
     (R, batches as (scheduled, computed) row lists, TPOT weights, TTFT weights, n_chunks);
     TPOT - host_output_token = sum_k tpot_w[k] S_k and the prompt's service time
-    sum_k ttft_w[k] S_k (half a decode step plus its prefill steps).
+    sum_k ttft_w[k] S_k (its prefill steps; the wait before them is ``_steady_metrics``').
 
     q = _chunk_rate prompt chunks a step. Up to one a step (q <= 1): a fraction q / n
     of steps carries each chunk beside the R decodes. A prompt that fits one step's room and more
@@ -291,7 +298,7 @@ def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkloa
     batches = [decode] + [([1] * R + [n], [ctx - 1] * R + [d]) for n, d in chunks]
     a = q / len(chunks)
     tpot_w = [1.0 - q] + [a] * len(chunks)
-    ttft_w = [0.5] + [1.0] * len(chunks)
+    ttft_w = [0.0] + [1.0] * len(chunks)
     return R, batches, tpot_w, ttft_w, len(chunks)
 
 
@@ -306,11 +313,11 @@ def _packed_prompts(decode, q: float, isl: int, room: int):
     s, c = decode
     whole = (s + [isl] * k, c + [0] * k)
     if f == 0.0:
-        return [decode, whole], [0.0, 1.0], [0.5, 1.0]
+        return [decode, whole], [0.0, 1.0], [0.0, 1.0]
     more = (whole[0] + [last], whole[1] + [0])
     if f == 1.0:
-        return [decode, more], [0.0, 1.0], [0.5, 1.0]
-    return [decode, whole, more], [0.0, 1.0 - f, f], [0.5, 1.0 - f, f]
+        return [decode, more], [0.0, 1.0], [0.0, 1.0]
+    return [decode, whole, more], [0.0, 1.0 - f, f], [0.0, 1.0 - f, f]
 
 
 def sglang_steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrency: int):
@@ -352,7 +359,7 @@ def sglang_steady_state_requests(dep: Deployment, layout: Layout, workload: Size
     client's next request, serve the step after next; a step by count, weights w / sum w), then
     the prompt's own prefill step(s) (the mix weighted by prompts: (1 - f) k / m,
     f (k + 1) / m), plus the queueing and admission latency of the module docstring.
-    Checked against the simulation (experiments/sglang_steady_vs_serve.py)."""
+    Checked against the simulation (experiments/steady_vs_serve.py)."""
     isl = max(int(round(workload.mean_isl)), 1)
     osl = max(workload.mean_osl, 1.0)
     ctx = int(round(workload.mean_isl + workload.mean_osl / 2.0))
@@ -439,13 +446,35 @@ def stack_rows(requests, rows: int) -> Batch:
                  jnp.full((n,), float(DECODE_THRESHOLD)))
 
 
+PROMPTS_PER_CLIENT = 10     # the benchmark's prompts per point: 10 x C (serving-reference §5)
+
+
+def first_wave(layout: Layout, workload: SizeWorkload, R: int):
+    """(batch, mean steps) of the closed loop's first wave on one rank: its first R clients'
+    prompts arrive at once on an idle engine and are prefilled back to back, max_num_batched_tokens
+    (SGLang: the chunk) a step, so the i-th (1-based) has its first token after ceil(i isl / B)
+    steps, each priced as the first: min(B, R isl) prompt tokens in whole prompts (the last cut),
+    nothing computed yet. Mean steps over the R prompts."""
+    isl = max(int(round(workload.mean_isl)), 1)
+    budget = max(int(layout.max_num_batched_tokens), 1)
+    k, rest = divmod(min(budget, R * isl), isl)
+    batch = ([isl] * k + [rest] * (rest > 0), [0] * (k + (rest > 0)))
+    return batch, float(np.mean(np.ceil(np.arange(1, R + 1) * isl / budget)))
+
+
 def _steady_batches(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies):
     """(specs, owners, flat): the steady-state point specs, per batch (point, TPOT weight, TTFT
-    weight), and the flat list of (scheduled, computed) batches (see steady_state_requests)."""
+    weight, first-wave weight), and the flat list of (scheduled, computed) batches (see
+    steady_state_requests; each point's first-wave step last, ``first_wave``)."""
     closed_form = sglang_steady_state_requests if layout.engine == "sglang" else steady_state_requests
     specs = [closed_form(dep, layout, workload, c) for c in concurrencies]
-    owners = [(j, spec[2][k], spec[3][k]) for j, spec in enumerate(specs) for k in range(len(spec[1]))]
-    return specs, owners, [b for spec in specs for b in spec[1]]
+    owners = [(j, spec[2][k], spec[3][k], 0.0) for j, spec in enumerate(specs) for k in range(len(spec[1]))]
+    flat = [b for spec in specs for b in spec[1]]
+    for j, spec in enumerate(specs):
+        batch, steps = first_wave(layout, workload, spec[0])
+        owners.append((j, 0.0, 0.0, steps))
+        flat.append(batch)
+    return specs, owners, flat
 
 
 def admission_latency(coefficients, mean_isl) -> float:
@@ -456,18 +485,33 @@ def admission_latency(coefficients, mean_isl) -> float:
     return get("host_admission_per_request") + get("host_admission_per_token") * float(mean_isl)
 
 
-def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, specs, owners, est):
-    """The closed loop's metrics from the priced batches ``est`` (see the module docstring)."""
+def _vllm_wait(dep: Deployment, specs, mean_step, per_rank) -> np.ndarray:
+    """vLLM's wait before a prompt's first step, per point  [s]: with another client on its rank
+    the request lands in a step in flight and waits for the rest of it (half a step; the
+    simulation's arrival_phase), and under async scheduling (vLLM's default) for the step already
+    scheduled without it, (1/2 + 1) x the mean step (by count, ``mean_step``) in all; none with
+    one client a rank (the engine is idle: serve.request_latencies). 0 for SGLang's specs."""
+    async_on = bool(dep.scenario.engine.get("async_scheduling", True))
+    vllm = np.array([len(s) == 5 for s in specs])
+    return np.where(vllm & (per_rank >= 2.0), (0.5 + async_on) * mean_step, 0.0)
+
+
+def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, specs, owners, est,
+                    num_prompts=None):
+    """The closed loop's metrics from the priced batches ``est`` (see the module docstring);
+    TTFT the mean over ``num_prompts`` prompts a point (None: the benchmark's 10 x C; inf: the
+    steady state alone)."""
     hot = float(dep.coefficients["host_output_token"]) if "host_output_token" in dep.coefficients else 0.0
     n = len(concurrencies)
-    tpot, service = np.full(n, hot), np.zeros(n)
+    tpot, service, first = np.full(n, hot), np.zeros(n), np.zeros(n)
     for j, spec in enumerate(specs):      # SGLang's: its prefill steps emit tokens too
         if len(spec) > 5:
             tpot[j] = hot * spec[5]
     in_flight = np.zeros((n, 2))           # SGLang's: sum w S^2, sum w S over the TPOT weights
-    for (j, tw, fw), s in zip(owners, est):
+    for (j, tw, fw, ww), s in zip(owners, est):
         tpot[j] += tw * s
         service[j] += fw * s
+        first[j] += ww * s
         if len(specs[j]) > 5:
             in_flight[j] += (tw * s * s, tw * s)
     busy_steps = in_flight[:, 1] > 0              # half the step in flight, its length weighted by time
@@ -476,6 +520,7 @@ def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     conc = np.asarray(concurrencies, dtype=float)
     R = np.array([s[0] for s in specs], dtype=float)
     per_rank = conc / layout.dp
+    service += _vllm_wait(dep, specs, tpot - hot, per_rank)
     busy = np.minimum(per_rank, R)                  # resident requests per rank (fractional below dp)
     ttft_s = service + hot
     request = ttft_s + (osl - 1.0) * tpot            # one request's service time, resident
@@ -483,13 +528,21 @@ def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     # plus each request's admission latency, which the serving simulation adds to its TTFT
     # (serve.request_latencies) and which delays that request only, not the engine's steps (so
     # not the cycle); it was left out here (the steady TTFT 40 ms under the simulation's)
-    ttft = cycle - (osl - 1.0) * tpot + admission_latency(dep.coefficients, workload.mean_isl)
+    admission = admission_latency(dep.coefficients, workload.mean_isl)
+    ttft = cycle - (osl - 1.0) * tpot + admission
+    # the benchmark's mean over its prompts: the first wave's (busy per rank, on an idle engine)
+    # take `first_wave`'s back-to-back prefill steps instead (the 10 x C means were 1.7-2.8 x the
+    # steady state's at C = 64-256: Llama-3.1-8B on an H100, 1k/1k and 1k/128)
+    prompts = PROMPTS_PER_CLIENT * conc if num_prompts is None else np.full(n, float(num_prompts))
+    share = np.minimum(busy * layout.dp / prompts, 1.0)
+    ttft = share * (first + hot + admission) + (1.0 - share) * ttft
     tps_engine = layout.dp * per_rank * osl / cycle
     return ttft, tpot, tps_engine / layout.width, 1.0 / tpot, R.astype(int), len(owners)
 
 
 def evaluate_steady(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, *, mesh=None,
-                    estimate: str = "no_overlap", rows: int | None = None, shapes: set | None = None):
+                    estimate: str = "no_overlap", rows: int | None = None, shapes: set | None = None,
+                    num_prompts=None):
     """The ``steady`` evaluator for one layout: (ttft, tpot, tps_per_gpu, tps_per_user, resident,
     steps priced), arrays over ``concurrencies`` (clients per engine). One plan, its own kernel
     (``evaluate_steady_many`` prices many layouts in one kernel per model structure)."""
@@ -499,7 +552,7 @@ def evaluate_steady(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     if shapes is not None:
         shapes.add((dep.plan.digest, len(flat), rows, estimate))
     est = price_batches(dep, stack_rows(flat, rows), mesh, estimate)
-    return _steady_metrics(dep, layout, workload, concurrencies, specs, owners, est)
+    return _steady_metrics(dep, layout, workload, concurrencies, specs, owners, est, num_prompts)
 
 
 def _shard_leading(x, mesh):
@@ -511,7 +564,7 @@ def _shard_leading(x, mesh):
 
 def evaluate_steady_many(deps, layouts, workload: SizeWorkload, concurrencies, *, mesh=None,
                          estimate: str = "no_overlap", rows_cap: int | None = None, group_size: int = 64,
-                         callback=None) -> list:
+                         callback=None, num_prompts=None) -> list:
     """The ``steady`` evaluator over many layouts at once: the deployment axis (stack.py). Layouts
     of one model structure are stacked, ``group_size`` at a time (padded to a power of two with
     copies of the last; rows padded to the structure's largest), and priced in ONE call each,
@@ -561,7 +614,8 @@ def evaluate_steady_many(deps, layouts, workload: SizeWorkload, concurrencies, *
             est = np.asarray(getattr(res, estimate))
             for k, i in enumerate(part):
                 specs, owners, _flat = prepared[i]
-                out[i] = _steady_metrics(deps[i], layouts[i], workload, concurrencies, specs, owners, est[k])
+                out[i] = _steady_metrics(deps[i], layouts[i], workload, concurrencies, specs, owners, est[k],
+                                         num_prompts)
             done += len(part)
             if callback is not None:
                 callback(done, n)
@@ -1455,7 +1509,8 @@ def _search(cands, ok, evaluator, workload, conc, *, mesh, stacked, workers, row
         if evaluator == "serve":
             return evaluate_serve(c.deployment, c.layout, workload, conc, num_prompts=num_prompts)
         rows = _rows(min(math.ceil(max(conc) / c.layout.dp), rows_cap)) + 1
-        return evaluate_steady(c.deployment, c.layout, workload, conc, mesh=mesh, rows=rows, shapes=shapes)
+        return evaluate_steady(c.deployment, c.layout, workload, conc, mesh=mesh, rows=rows, shapes=shapes,
+                               num_prompts=num_prompts)
 
     progress = None if callback is None else (lambda d, t, **k: callback(d, t, **k))
     early, compiles0 = {}, _stack_compiles()
@@ -1463,7 +1518,8 @@ def _search(cands, ok, evaluator, workload, conc, *, mesh, stacked, workers, row
     if evaluator == "steady" and was_stacked:
         early = dict(zip(ok, evaluate_steady_many(
             [cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc, mesh=mesh,
-            rows_cap=rows_cap, callback=None if callback is None else (lambda d, t: callback(d, t, stage="price")))))
+            rows_cap=rows_cap, num_prompts=num_prompts,
+            callback=None if callback is None else (lambda d, t: callback(d, t, stage="price")))))
     elif evaluator == "serve":
         early = dict(zip(ok, evaluate_serve_many(
             [cands[k].deployment for k in ok], [cands[k].layout for k in ok], workload, conc,
