@@ -1030,10 +1030,7 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
         parts.append(f"--data-parallel-size {layout.dp}")
     if layout.ep:
         parts.append("--enable-expert-parallel")
-    if "quantization" in e and graph is not None and e["quantization"] != graph.weight_dtype:
-        parts.append(f"--quantization {QUANT_FLAG.get(e['quantization'], e['quantization'])}")
-    if e.get("cache_dtype", "auto") != "auto":
-        parts.append(f"--kv-cache-dtype {e['cache_dtype']}")
+    parts += _format_flags(e, graph)
     parts += [f"--max-num-seqs {e['max_num_seqs']}", f"--max-num-batched-tokens {e['max_num_batched_tokens']}",
               f"--max-model-len {e['max_model_len']}", f"--block-size {e['block_size']}",
               f"--gpu-memory-utilization {e['gpu_memory_utilization']}",
@@ -1048,6 +1045,17 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
     if replicas > 1:
         cmd += f"    # x {replicas} replicas, one per {layout.width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer"
     return cmd
+
+
+def _format_flags(e: dict, graph: ModelGraph | None, cache_names: dict | None = None) -> list:
+    """A launch line's --quantization (an online format other than the checkpoint's) and
+    --kv-cache-dtype (a cache dtype other than auto, as the engine spells it: ``cache_names``)."""
+    out = []
+    if "quantization" in e and graph is not None and e["quantization"] != graph.weight_dtype:
+        out.append(f"--quantization {QUANT_FLAG.get(e['quantization'], e['quantization'])}")
+    if e.get("cache_dtype", "auto") != "auto":
+        out.append(f"--kv-cache-dtype {(cache_names or {}).get(e['cache_dtype'], e['cache_dtype'])}")
+    return out
 
 
 SGLANG_KV_CACHE_DTYPE = {"fp8": "fp8_e4m3"}   # SGLang's --kv-cache-dtype choices: auto, fp8_e5m2, fp8_e4m3, ...
@@ -1070,10 +1078,7 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
         parts += [f"--dp {layout.dp}", "--enable-dp-attention"]
     if layout.ep:
         parts.append(f"--ep-size {width}")
-    if "quantization" in e and graph is not None and e["quantization"] != graph.weight_dtype:
-        parts.append(f"--quantization {QUANT_FLAG.get(e['quantization'], e['quantization'])}")
-    if e.get("cache_dtype", "auto") != "auto":
-        parts.append(f"--kv-cache-dtype {SGLANG_KV_CACHE_DTYPE.get(e['cache_dtype'], e['cache_dtype'])}")
+    parts += _format_flags(e, graph, SGLANG_KV_CACHE_DTYPE)
     parts += [f"--max-running-requests {e['max_num_seqs']}", f"--chunked-prefill-size {e['max_num_batched_tokens']}",
               f"--context-length {e['max_model_len']}", f"--mem-fraction-static {e['gpu_memory_utilization']}",
               "--disable-radix-cache"]
