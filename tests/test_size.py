@@ -618,3 +618,33 @@ def test_a_width_the_attention_heads_do_not_divide_is_rejected_as_vllm_does(caps
     assert_refused(capsys, ["price", config, "--chip", "h200", "--tp", "16", "--gpus-per-node", "16"],
                    "--tp", "24 attention heads")
 
+
+
+def test_twin_points_take_a_simulated_twins_numbers():
+    """refine's twins: a layout differing from a simulated one only in a setting that binds at some
+    of its loads only (max_num_seqs 256 against 512: at C = 512, not at C <= 8) has the same search
+    TPOT and throughput at the others, and takes the simulated twin's numbers there
+    (``simulated_as``); they are what its own simulation gives, bit for bit. Its other point and a
+    layout of another plan are left alone."""
+    got = jp.size(MODEL, tpot_ms=40, evaluator="steady", **dict(SIM, max_num_seqs=(256, 512), concurrency=(1, 8, 512)))
+    by = {(r.layout.tp, r.layout.max_num_seqs): r for r in got.results}
+    ran, twin, other = by[(2, 256)], by[(2, 512)], by[(4, 256)]
+    cands = got.candidates
+    assert S._twin_point_key(ran, cands, 1) == S._twin_point_key(twin, cands, 1)
+    assert S._twin_point_key(ran, cands, 2) != S._twin_point_key(twin, cands, 2)
+    assert S._twin_point_key(ran, cands, 1) != S._twin_point_key(other, cands, 1)
+    mask = np.array([True, True, False])
+    out = S.evaluate_serve_many([cands[ran.index].deployment], [ran.layout], got.workload, ran.concurrency,
+                                points=[mask])[0]
+    sims, done = {}, {ran.index}
+    S._remember_points(sims, ran, cands, out, mask)
+    ran.replace_numbers(out, "serve", points=mask)
+    steady_twin, before = twin.tpot.copy(), other.tpot.copy()
+    S._share_twin_points(got.results, cands, sims, done, "serve")
+    assert twin.source == "serve" and twin.simulated_as == ran.layout.label
+    assert [twin.point_source(j) for j in range(3)] == ["serve", "serve", "steady"]
+    assert twin.tpot[2] == steady_twin[2]
+    own = S.evaluate_serve(cands[twin.index].deployment, twin.layout, got.workload, twin.concurrency[:2])
+    for got_x, own_x in zip((twin.ttft, twin.tpot, twin.tps_per_gpu), own[:3]):
+        np.testing.assert_array_equal(got_x[:2], own_x)
+    assert other.source == "steady" and other.simulated_as is None and np.array_equal(other.tpot, before)

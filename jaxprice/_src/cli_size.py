@@ -312,15 +312,19 @@ def describe_sources(result) -> str:
                      "best, runner-up and layouts near the targets)")
     if len(sim) > len(final):
         parts.append(f"{len(sim) - len(final)} at the search's {info.get('search_prompts')} prompts per point")
-    kept = sum(int(r.kept.sum()) for r in sim if r.kept is not None)
+    twins = [r for r in sim if r.simulated_as is not None]
+    if twins:
+        parts.append(f"{len(twins)} of them at some points from a twin's run (the same plan at the same load, engine "
+                     "settings that do not move TPOT or throughput there; 'simulated_as' in --json), their other "
+                     "points from the steady state")
+    kept = sum(int(r.kept.sum()) for r in sim if r.kept is not None and r.simulated_as is None)
     if kept:
         parts.append(f"{kept} point(s) of simulated layouts left on the steady state (TTFT there over "
                      f"{SKIP_TTFT_FACTOR:g} x the target: neither on the frontier nor chosen)")
     rest = len(result.results) - len(sim)
     if rest:
         parts.append(f"the other {rest} from the closed-form steady state")
-    front = [result.results[i] for i, _ in result.frontier]
-    steady_front = sum(r.source == "steady" for r in front)
+    steady_front = sum(result.results[i].point_source(j) == "steady" for i, j in result.frontier)
     tail = ("; every frontier point simulated" if not steady_front
             else f"; {steady_front} frontier point(s) still from the steady state")
     return "; ".join(parts) + tail + (f" ({info.get('simulation_rounds', 0)} simulation round(s), "

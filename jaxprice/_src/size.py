@@ -187,6 +187,7 @@ class LayoutResult:
     replaced: dict | None = None   # the numbers the simulation replaced (source, ttft, tpot, tps_per_gpu)
     kept: np.ndarray | None = None  # [points] bool: points the simulation left on ``replaced['source']``'s
     #                                 numbers (their TTFT missed the target by more than SKIP_TTFT_FACTOR)
+    simulated_as: str | None = None  # the twin whose simulation stands in for this layout's (refine)
 
     def point_source(self, j: int) -> str:
         """Where point j's numbers come from (``source``, or the replaced evaluator's for a kept point)."""
@@ -195,6 +196,8 @@ class LayoutResult:
     def as_dict(self) -> dict:
         out = {"layout": self.layout.as_dict(), "label": self.layout.label, "replicas": self.replicas,
                "source": self.source}
+        if self.simulated_as is not None:
+            out["simulated_as"] = self.simulated_as
         if self.replaced is not None:
             out["replaced"] = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.replaced.items()}
         return out | {
@@ -223,7 +226,9 @@ class LayoutResult:
         self.ttft, self.tpot = merged(self.ttft, ttft), merged(self.tpot, tpot)
         self.tps_per_gpu, self.tps_per_user = merged(self.tps_per_gpu, per_gpu), merged(self.tps_per_user, per_user)
         self.resident = merged(self.resident, resident, np.asarray(self.resident).dtype)
-        self.kept = None if sel.all() else ~sel
+        # points an earlier call of the same source replaced stay replaced (refine's twin points)
+        before = ~self.kept if (self.source == source and self.kept is not None) else np.zeros_like(sel)
+        self.kept = None if (sel | before).all() else ~(sel | before)
         self.source = source
 
 
@@ -791,11 +796,15 @@ def refine(results, cands, workload: SizeWorkload, concurrencies, ttft_t, tpot_t
     then, while the frontier, the best or the runner-up of the updated numbers holds a layout
     whose numbers are not yet simulated, those layouts, until none is left (or after
     ``max_rounds`` rounds). So every frontier point and the chosen layouts carry simulated
-    numbers; ``limit`` bounds only the layouts near the targets added in the first round. A
-    layout the simulation refuses is dropped (its candidate rejected with the reason). Returns
-    (results, rounds)."""
+    numbers; ``limit`` bounds only the layouts near the targets added in the first round. After
+    each round a layout not yet simulated takes, at each point where a simulated twin ran, that
+    run's numbers (``_share_twin_points``: the same plan and load, engine settings that do not move
+    the search's TPOT or throughput there), so twins do not displace one another from the frontier
+    round after round. A layout the simulation refuses is dropped (its candidate rejected with the
+    reason). Returns (results, rounds)."""
     results = list(results)
     done: set = set()          # candidate indices simulated under ``rule``
+    sims: dict = {}            # twin point key -> (the simulated numbers at that point, the layout's label)
     rounds = 0
     while True:
         index_done = [i for i, r in enumerate(results) if r.index in done]
@@ -803,7 +812,9 @@ def refine(results, cands, workload: SizeWorkload, concurrencies, ttft_t, tpot_t
             todo = simulation_set(results, ttft_t, tpot_t, limit=limit, done=index_done)
         else:
             frontier, best, runner, _m, _miss = choose(results, ttft_t, tpot_t)
-            want = list(dict.fromkeys([i for i, _ in frontier] + [x[0] for x in (best, runner) if x is not None]))
+            refs = frontier + [x for x in (best, runner) if x is not None]
+            # a layout is wanted for a point still on the search's numbers (not one a twin's run gave)
+            want = list(dict.fromkeys(i for i, j in refs if results[i].point_source(j) != rule))
             todo = [i for i in want if results[i].index not in done]
         if not todo or rounds >= max_rounds:
             break
@@ -822,9 +833,52 @@ def refine(results, cands, workload: SizeWorkload, concurrencies, ttft_t, tpot_t
                 c.status, c.reason = "rejected", f"serving simulation refused: {out.reason}"
                 drop.add(i)
             else:
+                _remember_points(sims, results[i], cands, out, masks[i])
                 results[i].replace_numbers(out, rule, points=masks[i])
+                results[i].simulated_as = None
         results = [r for i, r in enumerate(results) if i not in drop]
+        _share_twin_points(results, cands, sims, done, rule)
     return results, rounds
+
+
+def _twin_point_key(r: LayoutResult, cands, j: int) -> tuple:
+    """Point j of a layout: its plan, widths, load and search TPOT and throughput there (the
+    steady state's, ``replaced`` once simulated). Layouts sharing it differ only in engine
+    settings the closed form finds do not move TPOT or throughput at that load (max_num_seqs
+    above its residents, a budget its prompts do not fill); the TTFT may differ a little (a
+    budget sets how fast the first wave is prefilled), and is left out of the key."""
+    steady = r.replaced if r.replaced is not None else {"tpot": r.tpot, "tps_per_gpu": r.tps_per_gpu}
+    dep = cands[r.index].deployment
+    plan = dep.plan.digest if dep is not None else ("no deployment", r.index)     # a twin of nothing
+    return (plan, r.layout.tp, r.layout.dp, r.layout.ep, int(r.concurrency[j]),
+            *(float(np.asarray(steady[k])[j]) for k in ("tpot", "tps_per_gpu")))
+
+
+def _remember_points(sims: dict, r: LayoutResult, cands, out, mask) -> None:
+    """Keep a simulated layout's numbers at each point it ran, by twin point key."""
+    for j in np.flatnonzero(mask):
+        sims.setdefault(_twin_point_key(r, cands, j), (tuple(np.asarray(x)[j] for x in out[:5]), r.layout.label))
+
+
+def _share_twin_points(results, cands, sims, done, rule) -> None:
+    """A layout not yet simulated takes, at each point where a simulated twin (``_twin_point_key``)
+    ran, that run's numbers (``simulated_as`` names the twin): the same plan at the same load with
+    settings that do not bind there runs the same. Without this, twins tied on the search's
+    numbers at the frontier's low-concurrency end displaced each other one round at a time as
+    each was simulated (DeepSeek-V3 on 8 H200: 24 rounds and 36 layouts simulated)."""
+    for r in results:
+        if r.index in done:
+            continue
+        hits = [(j, sims.get(_twin_point_key(r, cands, j))) for j in range(len(r.concurrency))
+                if r.point_source(j) != rule]
+        hits = [(j, h) for j, h in hits if h is not None]
+        if not hits:
+            continue
+        mask = np.zeros(len(r.concurrency), bool)
+        mask[[j for j, _h in hits]] = True
+        out = [np.array([vals[k] for _j, (vals, _label) in hits]) for k in range(5)]   # the points in order
+        r.replace_numbers((*out, 0), rule, points=mask)
+        r.simulated_as = ", ".join(dict.fromkeys(label for _j, (_v, label) in hits))
 
 
 SKIP_TTFT_FACTOR = 3.0    # refine leaves a point on the search's numbers when its TTFT there exceeds this x the target
@@ -1587,7 +1641,8 @@ def _size_info(*, evaluator, requested, simulate, cands, ok, found: _Search, con
             "devices": 1 if mesh is None else int(mesh.size),
             "seconds_resolve": t_resolve, "seconds": time.perf_counter() - t0, "model_source": source,
             "seconds_search": t_search,
-            "layouts_simulated": sum(r.source.startswith("serve") for r in results),
+            "layouts_simulated": sum(r.source.startswith("serve") and r.simulated_as is None for r in results),
+            "layouts_given_a_twins_run": sum(r.simulated_as is not None for r in results),
             "layouts_simulated_final": sum(r.source == final_rule for r in results),
             "simulated_prompts": ("10 x C" if num_prompts is None else f"{int(num_prompts)}"),
             "search_prompts": (None if evaluator != "serve" else search_rule.replace("serve", "").strip(" ()")
