@@ -340,12 +340,26 @@ def _setting_text(key, results) -> str:
     return f"{key} {'/'.join(map(str, vals))} (by load)"
 
 
+def _lowered_note(dep, opts, results) -> str:
+    """Where a hybrid model's runs lowered max_num_seqs below its setting (serve._kv_blocks: the
+    KV pool keeps the recurrent state of only the requests that fit at the run's lengths), the
+    setting and why; the line showed the lowered value as if it were the setting."""
+    from .serve import engine_settings
+    setting = engine_settings(dep, opts["engine"], acceptance=opts["acceptance"])[0]["max_num_seqs"]
+    ran = [r.assumptions["max_num_seqs"][0] for r in results if "max_num_seqs" in r.assumptions]
+    if not ran or max(ran) >= setting:
+        return ""
+    state = float(dep.plan.memory.get("recurrent_state_bytes_per_request", 0.0))
+    return (f" (lowered from the setting {setting}: the KV pool keeps the recurrent state, {state / 2 ** 20:.1f} MiB "
+            "per request and rank, of only the requests that fit beside their KV at the run's lengths)")
+
+
 def _text_report(dep, args, opts, label, loads, results) -> str:
     """The deployment, the engine settings the runs used, the workload and the table."""
     a = results[0].assumptions
-    engine = ", ".join(_setting_text(k, results) for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens",
-                                                           "block_size", "kv_blocks", "max_model_len",
-                                                           "reserve_full_isl", "async_scheduling") if k in a)
+    engine = ", ".join(_setting_text(k, results) + (_lowered_note(dep, opts, results) if k == "max_num_seqs" else "")
+                       for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks",
+                                 "max_model_len", "reserve_full_isl", "async_scheduling") if k in a)
     if label == "trace":
         workload = (f"workload: the trace {args.trace}, {results[0].requests['ttft'].size} requests (its lengths "
                     "and arrivals)")

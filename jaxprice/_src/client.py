@@ -116,7 +116,9 @@ class Workload:
 @dataclasses.dataclass(frozen=True)
 class ClosedLoop:
     """``concurrency`` clients: all send at t = 0, each sends its next request the moment its
-    last one completes, until ``num_prompts`` (default 10 x concurrency) were sent."""
+    last one completes, until ``num_prompts`` (default 10 x concurrency) were sent. Fewer prompts
+    than clients are refused by simulate, build_schedule and simulate_sweep
+    (``check_clients_send``): only num_prompts clients would ever send."""
     concurrency: int
     num_prompts: int | None = None
 
@@ -134,6 +136,22 @@ class ClosedLoop:
             _check_run_size(self.num_prompts, source, "num_prompts", self.num_prompts)
         else:
             _check_run_size(10 * c, source, "concurrency", c, f"its default num_prompts, 10 x {c} = {10 * c}, ")
+
+
+def check_clients_send(client, source="client") -> None:
+    """Refuse a closed loop of fewer prompts than clients, ``ClosedLoop(4, num_prompts=2)``: the
+    benchmark client (serving-reference §4.2) sends num_prompts requests under a
+    ``Semaphore(max_concurrency)``, so only those 2 would ever be in flight, a run of 2 clients
+    read as 4 (the commands refuse ``--num-prompts`` below ``--concurrency`` alike). Anything
+    else about the client is ``validate``'s to refuse."""
+    if not isinstance(client, ClosedLoop):
+        return
+    c, n = client.concurrency, client.num_prompts
+    if n is not None and _is_int(c) and _is_int(n) and 1 <= n < c:
+        refuse(f"is fewer than the {c} clients of concurrency {c}: only {n} would ever send (the benchmark sends "
+               f"num_prompts requests under a semaphore of max_concurrency), yet the run would read as C={c}; give "
+               f"num_prompts >= {c} (default 10 x concurrency) or ClosedLoop({n})", file=source, field="num_prompts",
+               value=n, has_value=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,6 +63,10 @@ def describe_bottleneck(x, bottleneck, unit_word="") -> str:
 
 def _save(fig, path, keep_open, dpi):
     plt = _pyplot()
+    if isinstance(dpi, (bool, np.bool_)) or not (isinstance(dpi, (int, float, np.integer, np.floating))
+                                                 and np.isfinite(dpi) and dpi > 0):
+        plt.close(fig)                  # refused as the path's fault ("cannot write the figure")
+        refuse("must be a number of dots per inch > 0", field="dpi", value=dpi, has_value=True)
     if path is not None:
         try:
             # an existing folder, an unknown suffix (savefig would raise), a parent that is a file:
@@ -119,7 +123,19 @@ def plot_step_curve(x, result, *, path=None, units: str = "ms", title: str | Non
 def _step_series(x, result, scale) -> tuple:
     """(x [n], resources [n, 5], overlap [n], no_overlap [n], bottleneck [n]) as numpy arrays, the
     times multiplied by ``scale``."""
-    x = np.asarray(x, dtype=float).reshape(-1)
+    if not all(hasattr(result, k) for k in ("resources", "overlap", "no_overlap", "bottleneck")):
+        refuse("needs the StepResult of price_many over the batches", field="result", value=type(result).__name__)
+    try:
+        arr = np.asarray(x)
+    except Exception:                                   # noqa: BLE001 - ragged lists and the like
+        arr = np.asarray(None)
+    if isinstance(x, (str, bytes)) or arr.dtype.kind not in "iuf":
+        refuse("must be numbers, one per priced batch (xticklabels= takes labels)", field="x",
+               value=str(x)[:60], has_value=True)
+    x = arr.astype(float).reshape(-1)
+    if not np.all(np.isfinite(x)):
+        k = int(np.flatnonzero(~np.isfinite(x))[0])
+        refuse("must be finite numbers (positions on the x axis)", field=f"x[{k}]", value=float(x[k]), has_value=True)
     res = np.asarray(result.resources, dtype=float).reshape(-1, len(RESOURCES)) * scale
     overlap = np.asarray(result.overlap, dtype=float).reshape(-1) * scale
     no_overlap = np.asarray(result.no_overlap, dtype=float).reshape(-1) * scale

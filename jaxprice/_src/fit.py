@@ -208,7 +208,10 @@ class Observations:
             refuse(f"unknown target (known: {', '.join(TARGETS)})", field="target", value=self.target)
         if self.estimate not in ESTIMATES:
             refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=self.estimate)
-        n = int(np.shape(self.batches.scheduled)[0]) if np.ndim(self.batches.scheduled) == 2 else -1
+        if np.ndim(self.batches.scheduled) != 2:       # one batch read as "-1 stacked batches"
+            refuse(f"needs stacked batches (Batch.stack([...]): [points, rows]); got token counts of shape "
+                   f"{np.shape(self.batches.scheduled)}", field=f"{self.name}.batches")
+        n = int(np.shape(self.batches.scheduled)[0])
         if self.combine is not None:
             self.combine = np.asarray(self.combine, dtype=float)
             if self.combine.ndim != 2 or self.combine.shape[1] != n or not np.all(np.isfinite(self.combine)):
@@ -439,9 +442,26 @@ def split_by_deployment(names, test_fraction=0.25, *, seed=0, stratify=None):
     Within each stratum (``stratify``: a callable or a mapping name -> stratum; default one
     stratum) a seeded shuffle sends ``round(test_fraction * n)`` names to test, at least 1
     and at most n - 1 when the stratum has n >= 2 names and the fraction is > 0."""
+    if names is None or isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        refuse("must be a list of deployment names (one name would be split into its letters)", field="names",
+               value=shown(names), has_value=True)
+    names = list(names)
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            refuse("must be a deployment name (text)", field=f"names[{i}]", value=shown(n), has_value=True)
     names = sorted(set(names))
-    if not (isinstance(test_fraction, (int, float)) and 0 <= test_fraction < 1):
-        refuse("the held-out fraction must be in [0, 1)", field="holdout", value=test_fraction)
+    if isinstance(test_fraction, bool) or not (isinstance(test_fraction, (int, float)) and 0 <= test_fraction < 1):
+        refuse("the held-out fraction must be in [0, 1)", field="test_fraction", value=test_fraction, has_value=True)
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        refuse("must be an integer >= 0", field="seed", value=shown(seed), has_value=True)
+    if stratify is not None and not (isinstance(stratify, dict) or callable(stratify)):
+        refuse("must be None, a dict {name: stratum} or a function name -> stratum", field="stratify",
+               value=shown(stratify), has_value=True)
+    if isinstance(stratify, dict):
+        missing = [n for n in names if n not in stratify]
+        if missing:
+            refuse("names no stratum for this deployment (every name needs one)", field="stratify",
+                   value=missing[0], has_value=True)
     key = (stratify.get if isinstance(stratify, dict) else stratify) if stratify is not None else None
     strata: dict = {}
     for n in names:
@@ -1855,6 +1875,71 @@ class LawFit:
         return math.sqrt(self.loss)
 
 
+def _real(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_law_args(law, init, inputs, measured, bounds, loss, huber_delta, min_delta, callback):
+    """fit_law's arguments, refused in one line before anything is traced or compiled: a callable
+    law, a dict of positive starting numbers, positive finite measurements, bounds of two numbers
+    per known parameter, a prediction of the measurements' shape (jax.eval_shape: the law is
+    traced abstractly, nothing runs), and the loss options. Returns (names, starts, measured)."""
+    if not callable(law):
+        refuse("must be a function law(params, inputs) -> predictions", field="law", value=shown(law), has_value=True)
+    from collections.abc import Mapping
+    if not isinstance(init, Mapping):
+        refuse("must be a dict {name: starting value}", field="init", value=shown(init), has_value=True)
+    if not init:
+        refuse("no parameters to fit", field="init")
+    names = list(init)
+    for n in names:
+        v = init[n]
+        if not (_real(v) and math.isfinite(v) and v > 0):
+            refuse("a starting value must be a positive number (the fit is in log space)", field=f"init.{n}",
+                   value=shown(v), has_value=True)
+    x0 = np.array([float(init[n]) for n in names])
+    arr = np.asarray(measured) if measured is not None and not isinstance(measured, (str, bytes)) else np.asarray(None)
+    if arr.dtype.kind not in "iuf" or arr.ndim != 1 or arr.size == 0:
+        refuse("must be a 1-d array of positive numbers", field="measured",
+               value=shown(measured) if arr.ndim == 0 else f"shape {arr.shape}, dtype {arr.dtype.name}", has_value=True)
+    measured = arr.astype(float)
+    bad = ~(np.isfinite(measured) & (measured > 0))
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        refuse("must be positive finite numbers (the fit is on log values)", field=f"measured[{k}]",
+               value=float(measured[k]), has_value=True)
+    if bounds is not None:
+        if not isinstance(bounds, Mapping):
+            refuse("must be a dict {name: (lo, hi)}", field="bounds", value=shown(bounds), has_value=True)
+        for n, b in bounds.items():
+            if n not in init:
+                refuse(f"is not a parameter of init ({', '.join(map(str, names))}): it would bound nothing",
+                       field=f"bounds.{n}")
+            if isinstance(b, (str, bytes)) or not hasattr(b, "__len__") or len(b) != 2 or not all(
+                    _real(x) and not math.isnan(x) for x in b):
+                refuse("must be two numbers (lo, hi)", field=f"bounds.{n}", value=shown(b), has_value=True)
+    if loss not in LOSSES:
+        refuse(f"unknown loss (known: {', '.join(LOSSES)})", field="loss", value=loss)
+    if not (_real(huber_delta) and math.isfinite(huber_delta) and huber_delta > 0):
+        refuse("huber_delta must be a finite positive number", field="huber_delta", value=huber_delta, has_value=True)
+    if not (_real(min_delta) and 0 <= min_delta < math.inf):
+        refuse("must be a finite number >= 0 (relative improvement)", field="min_delta", value=min_delta,
+               has_value=True)
+    check_callback(callback)
+    try:
+        out = jax.eval_shape(law, {n: jax.ShapeDtypeStruct((), jnp.float64) for n in names}, inputs)
+    except JaxpriceError:
+        raise
+    except Exception as err:                            # noqa: BLE001 - whatever the user's law raises
+        refuse(f"raised {type(err).__name__} on its parameters {names} and the inputs: "
+               f"{str(err).splitlines()[0][:200] if str(err) else ''}", field="law")
+    shape = getattr(out, "shape", None)
+    if shape is None or tuple(shape) not in ((measured.size,), ()):
+        refuse(f"predicts shape {None if shape is None else tuple(shape)} for {measured.size} measurements: one "
+               "prediction per measurement", field="law", value=shown(law), has_value=True)
+    return names, x0, measured
+
+
 def fit_law(law, init: dict, inputs, measured, *, bounds=None, steps=2000, learning_rate=0.05, eval_every=20,
             patience=20, min_delta=1e-7, loss="l2", huber_delta=0.1, callback=None) -> LawFit:
     """Fit the positive parameters of a small law to measurements, by the same projected Adam
@@ -1864,16 +1949,7 @@ def fit_law(law, init: dict, inputs, measured, *, bounds=None, steps=2000, learn
     law(params: dict of scalars, inputs) -> predicted array (jittable). bounds: name -> (lo, hi)
     in the parameter's units (default init / 100 .. init * 100; a fraction of a peak, named
     like ``*eps_max*`` or ``*derate*``, at most 1)."""
-    if not init:
-        refuse("no parameters to fit", field="init")
-    names = list(init)
-    x0 = np.array([float(init[n]) for n in names])
-    if not np.all(np.isfinite(x0) & (x0 > 0)):
-        bad = names[int(np.flatnonzero(~(np.isfinite(x0) & (x0 > 0)))[0])]
-        refuse("a starting value must be positive (the fit is in log space)", field=bad, value=init[bad])
-    measured = np.asarray(measured, dtype=float)
-    if measured.ndim != 1 or not np.all(np.isfinite(measured) & (measured > 0)):
-        refuse("measurements must be a 1-d array of positive numbers", field="measured")
+    names, x0, measured = _check_law_args(law, init, inputs, measured, bounds, loss, huber_delta, min_delta, callback)
     lo, hi = np.log(1e-2) * np.ones(len(names)), np.log(1e2) * np.ones(len(names))
     for i, n in enumerate(names):
         if bounds and n in bounds:
@@ -1883,8 +1959,6 @@ def fit_law(law, init: dict, inputs, measured, *, bounds=None, steps=2000, learn
             lo[i], hi[i] = math.log(b_lo / x0[i]), math.log(b_hi / x0[i])
         if is_fraction(n):
             hi[i] = min(hi[i], max(-math.log(x0[i]), lo[i]))
-    if loss not in LOSSES:
-        refuse(f"unknown loss (known: {', '.join(LOSSES)})", field="loss", value=loss)
     log_meas = jnp.asarray(np.log(measured))
     xs = jnp.asarray(x0)
 
@@ -1986,6 +2060,8 @@ def write_coefficient_set(result: FitResult, path, *, name=None, data="", source
     (e.g. ['vllm']) is recorded in the set's ``fit`` block: scenarios do not name their engine,
     so the loader cannot scope by it. Frozen keys are not written."""
     import yaml
+    if not isinstance(result, FitResult):         # None raised AttributeError ('settings')
+        refuse("needs the FitResult of fit_coefficients", field="result", value=shown(result), has_value=True)
     if any(d not in ("hardware", "model") for d in scope_to) or "hardware" not in scope_to:
         refuse("scope_to takes 'hardware' and optionally 'model'", field="scope_to", value=list(scope_to))
     path = Path(path)

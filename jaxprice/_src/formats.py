@@ -838,6 +838,7 @@ class Registry:
 
     def model(self, name, *, file=None, field=None) -> ModelGraph:
         from .hf import bundled_config, bundled_config_names, hf_config_ref, import_hf_config
+        _lookup_name(name, "model", file, field, paths=True)
         ref = hf_config_ref(name, file, paths_only=True)   # a config.json path, or a folder holding one
         if ref is not None:
             return import_hf_config(ref)
@@ -861,6 +862,7 @@ class Registry:
                + (f"; near matches: {', '.join(near)}" if near else ""), file=file, field=field, value=name)
 
     def chip(self, name, *, file=None, field=None) -> Chip:
+        _lookup_name(name, "chip", file, field)
         for root in self.roots:
             own = root / "chips.yaml"
             if own.exists():
@@ -874,6 +876,7 @@ class Registry:
         refuse(f"unknown chip (no entry under {self._where()})", file=file, field=field, value=name)
 
     def network(self, name, *, file=None, field=None) -> Network:
+        _lookup_name(name, "fabric", file, field)
         for root in self.roots:
             own = root / "chips.yaml"
             if own.exists():
@@ -899,6 +902,7 @@ class Registry:
         return list(dict.fromkeys(names))
 
     def coefficient_set(self, name, *, file=None, field=None) -> CoefficientSet:
+        _lookup_name(name, "coefficient set", file, field, paths=True)
         for cand in self._candidates("coefficients", f"{name}.yaml"):
             if cand.exists():
                 return load_coefficient_set(cand)
@@ -907,6 +911,15 @@ class Registry:
             return load_coefficient_set(p)
         refuse(f"unknown coefficient set (no file under {self._where()})", file=file, field=field,
                value=name)
+
+
+def _lookup_name(name, what, file, field, paths=False) -> None:
+    """A Registry lookup's name: non-empty text (or, where a file may stand for it, a path); None or
+    a number raised TypeError joining it to a folder, or was refused without its value."""
+    if (isinstance(name, str) and name.strip()) or (paths and isinstance(name, os.PathLike)):
+        return
+    refuse(f"needs a {what} name (text{' or a path' if paths else ''})", file=file, field=field or what,
+           value=shown(name), has_value=True)
 
 
 def as_path(value: Any) -> Path:

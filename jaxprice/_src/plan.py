@@ -155,12 +155,15 @@ class Batch:
     mask: Any
     decode_threshold: Any
 
+    def __post_init__(self):
+        _check_batch_values(self)
+
     def tree_flatten(self):
         return (self.scheduled, self.computed, self.prompt_len, self.mask, self.decode_threshold), None
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        return cls(*children)
+        return _unchecked_batch(*children)
 
     @property
     def rows(self) -> int:
@@ -217,9 +220,9 @@ class Batch:
         # small XLA program per new shape (~15 ms each); device_put only copies
         def padded(a):
             return jax.device_put(np.concatenate([a, np.zeros(pad)]).astype(dtype))
-        return Batch(padded(sched), padded(comp), padded(prompt),
-                     jax.device_put(np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])),
-                     jnp.asarray(thr))
+        return _unchecked_batch(padded(sched), padded(comp), padded(prompt),
+                                jax.device_put(np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])),
+                                jnp.asarray(thr))
 
     @staticmethod
     def decode(requests: int, context: int, *, pad_to=None, decode_threshold=1, tokens=1, dtype=None):
@@ -250,7 +253,7 @@ class Batch:
             arr = np.asarray(x)
             _check_fits(arr, dtype, source, name)
             out.append(jnp.asarray(arr.astype(dtype)))
-        return Batch(*out, self.mask, self.decode_threshold)
+        return _unchecked_batch(*out, self.mask, self.decode_threshold)
 
     @staticmethod
     def stack(batches):
@@ -266,6 +269,47 @@ class Batch:
 
 
 _TOKEN_WHY = f" (the kernel's token limit, plan.INT_TOKEN_LIMIT = 2**{INT_TOKEN_LIMIT.bit_length() - 1})"
+
+
+def _unchecked_batch(scheduled, computed, prompt_len, mask, decode_threshold) -> Batch:
+    """A Batch without the constructor's value checks: for jax's tree_unflatten (tracers, and
+    the placeholders of vmap's axis specs) and for the builders that checked their values
+    already (from_requests, astype, stack, random_batches)."""
+    b = object.__new__(Batch)
+    for name, v in zip(("scheduled", "computed", "prompt_len", "mask", "decode_threshold"),
+                       (scheduled, computed, prompt_len, mask, decode_threshold)):
+        object.__setattr__(b, name, v)
+    return b
+
+
+def _check_batch_values(batch) -> None:
+    """A Batch built by hand (``Batch(...)``, ``dataclasses.replace``): its concrete arrays
+    (NumPy or jax, not traced) are refused in one line if a token count is not a finite number
+    >= 0 (NaN, inf, negative: priced as NaN or garbage), if a count or the decode threshold is
+    not a number at all, or if the mask is not boolean. The threshold's value is the kernel's
+    to read (any float: +inf or NaN makes no row a prefill, tests/test_int_batches.py). One
+    O(rows) NumPy pass; Python numbers, lists and shapes are left to the pricing entry points,
+    which refuse them."""
+    for name in ("scheduled", "computed", "prompt_len", "decode_threshold", "mask"):
+        x = getattr(batch, name)
+        if not isinstance(x, (np.ndarray, np.generic, jax.Array)) or isinstance(x, jax.core.Tracer):
+            continue
+        arr = np.asarray(x)
+        if name == "mask":
+            if arr.dtype.kind != "b":
+                refuse(f"must be booleans (True on a request's row, False on padding), got {arr.dtype.name}",
+                       file="Batch", field=name)
+            continue
+        if arr.dtype.kind not in "iuf":
+            refuse(f"must be numbers, got {arr.dtype.name}", file="Batch", field=name)
+        if name == "decode_threshold":
+            continue
+        bad = ~np.isfinite(arr) | (arr < 0) if arr.dtype.kind == "f" else arr < 0
+        if bad.any():
+            i = int(np.flatnonzero(bad.reshape(-1))[0])
+            where = f"{name}[{', '.join(map(str, np.unravel_index(i, arr.shape)))}]" if arr.ndim else name
+            refuse("a token count must be a finite number >= 0", file="Batch",
+                   field=where, value=arr.reshape(-1)[i].item(), has_value=True)
 
 
 def _max_rows() -> int:

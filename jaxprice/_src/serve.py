@@ -95,8 +95,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import schedule as S
-from .client import ClosedLoop, OpenLoop, Trace, Workload, _is_real, check_sweep_size
-from .errors import JaxpriceError, check_callback, refuse
+from .client import ClosedLoop, OpenLoop, Trace, Workload, _is_real, check_clients_send, check_sweep_size
+from .errors import JaxpriceError, check_callback, refuse, shown
 from .plan import Coefficients
 from .step import exact_at_zero, _step_time, temperature_arg
 
@@ -322,7 +322,7 @@ def _kv_blocks(s: _Settings, dep, ref_len):
     fit at that length (and beside one max_model_len request); its tokens are the rest."""
     out, src = s.out, s.src
     cap = out["kv_capacity_tokens"]
-    if isinstance(cap, bool) or not (isinstance(cap, (int, float)) and cap >= 0):
+    if not (_is_real(cap) and cap >= 0):          # NumPy numbers too (np.int64 was refused as not one)
         s.refuse("must be a number >= 0 (tokens per dp rank)", "kv_capacity_tokens")
     windows = dep.plan.memory.get("kv_window_bytes_per_token", ())
     state = float(dep.plan.memory.get("recurrent_state_bytes_per_request", 0.0))
@@ -344,11 +344,12 @@ def _kv_blocks(s: _Settings, dep, ref_len):
                                int((pool - per_tok * out["max_model_len"]) // state)))
             win = max(pool - slots * state, 0.0) / per_tok
             if slots < out["max_num_seqs"]:
-                out["max_num_seqs"] = slots
-                src["max_num_seqs"] = (f"{src['max_num_seqs']}, lowered to the requests whose recurrent state "
+                src["max_num_seqs"] = (f"{src['max_num_seqs']} {out['max_num_seqs']}, lowered to the {slots} "
+                                       "requests whose recurrent state "
                                        f"({state / 2 ** 20:.1f} MiB per rank) fits beside their KV at the run's mean "
                                        "prompt + half its mean output (KNOWN DIVERGENCE [recurrent-state-kv]: vLLM "
                                        "takes each request's state pages from the KV pool as it admits it)")
+                out["max_num_seqs"] = slots
         cap = out["kv_capacity_tokens"] = win
         parts = (["more with the sliding-window layers holding only their window"] if windows else []) + \
             ([f"less by the recurrent state of max_num_seqs {out['max_num_seqs']} requests "
@@ -398,7 +399,10 @@ def _requests(workload, client):
     refuse("must be a ClosedLoop, OpenLoop or Trace", field="client", value=type(client).__name__)
 
 
-def _check_lengths(settings, ins, outs, source):
+def _check_lengths(settings, ins, outs, source, dep=None, engine=None, **taken):
+    """Refuse a request longer than max_model_len, or one the KV cache cannot hold; ``dep``,
+    ``engine`` and ``taken`` (engine_settings' max_len, acceptance, ref_len) let the second
+    refusal name the capacity as given and the least that would do."""
     mml = settings["max_model_len"]
     total = ins + outs
     bad = np.flatnonzero(total > mml)
@@ -409,10 +413,54 @@ def _check_lengths(settings, ins, outs, source):
     bs, k = settings["block_size"], settings["lookahead"]
     need = -(-(np.minimum(total.max() + k, mml)) // bs)
     if need > settings["kv_blocks"]:
-        refuse(f"the KV cache holds {settings['kv_blocks']} blocks of {bs} tokens per rank "
-               f"({settings['kv_capacity_tokens']:.0f} tokens), fewer than one request needs ({int(need)} blocks "
-               f"for {int(total.max())} tokens)", file="deployment", field="kv_capacity_tokens",
-               value=settings["kv_capacity_tokens"], has_value=True)
+        fewer = (f"fewer than one request needs ({int(need)} block{'s' if need != 1 else ''} for "
+                 f"{int(total.max())} tokens)")
+        if dep is None:
+            refuse(f"the KV cache holds {settings['kv_blocks']} blocks of {bs} tokens per rank "
+                   f"({settings['kv_capacity_tokens']:.0f} tokens), {fewer}", file="deployment",
+                   field="kv_capacity_tokens", value=settings["kv_capacity_tokens"], has_value=True)
+        given, where, least = _kv_least(dep, engine, int(need), **taken)
+        state = float(dep.plan.memory.get("recurrent_state_bytes_per_request", 0.0))
+        held = f"{settings['kv_blocks']} block{'s' if settings['kv_blocks'] != 1 else ''} of {bs} tokens"
+        if state > 0 and taken.get("ref_len"):
+            n = settings["max_num_seqs"]
+            held += (f" once the recurrent state of {n} request{'s' if n != 1 else ''} ({state / 2 ** 20:.1f} MiB per "
+                     "rank each) is taken out")
+        elif settings["kv_capacity_tokens"] != given:
+            held += (f" ({settings['kv_capacity_tokens']:.0f} tokens with the sliding-window layers holding their "
+                     "window)")
+        refuse(f"the KV cache of {given:g} tokens per rank ({where}) holds {held}, {fewer}: it needs at least "
+               f"{least} tokens per rank", file="deployment", field="kv_capacity_tokens", value=given, has_value=True)
+
+
+def _kv_least(dep, engine, need, *, max_len=None, acceptance=None, ref_len=None):
+    """(kv_capacity_tokens as the run took it, where from, the least whole number of tokens whose
+    KV cache holds ``need`` blocks once engine_settings has taken out the recurrent state and
+    bounded the windows): for the refusal only, a bisection of engine_settings (pure Python)."""
+    s = _Settings(dep, dict(engine or {}))
+    _take_limits(s, dep, max_len)
+    given, where = s.out["kv_capacity_tokens"], s.src["kv_capacity_tokens"]
+
+    def holds(cap):
+        out, _ = engine_settings(dep, {**(engine or {}), "kv_capacity_tokens": float(cap)}, max_len=max_len,
+                                 acceptance=acceptance, ref_len=ref_len)
+        return out["kv_blocks"] >= need
+    # the blocks grow with the capacity but for a saw-tooth where one more request's state is kept
+    # (slots, _kv_blocks): the least capacity keeps one state, need + 1 blocks of windowed tokens
+    # (k per token counted at full bytes) beside it; below it the blocks are monotone
+    b = float(dep.plan.memory.get("kv_bytes_per_token", 0.0))
+    state = float(dep.plan.memory.get("recurrent_state_bytes_per_request", 0.0)) if b > 0 and ref_len else 0.0
+    k = windowed_kv_capacity(1.0, b, dep.plan.memory.get("kv_window_bytes_per_token", ()), float(ref_len or 0),
+                             s.out["block_size"]) if b > 0 else 1.0
+    lo, hi = float(given), math.ceil((need + 1) * s.out["block_size"] / k + state / max(b, 1e-300)) + 1.0
+    if hi <= lo or not holds(hi):          # not where it was reckoned: the first doubling that holds
+        hi = max(2.0 * lo, 16.0)
+        while not holds(hi) and hi < 2.0 ** 60:
+            lo, hi = hi, 2.0 * hi
+    while hi - lo > 1.0:
+        mid = math.floor((lo + hi) / 2)
+        lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+    return given, where, int(math.ceil(hi))
 
 
 BS_MAX_MIN = 32      # block sizes up to this share one compiled shape
@@ -657,13 +705,14 @@ def _prepare(dep, items, engine, acceptance, *, coefficients=None):
     prepared = []
     for workload, client in items:
         arrival, ins, outs = _requests(workload, client)
-        settings, assumptions = engine_settings(dep, engine, max_len=int((ins + outs).max()) if workload is not None else None,
-                                                acceptance=acceptance, ref_len=_resident_length(ins, outs))
+        taken = dict(max_len=int((ins + outs).max()) if workload is not None else None, acceptance=acceptance,
+                     ref_len=_resident_length(ins, outs))
+        settings, assumptions = engine_settings(dep, engine, **taken)
         if isinstance(client, Trace) and (engine or {}).get("max_model_len") is None and "max_model_len" not in (dep.scenario.engine or {}):
             limit = dep.graph.max_model_len      # the trace's longest + 256, but never past the model's own
             settings["max_model_len"] = int((ins + outs).max()) + 256 if limit is None else \
                 min(int((ins + outs).max()) + 256, int(limit))
-        _check_lengths(settings, ins, outs, getattr(client, "source", "workload"))
+        _check_lengths(settings, ins, outs, getattr(client, "source", "workload"), dep, engine, **taken)
         open_loop = arrival is not None
         conc = None if open_loop else int(client.concurrency)
         lanes, index = [], []
@@ -1106,6 +1155,7 @@ def build_schedule(deployment, workload, client, *, engine=None, acceptance=None
     depends on times: it is simulated with ``coefficients`` (default the deployment's) and
     returned as the fixed schedule it produced."""
     _check_run(deployment, estimate, temperature, coefficients)
+    check_clients_send(client)
     return build_schedules(deployment, [(workload, client)], engine=engine, acceptance=acceptance,
                            coefficients=coefficients, estimate=estimate, temperature=temperature)[0]
 
@@ -1213,6 +1263,17 @@ def metric_offsets(sched: Schedule, coefficients=None):
     return xp.stack([xp.asarray(0.0), xp.mean(lat["admission"])])
 
 
+def _booleans(x) -> bool:
+    """Whether step times are booleans (True read as 1 s): an array's dtype, or a list's."""
+    dt = getattr(x, "dtype", None)
+    if dt is None and isinstance(x, (list, tuple)):
+        try:
+            dt = np.asarray(x).dtype
+        except (TypeError, ValueError):                 # ragged: refused below as not numbers
+            return False
+    return dt is not None and np.dtype(dt).kind == "b"
+
+
 def _check_step_times(sched, step_times, coefficients):
     """schedule_metrics' arguments: a Schedule, one time per step (shapes only for JAX arrays,
     which may be traced; NumPy or list values also finite and >= 0), Coefficients or None."""
@@ -1221,6 +1282,9 @@ def _check_step_times(sched, step_times, coefficients):
     if coefficients is not None and not isinstance(coefficients, Coefficients):
         refuse("must be None (the deployment's) or a Coefficients", field="coefficients",
                value=type(coefficients).__name__)
+    if step_times is None or isinstance(step_times, (str, bytes)) or _booleans(step_times):   # NaN, 1 s
+        refuse("must be numbers, one time (s) per step", field="step_times", value=shown(step_times),
+               has_value=True)
     if not isinstance(step_times, (jax.Array, jax.core.Tracer)):
         try:
             arr = np.asarray(step_times, dtype=float)
@@ -1450,10 +1514,19 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
     if num_prompts is not None:
         ClosedLoop(1, num_prompts).validate()
         num_prompts = int(num_prompts)
+        check_clients_send(ClosedLoop(max(concs), num_prompts))
     items = [(workload, ClosedLoop(c, num_prompts)) for c in concs]
     check_sweep_size([cl.prompts for _, cl in items], "concurrencies", concs if len(concs) <= 8 else
                      f"{len(concs)} levels, {concs[0]} to {concs[-1]}")
     if callable(engine):
+        import inspect
+        try:                                  # engine(C) of another arity raised TypeError from inside the call
+            inspect.signature(engine).bind(concs[0])
+        except TypeError:
+            refuse("must be a dict of engine settings or a function engine(C) -> dict of one argument, the "
+                   "concurrency", field="engine", value=getattr(engine, "__name__", type(engine).__name__))
+        except ValueError:                    # no signature to read (a builtin): called as it is
+            pass
         scheds = []
         groups = {}
         for i, c in enumerate(concs):

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import refuse
-from .plan import Batch, Coefficients, Plan
+from .plan import Batch, Coefficients, Plan, _unchecked_batch
 
 # arrays that shape the computation (segment and phase ids, the attention read-law table)
 STATIC_ARRAYS = ("gemm_kind", "gemm_phase", "attn_kind", "attn_phase", "attn_window", "attn_topk",
@@ -534,6 +534,8 @@ def stack_coefficients(sets, *, union=True) -> Coefficients:
     whose roles read one); otherwise every set must carry the same names in the same order."""
     if isinstance(sets, Coefficients) or not hasattr(sets, "__iter__"):
         refuse("needs a list of Coefficients", field="sets", value=type(sets).__name__)
+    if not isinstance(union, (bool, np.bool_)):          # "no" or 0.0 would read as their truth value
+        refuse("must be True or False", field="union", value=union, has_value=True)
     sets = list(sets)
     if not sets:
         refuse("needs at least one coefficient set", field="sets")
@@ -746,7 +748,6 @@ def pad_batches(groups, *, min_batches=0, min_rows=0):
     """Stack per-deployment stacked batches ([B_i, rows_i] each) into [D, max B, max rows]
     (at least ``min_batches`` and ``min_rows``): extra rows are padding (mask False, zero
     counts) and extra batches are empty. Returns (Batch, [B_i])."""
-    from .plan import Batch
     from .step import check_batch_shape
     groups = list(groups)
     if not groups:
@@ -769,4 +770,6 @@ def pad_batches(groups, *, min_batches=0, min_rows=0):
         sched[d, :b, :r], comp[d, :b, :r], prompt[d, :b, :r], mask[d, :b, :r] = s, c, p, m
         thr[d, :b] = t
         thr[d, b:] = t[0] if len(t) else 0
-    return Batch(_put(sched), _put(comp), _put(prompt), _put(mask), _put(thr)), [l[0].shape[0] for l in leaves]
+    # the groups' batches were checked when built: no value check of the padded copy
+    return _unchecked_batch(_put(sched), _put(comp), _put(prompt), _put(mask), _put(thr)), \
+        [l[0].shape[0] for l in leaves]

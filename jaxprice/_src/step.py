@@ -663,8 +663,9 @@ def check_pricing_args(plan, coefs, batch, *, rank, field="batch"):
     """Refuse, in one line and before jit, what the pricing entry points cannot price: a plan
     that is not a Plan (a Deployment: its ``.plan``), coefficients that are not Coefficients,
     a batch that is not a Batch of ``rank`` (1: one batch [rows]; 2: stacked [batches, rows])
-    with fields of matching shapes. Shapes are static, so tracers are checked too; values
-    never are (a few isinstance and shape reads: well under a microsecond's work each)."""
+    with fields of matching shapes and dtypes. Shapes and dtypes are static, so tracers are
+    checked too; batch values never are (Batch() checks a hand-built one), coefficient values
+    once per vector and plan (a few isinstance, shape and dtype reads: a microsecond or so)."""
     if not isinstance(plan, Plan):
         hint = "; give deployment.plan" if isinstance(getattr(plan, "plan", None), Plan) else ""
         refuse(f"needs a Plan (load_deployment(...).plan){hint}", field="plan", value=type(plan).__name__)
@@ -673,7 +674,42 @@ def check_pricing_args(plan, coefs, batch, *, rank, field="batch"):
             else ""
         refuse(f"needs a Coefficients (load_deployment(...).coefficients){hint}", field="coefs",
                value=type(coefs).__name__)
+    check_coefficient_values(coefs, plan)
     check_batch_shape(batch, rank=rank, field=field)
+
+
+def check_coefficient_values(coefs, plan):
+    """Coefficients built by hand (``Coefficients(values, names)``): one value per name (a
+    shorter vector read past its end silently, a longer one ignored its tail), and each value
+    the plan reads a finite number >= 0 (a NaN priced NaN, a negative rate a negative time; a
+    name it does not read may hold anything, e.g. the NaN of a union-stacked row). The shape is
+    static, so a traced vector is checked too; concrete values once per vector and plan (a few
+    names: microseconds), remembered on the Coefficients so a repeated price() pays nothing."""
+    v = coefs.values
+    shape = getattr(v, "shape", None)
+    shape = tuple(shape) if shape is not None else np.shape(v)
+    if not shape or shape[-1] != len(coefs.names):
+        refuse(f"holds {shape[-1] if shape else 'a single'} value(s) per set for its {len(coefs.names)} names: one "
+               "value per name", field="coefs.values", value=shape, has_value=True)
+    checked = coefs.__dict__.setdefault("_checked_for", {})
+    if isinstance(v, jax.core.Tracer) or checked.get(plan.digest) is v:
+        return
+    reads = plan.__dict__.setdefault("_reads", {})
+    idx = reads.get(coefs.names)
+    if idx is None:
+        from .stack import role_index, split_plan
+        r = role_index(split_plan(plan).slot_names, coefs.names)     # refuses a name the set lacks
+        idx = reads[coefs.names] = np.unique(r[r < len(coefs.names)])
+    arr = np.asarray(v)
+    if arr.dtype.kind not in "iuf":
+        refuse(f"must be numbers (SI units), got {arr.dtype.name}", field="coefs.values")
+    sub = arr[..., idx]
+    bad = ~np.isfinite(sub) | (sub < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad.reshape(-1))[0])
+        refuse("must be a finite number >= 0 (SI units)", field=f"coefs[{coefs.names[idx[i % len(idx)]]}]",
+               value=sub.reshape(-1)[i].item(), has_value=True)
+    checked[plan.digest] = v
 
 
 def _shape_of(x, field, name):
@@ -696,6 +732,7 @@ def check_batch_shape(batch, *, rank, field="batch"):
         shape = batch.scheduled.shape
         if (len(shape) == rank and batch.computed.shape == shape and batch.prompt_len.shape == shape
                 and batch.mask.shape == shape and batch.decode_threshold.shape == shape[:-1]):
+            _check_batch_dtypes(batch, field)
             return
     except AttributeError:      # a Python number or list among the fields: the checks below say which
         pass
@@ -712,6 +749,30 @@ def check_batch_shape(batch, *, rank, field="batch"):
     if s != shape[:-1]:
         refuse(f"has shape {s}; one per batch is {shape[:-1]}",
                field=f"{field}.decode_threshold")
+    _check_batch_dtypes(batch, field)
+
+
+def _check_batch_dtypes(batch, field):
+    """Token counts and the threshold of a numeric dtype, the mask boolean (a float mask or string
+    counts died inside jit with a TypeError). Dtypes are static: tracers are checked too."""
+    seen = batch.__dict__
+    if seen.get("_dtypes_checked"):     # a Batch is frozen: checked once (a jax dtype read is ~0.4 us)
+        return
+    try:                        # the usual case: five attribute reads
+        if (batch.mask.dtype.kind == "b" and batch.scheduled.dtype.kind in "iuf" and batch.computed.dtype.kind
+                in "iuf" and batch.prompt_len.dtype.kind in "iuf" and batch.decode_threshold.dtype.kind in "iuf"):
+            seen["_dtypes_checked"] = True
+            return
+    except AttributeError:      # a Python number among the fields
+        pass
+    for name in ("scheduled", "computed", "prompt_len", "decode_threshold", "mask"):
+        x = getattr(batch, name)
+        dt = getattr(x, "dtype", None)
+        dt = np.dtype(dt) if dt is not None else np.asarray(x).dtype
+        if name == "mask" and dt.kind != "b":
+            refuse(f"must be booleans (True on a request's row), got dtype {dt.name}", field=f"{field}.mask")
+        if name != "mask" and dt.kind not in "iuf":
+            refuse(f"must be numbers, got dtype {dt.name}", field=f"{field}.{name}")
 
 
 def _traced_args(plan: Plan, coefs: Coefficients, chunked=False):

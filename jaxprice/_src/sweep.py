@@ -27,7 +27,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .errors import refuse
-from .plan import INT_TOKEN_LIMIT, Batch, Coefficients, Plan, _TOKEN_WHY, _max_rows, _whole
+from .plan import INT_TOKEN_LIMIT, Batch, Coefficients, Plan, _TOKEN_WHY, _max_rows, _unchecked_batch, _whole
 from . import step as _step
 from .step import StepResult, _batched_kernel, _traced_args, check_pricing_args, exact_at_zero, temperature_arg
 
@@ -181,6 +181,8 @@ def random_batches(rng, count: int, rows: int, *, decode_threshold: int = 1, dec
     2-3x faster in exact mode).
     """
     src = "random_batches"
+    if not isinstance(empty, (bool, np.bool_)):          # "no" or 0.0 would read as their truth value
+        refuse("must be True or False", file=src, field="empty", value=empty, has_value=True)
     if not (hasattr(rng, "integers") and hasattr(rng, "random")):
         refuse("needs a numpy Generator (np.random.default_rng(seed))", file=src, field="rng", value=type(rng).__name__)
     count = _whole(count, source=src, field="count", what="a non-negative integer")
@@ -218,6 +220,6 @@ def random_batches(rng, count: int, rows: int, *, decode_threshold: int = 1, dec
         sched[1] = 0
     sched = np.where(mask, sched, 0).astype(float)
     comp = np.where(mask, comp, 0).astype(float)
-    batch = Batch(jnp.asarray(sched), jnp.asarray(comp), jnp.asarray(comp + sched), jnp.asarray(mask),
-                  jnp.full((count,), float(thr)))
+    batch = _unchecked_batch(jnp.asarray(sched), jnp.asarray(comp), jnp.asarray(comp + sched), jnp.asarray(mask),
+                             jnp.full((count,), float(thr)))          # drawn in range: no value check
     return batch if dtype is None else batch.astype(dtype, source="random_batches")
