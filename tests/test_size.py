@@ -648,3 +648,27 @@ def test_twin_points_take_a_simulated_twins_numbers():
     for got_x, own_x in zip((twin.ttft, twin.tpot, twin.tps_per_gpu), own[:3]):
         np.testing.assert_array_equal(got_x[:2], own_x)
     assert other.source == "steady" and other.simulated_as is None and np.array_equal(other.tpot, before)
+
+
+def test_steady_ttft_waits_for_the_step_in_flight_and_the_one_scheduled(result):
+    """vLLM's steady TTFT with no queue (C <= R a rank): the prompt's own step(s) + host_output_token
+    + its admission, and before them, with another client on the rank, half the step in flight
+    and (async scheduling) the step already scheduled: 1.5 mean steps (TPOT less
+    host_output_token); none with one client (the engine is idle)."""
+    r = result.results[0]
+    w, dep = result.workload, result.candidates[r.index].deployment
+    alone = S.evaluate_steady(dep, r.layout, w, list(r.concurrency), num_prompts=math.inf)
+    hot = float(dep.coefficients["host_output_token"])
+    adm = S.admission_latency(dep.coefficients, w.mean_isl)
+    checked = 0
+    for j, c in enumerate(r.concurrency):
+        R, batches, tw, fw, _n = S.steady_state_requests(dep, r.layout, w, int(c))
+        per_rank = c / r.layout.dp
+        if per_rank > R:
+            continue                                   # queueing: Little's law on top
+        est = S.price_batches(dep, S.stack_rows(batches, S._rows(max(len(b[0]) for b in batches))))
+        own = float(np.dot(fw, est))
+        wait = 1.5 * (alone[1][j] - hot) if per_rank >= 2 else 0.0
+        assert alone[0][j] == pytest.approx(own + wait + hot + adm, rel=1e-9)
+        checked += 1
+    assert checked >= 2 and r.concurrency[0] == 1

@@ -490,15 +490,17 @@ def admission_latency(coefficients, mean_isl) -> float:
     return get("host_admission_per_request") + get("host_admission_per_token") * float(mean_isl)
 
 
-def _vllm_wait(dep: Deployment, specs, mean_step, per_rank) -> np.ndarray:
+def _vllm_wait(dep: Deployment, layout: Layout, mean_step, per_rank) -> np.ndarray:
     """vLLM's wait before a prompt's first step, per point  [s]: with another client on its rank
     the request lands in a step in flight and waits for the rest of it (half a step; the
     simulation's arrival_phase), and under async scheduling (vLLM's default) for the step already
     scheduled without it, (1/2 + 1) x the mean step (by count, ``mean_step``) in all; none with
-    one client a rank (the engine is idle: serve.request_latencies). 0 for SGLang's specs."""
+    one client a rank (the engine is idle: serve.request_latencies). 0 for SGLang (its closed
+    form's TTFT weights hold its waits)."""
+    if layout.engine != "vllm":
+        return np.zeros_like(per_rank)
     async_on = bool(dep.scenario.engine.get("async_scheduling", True))
-    vllm = np.array([len(s) == 5 for s in specs])
-    return np.where(vllm & (per_rank >= 2.0), (0.5 + async_on) * mean_step, 0.0)
+    return np.where(per_rank >= 2.0, (0.5 + async_on) * mean_step, 0.0)
 
 
 def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, concurrencies, specs, owners, est,
@@ -525,7 +527,7 @@ def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     conc = np.asarray(concurrencies, dtype=float)
     R = np.array([s[0] for s in specs], dtype=float)
     per_rank = conc / layout.dp
-    service += _vllm_wait(dep, specs, tpot - hot, per_rank)
+    service += _vllm_wait(dep, layout, tpot - hot, per_rank)
     busy = np.minimum(per_rank, R)                  # resident requests per rank (fractional below dp)
     ttft_s = service + hot
     request = ttft_s + (osl - 1.0) * tpot            # one request's service time, resident
