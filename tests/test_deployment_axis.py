@@ -184,25 +184,26 @@ def _uncond_kernel(dep, fold, temperature):
     return jax.jit(kernel)
 
 
-@pytest.mark.parametrize("fold", [False, True])
-def test_single_call_tail_under_a_cond_prices_and_differentiates_bit_for_bit(deployments, groups, batches, fold):
+@pytest.mark.parametrize("fold,temperature", [(False, None), (True, None),
+                                               pytest.param(False, 0.3, marks=pytest.mark.slow)])   # ~20 s
+def test_single_call_tail_under_a_cond_prices_and_differentiates_bit_for_bit(deployments, groups, batches, fold,
+                                                                             temperature):
     """price() runs its scalar tail inside a lax.cond (step._kernel_one: XLA:CPU then runs it in
     the calling thread): values equal the plain kernel's bit for bit and coefficient gradients
-    to ULPS, in exact and smooth mode, and a vmap of price() keeps the cond (an unbatched predicate) rather
-    than computing both branches."""
+    to ULPS, in exact mode (smooth mode too under -m slow), and a vmap of price() keeps the cond
+    (an unbatched predicate) rather than computing both branches."""
     dep = deployments["llama-3.1-70b-instruct-h200-fp8-vllm-tp4"]     # a dense graph: quick compiles
     one = jax.tree_util.tree_map(lambda x: x[5], batches["float64"])
-    for temperature in (None, 0.3) if not fold else (None,):
-        got = jp.price(dep.plan, dep.coefficients, one, temperature=temperature, fold=fold)
-        ref_fn = _uncond_kernel(dep, fold, temperature)
-        ref = ref_fn(dep.coefficients, one)
-        for f in FIELDS:
-            np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f)), err_msg=f)
-        g = jax.grad(lambda c: jp.price(dep.plan, c, one, temperature=temperature, fold=fold).no_overlap)
-        g_ref = jax.jit(jax.grad(lambda c: ref_fn(c, one).no_overlap))
-        # gradients: XLA may sum the gather's cotangents in another order (KNOWN DIVERGENCE single-call-grad-ulps)
-        np.testing.assert_array_max_ulp(np.asarray(g(dep.coefficients).values),
-                                        np.asarray(g_ref(dep.coefficients).values), maxulp=ULPS)
+    got = jp.price(dep.plan, dep.coefficients, one, temperature=temperature, fold=fold)
+    ref_fn = _uncond_kernel(dep, fold, temperature)
+    ref = ref_fn(dep.coefficients, one)
+    for f in FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(got, f)), np.asarray(getattr(ref, f)), err_msg=f)
+    g = jax.grad(lambda c: jp.price(dep.plan, c, one, temperature=temperature, fold=fold).no_overlap)
+    g_ref = jax.jit(jax.grad(lambda c: ref_fn(c, one).no_overlap))
+    # gradients: XLA may sum the gather's cotangents in another order (KNOWN DIVERGENCE single-call-grad-ulps)
+    np.testing.assert_array_max_ulp(np.asarray(g(dep.coefficients).values),
+                                    np.asarray(g_ref(dep.coefficients).values), maxulp=ULPS)
     vmapped = jax.make_jaxpr(jax.vmap(lambda b: jp.price(dep.plan, dep.coefficients, b, fold=fold).no_overlap))
     assert " cond[" in str(vmapped(batches["float64"]))
 
