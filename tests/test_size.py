@@ -672,3 +672,22 @@ def test_steady_ttft_waits_for_the_step_in_flight_and_the_one_scheduled(result):
         assert alone[0][j] == pytest.approx(own + wait + hot + adm, rel=1e-9)
         checked += 1
     assert checked >= 2 and r.concurrency[0] == 1
+
+
+@pytest.mark.parametrize("kw,want", [
+    (dict(evaluator="auto", num_prompts=4), "field 'num_prompts', value 4: is fewer than the 8 clients"),
+    (dict(evaluator="serve", search_prompts=0.5), "field 'search_prompts', value 0.5: is prompts per client"),
+])
+def test_fewer_prompts_than_clients_are_refused(kw, want):
+    """size() as the CLI: a simulated run with fewer prompts than clients would read as a load it
+    never carries (it ran 4 clients labelled C = 8)."""
+    with pytest.raises(jp.JaxpriceError) as err:
+        jp.size(MODEL, tpot_ms=40, **SIM, **kw)
+    assert want in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_refuses_fewer_search_prompts_than_clients(capsys):
+    rc = cli.main(["size", MODEL, "--chip", "h200", "--gpus", "4", "--isl", "256", "--osl", "64", "--evaluator", "serve",
+                   "--search-prompts", "0.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "field '--search-prompts', value 0.5: is prompts per client" in err[0]

@@ -203,6 +203,9 @@ def _simulation_options(args) -> dict:
     search = (S.DEFAULT_SEARCH_PROMPTS if args.search_prompts is None else
               None if str(args.search_prompts).strip().lower() == "none"
               else parse_float(args.search_prompts, flag="--search-prompts", positive=True))
+    if search is not None and search < 1:
+        refuse("is prompts per client: below 1 a run has fewer prompts than clients, and C of them never send",
+               field="--search-prompts", value=search)
     num = None if args.num_prompts is None else parse_int(args.num_prompts, flag="--num-prompts", minimum=1)
     if verify and ev != "steady":
         refuse(f"re-runs the steady evaluator's choice; --evaluator {ev} simulates the frontier and the best "

@@ -1447,8 +1447,15 @@ def _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_p
     if num_prompts is not None:
         num_prompts = _positive(num_prompts, "num_prompts", integer=True, maximum=MAX_RUN_REQUESTS,
                                 why=" (jaxprice's cap on the requests of one simulated run)")
+        if num_prompts < max(conc):       # as the CLI's --num-prompts, and simulate()'s ClosedLoop
+            refuse(f"is fewer than the {max(conc)} clients of concurrency {max(conc)}: only {num_prompts} would ever "
+                   f"send in a simulated run, yet it would read as C={max(conc)}; give at least {max(conc)} "
+                   "(default 10 x C)", field="num_prompts", value=num_prompts)
     if search_prompts is not None:
         search_prompts = _positive(search_prompts, "search_prompts")
+        if search_prompts < 1:
+            refuse("is prompts per client: below 1 a run has fewer prompts than clients, and C of them never send",
+                   field="search_prompts", value=search_prompts)
     sweeps = evaluator == "serve" or (requested == "auto" and simulate > 0)
     if not sweeps:
         return verify
