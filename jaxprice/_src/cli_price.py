@@ -204,7 +204,7 @@ def engine_overrides(args) -> dict:
     if args is None:
         return out
     for key, flag in PLAN_ENGINE_FLAGS:
-        v = getattr(args, key if key != "cache_dtype" else "kv_cache_dtype", None)
+        v = getattr(args, flag[2:].replace("-", "_"), None)      # argparse's dest of the flag
         if v is None:
             continue
         if key == "gpu_memory_utilization":
@@ -213,7 +213,7 @@ def engine_overrides(args) -> dict:
                 refuse("must be a fraction of the GPU's memory, 0 < F <= 1", field=flag, value=v)
         elif not str(v).strip():
             refuse("an empty value", field=flag, value=v, has_value=True)
-        out[key] = float(v) if key == "gpu_memory_utilization" else str(v).strip()
+        out[key] = v if key == "gpu_memory_utilization" else str(v).strip()
     return out
 
 

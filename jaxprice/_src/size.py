@@ -261,6 +261,24 @@ def _chunk_rate(R: int, osl: float, n_chunks: int, lockstep: int) -> float:
     return max(min(lockstep * q, 1.0), q)
 
 
+def _lengths(workload: SizeWorkload) -> tuple[int, float, int]:
+    """(isl, osl, mean resident context isl + osl / 2) of the workload's mean lengths [tokens]."""
+    return (max(int(round(workload.mean_isl)), 1), max(workload.mean_osl, 1.0),
+            int(round(workload.mean_isl + workload.mean_osl / 2.0)))
+
+
+def _prompt_chunks(isl: int, room: int) -> list:
+    """(tokens, tokens computed before) of each chunk a prompt of isl tokens is prefilled in,
+    at most ``room`` tokens a step."""
+    return [(min(room, isl - done), done) for done in range(0, isl, room)]
+
+
+def _lockstep(dep: Deployment, layout: Layout) -> int:
+    """dp for an MoE model's data-parallel ranks, which step together (serving-reference.md
+    2.2), else 1."""
+    return layout.dp if (layout.dp > 1 and dep.plan.scalars.get("has_moe")) else 1
+
+
 def _budget_requests(budget: int, isl: int, osl: float) -> int:
     """The resident requests per rank whose prompts the step budget can prefill as fast as they
     finish: R + R isl / osl <= max_num_batched_tokens (R decode tokens and the prefill tokens of
@@ -280,9 +298,7 @@ def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkloa
     prompts, mixed to q (the last one cut to the room, its weight raised to keep the tokens).
     Chunked prompts at more than one chunk a step: each chunk's marginal cost,
     S(decodes + chunk) - S(decodes), q / n times a step (the decode-only weight 1 - q < 0)."""
-    isl = max(int(round(workload.mean_isl)), 1)
-    osl = max(workload.mean_osl, 1.0)
-    ctx = int(round(workload.mean_isl + workload.mean_osl / 2.0))
+    isl, osl, ctx = _lengths(workload)
     per_rank = math.ceil(concurrency / layout.dp)
     held = _held_tokens(workload, int(dep.plan.memory.get("block_size", 16)))
     cap = _kv_tokens(dep, held)
@@ -290,14 +306,9 @@ def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkloa
     budget_fit = _budget_requests(layout.max_num_batched_tokens, isl, osl)
     R = max(1, min(per_rank, layout.max_num_seqs, kv_fit, budget_fit))
     room = max(layout.max_num_batched_tokens - R, 1)
-    chunks, done = [], 0
-    while done < isl:
-        n = min(room, isl - done)
-        chunks.append((n, done))
-        done += n
+    chunks = _prompt_chunks(isl, room)
     decode = ([1] * R, [ctx - 1] * R)
-    lockstep = layout.dp if (layout.dp > 1 and dep.plan.scalars.get("has_moe")) else 1
-    q = _chunk_rate(R, osl, len(chunks), lockstep)
+    q = _chunk_rate(R, osl, len(chunks), _lockstep(dep, layout))
     if q > 1.0 and len(chunks) == 1:
         return (R, *_packed_prompts(decode, q, isl, room), 1)
     batches = [decode] + [([1] * R + [n], [ctx - 1] * R + [d]) for n, d in chunks]
@@ -365,9 +376,7 @@ def sglang_steady_state_requests(dep: Deployment, layout: Layout, workload: Size
     the prompt's own prefill step(s) (the mix weighted by prompts: (1 - f) k / m,
     f (k + 1) / m), plus the queueing and admission latency of the module docstring.
     Checked against the simulation (experiments/steady_vs_serve.py)."""
-    isl = max(int(round(workload.mean_isl)), 1)
-    osl = max(workload.mean_osl, 1.0)
-    ctx = int(round(workload.mean_isl + workload.mean_osl / 2.0))
+    isl, osl, ctx = _lengths(workload)
     full = max(workload.mean_isl + workload.mean_osl, 1.0)
     per_rank = math.ceil(concurrency / layout.dp)
     cap = _kv_tokens(dep, ctx)
@@ -386,16 +395,12 @@ def sglang_steady_state_requests(dep: Deployment, layout: Layout, workload: Size
         own = [(1.0 - f) * k / m] + ([f * (k + 1) / m] if f > 0 else [])   # of the prompts
         p, emitting, n_chunks = q / m, q / m, 1
     else:
-        steps, done = [], 0
-        while done < isl:
-            n = min(chunk, isl - done)
-            steps.append(([n], [done]))
-            done += n
+        steps = [([n], [d]) for n, d in _prompt_chunks(isl, chunk)]
         n_chunks = len(steps)
         share = [1.0 / n_chunks] * n_chunks
         own = [1.0] * n_chunks
         p, emitting = n_chunks * q, q
-    lockstep = layout.dp if (layout.dp > 1 and dep.plan.scalars.get("has_moe")) else 1
+    lockstep = _lockstep(dep, layout)
     phi = p / (1.0 + p)
     pi = 1.0 - (1.0 - phi) ** (lockstep - 1)
     tpot_w = [1.0 - pi] + [(p + pi) * w for w in share]
@@ -511,15 +516,16 @@ def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     hot = float(dep.coefficients["host_output_token"]) if "host_output_token" in dep.coefficients else 0.0
     n = len(concurrencies)
     tpot, service, first = np.full(n, hot), np.zeros(n), np.zeros(n)
+    sglang = layout.engine == "sglang"
     for j, spec in enumerate(specs):      # SGLang's: its prefill steps emit tokens too
-        if len(spec) > 5:
+        if sglang:
             tpot[j] = hot * spec[5]
     in_flight = np.zeros((n, 2))           # SGLang's: sum w S^2, sum w S over the TPOT weights
     for (j, tw, fw, ww), s in zip(owners, est):
         tpot[j] += tw * s
         service[j] += fw * s
         first[j] += ww * s
-        if len(specs[j]) > 5:
+        if sglang:
             in_flight[j] += (tw * s * s, tw * s)
     busy_steps = in_flight[:, 1] > 0              # half the step in flight, its length weighted by time
     service[busy_steps] += 0.5 * in_flight[busy_steps, 0] / in_flight[busy_steps, 1]
