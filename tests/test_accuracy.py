@@ -1129,3 +1129,23 @@ def test_the_assumed_kv_cache_is_the_one_vllm_logged():
                    dict(gpu_memory_utilization=0.95, max_model_len=9416, block_size=32))
     assert kv == "auto" and ours / logged[("minimax-m2.5-b200-fp8-vllm-tp2.yaml", "1k8k", "2026-03-28")] == \
         pytest.approx(1.0, abs=0.05)
+
+
+def test_simulate_runs_a_hybrid_model_at_vllms_raised_block(tmp_path):
+    # the recipe's block (vLLM's default 16) is below the attention block vLLM runs a model with
+    # recurrent layers at: the run takes the plan's raised block (it was refused as an override)
+    rows = [dict(r) for r in rows_of() if r["deployment"] == MINIMAX and r["concurrency"] == "16"]
+    name = "qwen3.5-397b-a17b-b200-fp4-vllm-tp4"
+    for r in rows:
+        r.update(scenario=name + ".yaml", deployment=name, model="qwen3.5-397b-a17b", hardware="b200", dtype="fp4",
+                 tp="4", ep="1", dp="1", concurrency="1", anchor_concurrency="1", isl="256", osl="8", workload="1k1k")
+    rep = acc.evaluate_accuracy(write_rows(tmp_path / "hybrid.csv", rows), batch_rule="simulate",
+                                estimates=("no_overlap",))
+    assert rep.refused == []
+    dep, _ = acc.build_deployment(acc.read_measurements(tmp_path / "hybrid.csv")[0][0])
+    block = dep.plan.memory["block_size"]
+    assert block == 2048 and dep.plan.memory["hybrid_block_minimum"] == 2048
+    (rec,) = rep.records
+    assert rec["status"] == "priced" and " block=2048 " in rec["assumptions"]
+    (row,) = rep.info["assumptions"]
+    assert row["block_size"][0] == 2048 and row["block_size"][1].startswith("raised from 16 (vLLM's CUDA default")

@@ -1209,13 +1209,15 @@ class SimulatedRun:
     seconds: float = 0.0
 
 
-def _run_engine(points, widx, a0, kv):
+def _run_engine(points, widx, a0, kv, block):
     """The engine settings of one deployment-workload's closed-loop runs: the recipe's, with
     max_num_seqs the largest of its points' (the closed loop never has more than C requests in
-    the engine, so max_num_seqs = C and = the sweep's largest C are the same run)."""
+    the engine, so max_num_seqs = C and = the sweep's largest C are the same run), and ``block``
+    the plan's block size (the recipe's, raised for a model with recurrent layers to vLLM's
+    hybrid attention block: resolve.hybrid_block_size)."""
     seqs = [engine_assumptions(points[i])["max_num_seqs"][0] for i in widx]
     engine = {"max_num_seqs": int(max(seqs)), "max_num_batched_tokens": int(a0["max_num_batched_tokens"][0]),
-              "block_size": int(a0["block_size"][0]), "max_model_len": int(a0["max_model_len"][0]),
+              "block_size": int(block), "max_model_len": int(a0["max_model_len"][0]),
               "async_scheduling": bool(a0["async_scheduling"][0]), "scheduler": a0["scheduler"][0]}
     if math.isfinite(kv):
         engine["kv_capacity_tokens"] = kv
@@ -1256,7 +1258,7 @@ def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coeffi
                 runs.append(run)
                 continue
             run.kv = float(cap.plan.memory["kv_capacity_tokens"])
-            run.engine = _run_engine(points, widx, a0, run.kv)
+            run.engine = _run_engine(points, widx, a0, run.kv, cap.plan.memory.get("block_size", a0["block_size"][0]))
             run.rule = recipe_prompts(points[widx[0]])
             runs.append(run)
     return runs
@@ -1335,6 +1337,10 @@ def _point_assumptions(p: Point, run: SimulatedRun) -> dict:
     ran = run.schedules[p.concurrency].assumptions.get("kv_capacity_tokens")
     if ran is not None and ran[0] != run.kv:        # sliding-window layers: serve.windowed_kv_capacity
         a["kv_capacity_tokens"] = (ran[0], a["kv_capacity_tokens"][1] + f"; {ran[1]}")
+    if run.engine["block_size"] != a["block_size"][0]:
+        a["block_size"] = (run.engine["block_size"], f"raised from {a['block_size'][0]} ({a['block_size'][1]}): vLLM's "
+                           "attention block for a model with recurrent layers holds one layer's state "
+                           "(resolve.hybrid_block_size)")
     if run.engine["max_num_seqs"] != a["max_num_seqs"][0]:
         a["max_num_seqs"] = (a["max_num_seqs"][0], a["max_num_seqs"][1] + f" (run with "
                              f"{run.engine['max_num_seqs']}, the sweep's largest C: the same run, as the "
