@@ -391,9 +391,10 @@ def test_simulated_numbers_equal_simulate_sweep(simulated):
     wl = jp.Workload(isl=256, osl=64, range_ratio=0.8)
     r = sims[0]
     dep = simulated.candidates[r.index].deployment
-    # 10 x C prompts, the benchmark's; the levels twice: four lanes, the scheduler shape the search
-    # compiled (its two layouts x two levels), so no new compile
-    ref = jp.simulate_sweep(dep, wl, list(r.concurrency) * 2)[:len(r.concurrency)]
+    # 10 x C prompts, the benchmark's; two more levels (C + 1: simulate_sweep refuses a level given
+    # twice): four lanes, the scheduler shape the search compiled (its two layouts x two levels), so
+    # no new compile
+    ref = jp.simulate_sweep(dep, wl, list(r.concurrency) + [c + 1 for c in r.concurrency])[:len(r.concurrency)]
     np.testing.assert_array_equal(r.ttft, [x.summary["ttft_mean"] for x in ref])
     np.testing.assert_array_equal(r.tpot, [x.summary["tpot_mean"] for x in ref])
     np.testing.assert_array_equal(r.tps_per_gpu, [x.summary["output_tps"] / r.layout.width for x in ref])

@@ -26,13 +26,14 @@ stated twice and a malformed CSV line are refused like any other bad content.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from . import schema
-from .errors import refuse
+from .errors import refuse, shown
 from .plan import Batch
 
 #: The decode threshold used when neither the caller nor the file gives one: the value the
@@ -181,8 +182,13 @@ def _read_csv(path: Path):
     return rows, None
 
 
-def read_batch_file(path) -> BatchFile:
-    """Read a YAML (.yaml, .yml) or CSV (.csv) batch file, refusing bad content clearly."""
+def read_batch_file(path, *, field="batch") -> BatchFile:
+    """Read a YAML (.yaml, .yml) or CSV (.csv) batch file, refusing bad content clearly (a path
+    that is no path, or an empty one, naming ``field``: the CLI's --batch)."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bool):     # 5 was read as a file named '5'
+        refuse("expected a batch file path (a str or a path)", field=field, value=shown(path), has_value=True)
+    if not str(path).strip():                   # '' was the working folder: 'is a directory'
+        refuse("an empty batch file name", field=field, value=str(path), has_value=True)
     p = Path(str(path))
     if p.is_dir():
         refuse("is a directory, expected a batch file", file=str(path))

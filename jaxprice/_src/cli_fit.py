@@ -104,6 +104,8 @@ def add_parser(subparsers):
 
 
 def _header(path):
+    from .schema import refuse_empty_name
+    refuse_empty_name(path, "measurement CSV", field="csv")       # was 'file not found', naming nothing
     try:
         with open(path, newline="", encoding="utf-8-sig") as fh:        # a byte-order mark is not a column
             return [h.strip() for h in next(csv.reader(fh), [])]

@@ -474,7 +474,7 @@ def build_batches(args, dep, threshold):
     if args.batch:
         labels = _batch_labels(args.batch)
         for path, label in zip(args.batch, labels):
-            bf = read_batch_file(path)
+            bf = read_batch_file(path, field="--batch")
             thr = threshold if threshold is not None else \
                 bf.decode_threshold if bf.decode_threshold is not None else DEFAULT_DECODE_THRESHOLD
             info = {"file": str(path)}

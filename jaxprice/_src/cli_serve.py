@@ -250,7 +250,10 @@ def _loads(args, opts) -> tuple:
     if args.trace is not None:
         return "trace", [load_trace(args.trace)]
     if args.rate is not None:
-        rates = [parse_float(t, flag="--rate", positive=True) for t in str(args.rate).split(",")]
+        parts = str(args.rate).split(",")
+        if len(parts) > 1 and any(not t.strip() for t in parts):      # was "value '': expected a number"
+            refuse("has an empty entry", field="--rate", value=str(args.rate))
+        rates = [parse_float(t, flag="--rate", positive=True) for t in parts]
         refuse_repeats(rates, "lists this load twice; give each once", flag="--rate")
         check_sweep_size([n or 200] * len(rates), "--rate", args.rate)
         return "rate", rates

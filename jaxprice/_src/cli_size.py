@@ -112,11 +112,15 @@ def _targets(text, flag):
 
 
 def _names(text, flag, known, what, upper=False):
-    """A comma-separated list of names from ``known``, refused naming the flag (an empty list too)."""
-    names = [t.strip().upper() if upper else t.strip() for t in str(text).split(",") if t.strip()]
+    """A comma-separated list of names from ``known``, refused naming the flag (an empty list, or
+    an empty entry, too: 'fp8,,bf16' dropped it silently, as parse_int_list refuses)."""
+    parts = [t.strip().upper() if upper else t.strip() for t in str(text).split(",")]
+    names = [t for t in parts if t]
     if not names:
         refuse(f"expected a comma-separated list of {', '.join(known)}", field=flag, value=str(text),
                has_value=True)
+    if len(names) != len(parts):
+        refuse("has an empty entry", field=flag, value=str(text))
     for n in names:
         if n not in known:
             refuse(f"unknown {what} (known: {', '.join(known)})", field=flag, value=n)
@@ -181,8 +185,9 @@ def options(args) -> dict:
                 isl=parse_int(args.isl, flag="--isl", minimum=1), osl=parse_int(args.osl, flag="--osl", minimum=2),
                 ttft_ms=_targets(args.ttft_ms, "--ttft-ms"), tpot_ms=_targets(args.tpot_ms, "--tpot-ms"),
                 concurrency=concurrency,
-                tp=parse_int_list(args.tp, flag="--tp", minimum=1) if args.tp else None,
-                dp=parse_int_list(args.dp, flag="--dp", minimum=1) if args.dp else None,
+                # '' is refused, not read as the default widths
+                tp=parse_int_list(args.tp, flag="--tp", minimum=1) if args.tp is not None else None,
+                dp=parse_int_list(args.dp, flag="--dp", minimum=1) if args.dp is not None else None,
                 ep={"on": [True], "off": [False], "both": None}[args.ep], weights=weights,
                 max_num_seqs=parse_int_list(seqs_text, flag=seqs_flag, minimum=1),
                 max_num_batched_tokens=parse_int_list(tokens_text, flag=tokens_flag, minimum=1),

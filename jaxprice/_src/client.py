@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import refuse
+from .errors import refuse, shown
 from .plan import INT_TOKEN_LIMIT
 from .schema import read_text
 
@@ -191,7 +191,15 @@ class Trace:
     source: str = "trace"
 
     def __post_init__(self):
-        src = self.source or "trace"
+        src = self.source
+        if src is None or (isinstance(src, str) and not src.strip()):
+            src = "trace"                       # unnamed: the default name
+        elif isinstance(src, os.PathLike):
+            src = os.fspath(src)
+        if not isinstance(src, str):            # a number or a list named the trace in every refusal
+            refuse("must be a name or a path (a str) saying where the trace came from", field="Trace.source",
+                   value=shown(src), has_value=True)
+        object.__setattr__(self, "source", src)
         a, i, o = (_trace_column(getattr(self, k), src, k) for k in ("arrival_s", "input_len", "output_len"))
         if not (a.shape == i.shape == o.shape) or a.ndim != 1 or a.size == 0:
             refuse("arrival_s, input_len and output_len must be equal-length non-empty lists", file=src,

@@ -23,7 +23,9 @@ class JaxpriceError(ValueError):
         if has_value or value is not None:
             where.append(f"value {value!r}")
         prefix = ": ".join([", ".join(where)]) if where else ""
-        super().__init__(f"{prefix}: {message}" if prefix else message)
+        text = f"{prefix}: {message}" if prefix else message
+        # one line, whatever a file name or a quoted text holds ('a\nb.yaml' printed two lines)
+        super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))
         self.reason = message
 
 

@@ -82,6 +82,8 @@ def _check_path(path, field="path"):
     """A file path argument: a str or a path (open() reads an int as a file descriptor)."""
     if not isinstance(path, (str, os.PathLike)):
         refuse("needs a file path (a str or a path)", field=field, value=shown(path), has_value=True)
+    if not str(path).strip():           # '' was Path('.'): 'is a directory', naming nothing
+        refuse("an empty file name", field=field, value=str(path), has_value=True)
 
 
 def path_list(value, field, *, none=None, what="a path"):
@@ -813,6 +815,8 @@ class Registry:
             if not isinstance(r, (str, os.PathLike)):
                 refuse("must be registry folders (str or path, or a list of them)", field="registry_roots",
                        value=shown(r), has_value=True)
+            if not str(r).strip():      # '' was the working folder: every lookup then missed
+                refuse("an empty registry folder name", field="registry_roots", value=str(r), has_value=True)
         self.roots = [Path(r) for r in roots]
         self._chips = None
 

@@ -1615,6 +1615,9 @@ def _read_config_files(path, quant_config) -> tuple:
     last three None where there is none), each read as JSON."""
     cfg_path, auto_q = config_paths(path)
     raw, sha = _read_json(cfg_path, "config")
+    if quant_config is not None and not str(quant_config).strip():     # '' was '.': 'is a directory'
+        refuse("an empty file name; expected a quantization config (hf_quant_config.json)", field="quant_config",
+               value=str(quant_config), has_value=True)
     qpath = Path(str(quant_config)) if quant_config is not None else auto_q
     qdoc, qsha = _read_json(qpath, "quantization config") if qpath is not None else (None, None)
     return cfg_path, raw, sha, qpath, qdoc, qsha

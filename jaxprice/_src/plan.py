@@ -157,6 +157,7 @@ class Batch:
 
     def __post_init__(self):
         _check_batch_values(self)
+        self.__dict__["_values_checked"] = True      # the pricing entry points need not check again
 
     def tree_flatten(self):
         return (self.scheduled, self.computed, self.prompt_len, self.mask, self.decode_threshold), None
@@ -222,7 +223,7 @@ class Batch:
             return jax.device_put(np.concatenate([a, np.zeros(pad)]).astype(dtype))
         return _unchecked_batch(padded(sched), padded(comp), padded(prompt),
                                 jax.device_put(np.concatenate([np.ones(n, bool), np.zeros(pad, bool)])),
-                                jnp.asarray(thr))
+                                jnp.asarray(thr), checked=True)
 
     @staticmethod
     def decode(requests: int, context: int, *, pad_to=None, decode_threshold=1, tokens=1, dtype=None):
@@ -253,7 +254,8 @@ class Batch:
             arr = np.asarray(x)
             _check_fits(arr, dtype, source, name)
             out.append(jnp.asarray(arr.astype(dtype)))
-        return _unchecked_batch(*out, self.mask, self.decode_threshold)
+        return _unchecked_batch(*out, self.mask, self.decode_threshold,
+                                checked=bool(self.__dict__.get("_values_checked")))
 
     @staticmethod
     def stack(batches):
@@ -265,21 +267,36 @@ class Batch:
         batches = _stackable(batches)
         if any(isinstance(x, jax.core.Tracer) for b in batches for x in jax.tree_util.tree_leaves(b)):
             return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *batches)
-        return jax.tree_util.tree_map(lambda *xs: jax.device_put(np.stack([np.asarray(x) for x in xs])), *batches)
+        out = jax.tree_util.tree_map(lambda *xs: jax.device_put(np.stack([np.asarray(x) for x in xs])), *batches)
+        if all(b.__dict__.get("_values_checked") for b in batches):
+            out.__dict__["_values_checked"] = True     # stacked checked batches: no check at price_many
+        return out
 
 
 _TOKEN_WHY = f" (the kernel's token limit, plan.INT_TOKEN_LIMIT = 2**{INT_TOKEN_LIMIT.bit_length() - 1})"
 
 
-def _unchecked_batch(scheduled, computed, prompt_len, mask, decode_threshold) -> Batch:
+def _unchecked_batch(scheduled, computed, prompt_len, mask, decode_threshold, *, checked=False) -> Batch:
     """A Batch without the constructor's value checks: for jax's tree_unflatten (tracers, and
     the placeholders of vmap's axis specs) and for the builders that checked their values
-    already (from_requests, astype, stack, random_batches)."""
+    already (from_requests, astype, stack, random_batches: ``checked``). The pricing entry
+    points check an unchecked concrete batch's values once (step.check_batch_shape): one
+    rebuilt by jax.tree_util.tree_map may hold a NaN."""
     b = object.__new__(Batch)
     for name, v in zip(("scheduled", "computed", "prompt_len", "mask", "decode_threshold"),
                        (scheduled, computed, prompt_len, mask, decode_threshold)):
         object.__setattr__(b, name, v)
+    if checked:
+        b.__dict__["_values_checked"] = True
     return b
+
+
+def _as_checked(batch: Batch) -> Batch:
+    """``batch``, a copy of a checked one (e.g. ``tree_map(jnp.asarray, b)`` or one sharded over
+    devices), marked checked: the pricing entry points do not read its values again (a size
+    search's millions of rows took ~1 s more per run)."""
+    batch.__dict__["_values_checked"] = True
+    return batch
 
 
 def _check_batch_values(batch) -> None:

@@ -42,13 +42,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from . import laws
-from .errors import refuse
+from .errors import refuse, shown
 from .formats import (DTYPE_BYTES, Chip, ModelGraph, Network, Registry, Scenario, check_registry,
                       load_scenario, path_list)
 from .plan import Coefficients, Plan
@@ -1459,6 +1460,10 @@ def bundled_scenarios() -> list:
 def scenario_path(name_or_path) -> Path:
     """A scenario file: a path as given, or a bundled scenario's name (testdata/aisimulate/<name>.yaml).
     An unknown name is refused with the nearest bundled names."""
+    if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path).strip():
+        # 5 or None was looked up as a file named '5'; '' was the working folder, returned as the file
+        refuse("needs a bundled scenario name or a scenario file path (a non-empty str or a path)", field="scenario",
+               value=name_or_path if isinstance(name_or_path, str) else shown(name_or_path), has_value=True)
     p = Path(str(name_or_path))
     if p.exists():
         return p

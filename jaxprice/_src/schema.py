@@ -43,6 +43,7 @@ import io
 import json
 import math
 import numbers
+import os
 from pathlib import Path
 
 import yaml
@@ -182,12 +183,20 @@ def boolean(value, *, file=None, field=None, message=None):
 MAX_FILE_BYTES = 1 << 30
 
 
+def refuse_empty_name(path, what="file", field=None) -> None:
+    """An empty (or blank) file name is refused as one: '' was Path('.'), the working folder,
+    and read as 'is a directory' or 'file not found' with no name to show."""
+    if not str(path).strip():
+        refuse(f"an empty file name; expected a {what}", field=field, value=str(path), has_value=True)
+
+
 def read_bytes(path, *, what="file", missing="file not found") -> bytes:
     """A file's bytes, refused in one line when it is missing, a directory, a device, unreadable or
     larger than MAX_FILE_BYTES (a pipe is read, up to that size)."""
     import stat
     p = Path(str(path))
     file = str(path)
+    refuse_empty_name(path, what)
     if p.is_dir():
         refuse(f"is a directory, expected a {what}", file=file)
     try:
@@ -901,6 +910,10 @@ def check_measurement_file(path):
     """The file-level checks of a measurement CSV (readable text, well-formed CSV, a header)
     and the ranges of its counts and lengths; the row-by-row wording stays with the reader."""
     file = str(path)
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bool):     # 5 was opened as a file named '5'
+        refuse("expected a measurement CSV path (a str or a path)", field="csv_path", value=shown(path),
+               has_value=True)
+    refuse_empty_name(path, "measurement CSV")
     if Path(file).is_dir():
         refuse("cannot read the measurement file (IsADirectoryError)", file=file)
     text = read_text(path, what="measurement CSV", missing="cannot read the measurement file (FileNotFoundError)")

@@ -1499,7 +1499,8 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
     """A closed-loop sweep: one ServingResult per concurrency level, the levels' schedules in
     shared vmapped scheduler calls (``build_schedules``) and all their steps in ONE vmapped
     pricing call. ``engine`` may
-    be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran)."""
+    be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran).
+    Each level once: one given twice is refused, as the CLI's --concurrency refuses it."""
     _check_run(deployment, estimate, temperature, coefficients)
     check_callback(callback)
     coefs = deployment.coefficients if coefficients is None else coefficients
@@ -1518,6 +1519,11 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
     items = [(workload, ClosedLoop(c, num_prompts)) for c in concs]
     check_sweep_size([cl.prompts for _, cl in items], "concurrencies", concs if len(concs) <= 8 else
                      f"{len(concs)} levels, {concs[0]} to {concs[-1]}")
+    seen = set()
+    for c in concs:                 # simulated twice, two identical results (the CLI refuses it too)
+        if c in seen:
+            refuse("lists this concurrency twice; give each once", field="concurrencies", value=c, has_value=True)
+        seen.add(c)
     if callable(engine):
         import inspect
         try:                                  # engine(C) of another arity raised TypeError from inside the call

@@ -127,7 +127,7 @@ from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario, check_registry
 from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS, ENGINES,
                       PREQUANTIZED, QUANT_FLAG, WIDTHS, Candidate, Layout, build_candidates, build_scenario,
                       candidate_space, fits, is_moe, load_model, max_model_len, weight_formats, _is_hf, _kv_tokens)
-from .plan import INT_TOKEN_LIMIT, Batch, _whole
+from .plan import INT_TOKEN_LIMIT, Batch, _as_checked, _whole
 from .resolve import Deployment, resolve
 from .schema import TOKEN_WHY, WIDTH_LIMIT
 
@@ -623,7 +623,7 @@ def evaluate_steady_many(deps, layouts, workload: SizeWorkload, concurrencies, *
                 batches = jax.tree_util.tree_map(lambda x: _shard_leading(x, mesh), batches)
             else:
                 batches = jax.tree_util.tree_map(jax.numpy.asarray, batches)
-            res = ST.price_deployments(stackp, coefs, batches)
+            res = ST.price_deployments(stackp, coefs, _as_checked(batches))     # Batch() above checked them
             est = np.asarray(getattr(res, estimate))
             for k, i in enumerate(part):
                 specs, owners, _flat = prepared[i]

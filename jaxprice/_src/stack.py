@@ -669,27 +669,50 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
         refuse(f"has batches for {np.shape(batches.scheduled)[0]} deployments, the stack holds {D}",
                field="batches", value=tuple(np.shape(batches.scheduled)), has_value=True)
     index = stack.role_index(coefs.names)
-    if per_dep_coefs and not isinstance(coefs.values, jax.core.Tracer):
-        picked = np.take_along_axis(np.concatenate([np.asarray(values), np.zeros((D, 1))], axis=1),
-                                    index.astype(np.int64), axis=1)
-        bad = np.argwhere(np.isnan(picked))
-        if len(bad):
-            d, j = bad[0]
-            refuse("this deployment's coefficient set lacks a coefficient its plan needs (NaN in the "
-                   "stacked sets)", file=stack.names[d], field=stack.slot_names[d][j])
+    if not isinstance(coefs.values, jax.core.Tracer):
+        _check_stack_values(stack, coefs, index, per_dep_coefs)
     smooth, tau = temperature_arg(temperature)
     dev = stack.__dict__.get("_device")
     if dev is None or not isinstance(stack.values, np.ndarray):
-        dev = _put(stack.values)
+        with jax.ensure_compile_time_eval():     # cached: concrete even under a caller's jax.jit
+            dev = _put(stack.values)
         if isinstance(stack.values, np.ndarray):
             stack.__dict__["_device"] = dev
     didx = stack.__dict__.setdefault("_device_index", {})
     if coefs.names not in didx:
-        didx[coefs.names] = _put(index)
+        with jax.ensure_compile_time_eval():
+            didx[coefs.names] = _put(index)
     values = _pad_names(values)
     fn = _price_stack_fast if fast_compile else _price_stack_jit
     return fn(stack.structure, dev, didx[coefs.names], values, batches, tau, smooth, breakdown,
               per_dep_coefs, per_dep_batches, _shards(dev, D))
+
+
+def _check_stack_values(stack, coefs, index, per_dep_coefs):
+    """Each value a deployment's plan reads a finite number >= 0, as ``price`` checks one set
+    (step.check_coefficient_values): a NaN priced NaN, a negative rate a negative time. A
+    per-deployment NaN is a set that lacks the coefficient (union-stacked sets fill NaN). Once
+    per vector and stack: remembered on the stack, so a repeated call pays nothing."""
+    checked = stack.__dict__.setdefault("_checked_values", {})
+    if checked.get(coefs.names) is coefs.values:
+        return
+    D = len(stack)
+    arr = np.asarray(coefs.values)      # concrete (the caller checks); not its device copy, traced under jit
+    if arr.dtype.kind not in "iuf":
+        refuse(f"must be numbers (SI units), got {arr.dtype.name}", field="coefs.values")
+    arr = np.broadcast_to(arr, (D, arr.shape[-1])) if not per_dep_coefs else arr
+    picked = np.take_along_axis(np.concatenate([arr.astype(float), np.zeros((D, 1))], axis=1),
+                                index.astype(np.int64), axis=1)
+    bad = np.argwhere(~np.isfinite(picked) | (picked < 0))
+    if len(bad):
+        d, j = bad[0]
+        x = picked[d, j].item()
+        if per_dep_coefs and np.isnan(x):
+            refuse("this deployment's coefficient set lacks a coefficient its plan needs (NaN in the "
+                   "stacked sets)", file=stack.names[d], field=stack.slot_names[d][j])
+        refuse("must be a finite number >= 0 (SI units)", file=stack.names[d],
+               field=f"coefs[{stack.slot_names[d][j]}]", value=x, has_value=True)
+    checked[coefs.names] = coefs.values
 
 
 def _shards(values, n):
@@ -771,5 +794,5 @@ def pad_batches(groups, *, min_batches=0, min_rows=0):
         thr[d, :b] = t
         thr[d, b:] = t[0] if len(t) else 0
     # the groups' batches were checked when built: no value check of the padded copy
-    return _unchecked_batch(_put(sched), _put(comp), _put(prompt), _put(mask), _put(thr)), \
+    return _unchecked_batch(_put(sched), _put(comp), _put(prompt), _put(mask), _put(thr), checked=True), \
         [l[0].shape[0] for l in leaves]

@@ -29,7 +29,7 @@ import numpy as np
 from . import laws
 from .errors import refuse
 from .numerics import Positive, below, blend, max2, min2, safe_div, smax, softmax_weights, step, sum_rows
-from .plan import RESOURCES, Batch, Coefficients, Plan
+from .plan import RESOURCES, Batch, Coefficients, Plan, _check_batch_values
 
 
 class StepResult(NamedTuple):
@@ -733,6 +733,7 @@ def check_batch_shape(batch, *, rank, field="batch"):
         if (len(shape) == rank and batch.computed.shape == shape and batch.prompt_len.shape == shape
                 and batch.mask.shape == shape and batch.decode_threshold.shape == shape[:-1]):
             _check_batch_dtypes(batch, field)
+            _check_rebuilt_batch_values(batch)
             return
     except AttributeError:      # a Python number or list among the fields: the checks below say which
         pass
@@ -750,6 +751,20 @@ def check_batch_shape(batch, *, rank, field="batch"):
         refuse(f"has shape {s}; one per batch is {shape[:-1]}",
                field=f"{field}.decode_threshold")
     _check_batch_dtypes(batch, field)
+    _check_rebuilt_batch_values(batch)
+
+
+def _check_rebuilt_batch_values(batch):
+    """A concrete Batch that skipped the constructor's value checks (jax.tree_util.tree_map
+    rebuilds one without them: a NaN count priced NaN) has its token counts checked here, once
+    (an O(rows) NumPy pass, ~50 us at 256 rows on two cores), then remembered; one built by
+    Batch(), from_requests, decode, stack or random_batches pays a dict read. Tracers are
+    never read (plan._check_batch_values skips them)."""
+    seen = batch.__dict__
+    if seen.get("_values_checked"):
+        return
+    _check_batch_values(batch)
+    seen["_values_checked"] = True
 
 
 def _check_batch_dtypes(batch, field):
@@ -787,11 +802,14 @@ def _traced_args(plan: Plan, coefs: Coefficients, chunked=False):
     hit = cache.get((coefs.names, chunked))
     if hit is None:
         split = split_plan(plan)
-        if chunked not in cache:
-            cache[chunked] = tuple(map(jnp.asarray, value_chunks(split.values))) if chunked else \
-                jnp.asarray(split.values)
-        hit = cache[(coefs.names, chunked)] = (split.structure, cache[chunked],
-                                               jnp.asarray(role_index(split.slot_names, coefs.names)))
+        # concrete arrays even when price() is called under a caller's jax.jit: a traced one
+        # cached here leaked into every later call (UnexpectedTracerError)
+        with jax.ensure_compile_time_eval():
+            if chunked not in cache:
+                cache[chunked] = tuple(map(jnp.asarray, value_chunks(split.values))) if chunked else \
+                    jnp.asarray(split.values)
+            hit = cache[(coefs.names, chunked)] = (split.structure, cache[chunked],
+                                                   jnp.asarray(role_index(split.slot_names, coefs.names)))
     return hit
 
 

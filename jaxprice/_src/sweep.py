@@ -221,5 +221,5 @@ def random_batches(rng, count: int, rows: int, *, decode_threshold: int = 1, dec
     sched = np.where(mask, sched, 0).astype(float)
     comp = np.where(mask, comp, 0).astype(float)
     batch = _unchecked_batch(jnp.asarray(sched), jnp.asarray(comp), jnp.asarray(comp + sched), jnp.asarray(mask),
-                             jnp.full((count,), float(thr)))          # drawn in range: no value check
+                             jnp.full((count,), float(thr)), checked=True)     # drawn in range: no value check
     return batch if dtype is None else batch.astype(dtype, source="random_batches")
