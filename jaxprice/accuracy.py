@@ -11,7 +11,8 @@ TPOT error per model and overall, for NoOverlap and Overlap. ``format_report``,
 ``write_points_csv`` and ``plot_sweeps`` present the ``AccuracyReport``. With
 ``batch_rule='simulate'`` each point's mean TPOT and mean TTFT come from the serving simulation
 (``simulate_points``) with the engine settings of the published InferenceX recipe
-(``engine_assumptions``); the lower-level steps
+(``engine_assumptions``; a point measured with speculative decoding with its recipe's draft
+count, ``IX_SPEC_RECIPES``, and an assumed acceptance: ``speculation_assumptions``); the lower-level steps
 (``read_measurements``, ``group_points``, ``predict_groups``, ``score``) let a fit reuse the same
 points and batches. The command line is ``jaxprice accuracy``.
 
@@ -30,6 +31,8 @@ from jaxprice._src.accuracy import (CONCURRENCY_BUCKETS, IX_RECIPES, STATIC_BATC
                                     format_breakdowns, gpus_of, rank_tp, recipe_deployment, repeat_spread,
                                     simulate_points)
 from jaxprice._src.accuracy import STATED_FIELDS, STATED_SOURCE, stated_settings
+from jaxprice._src.accuracy import IX_SPEC_RECIPES, SPEC_FIELDS, speculation_assumptions
+from jaxprice._src.ix_recipes import IX_ENGINE_RECIPES
 
 __all__ = [
     "BATCH_RULES", "DECODE_THRESHOLD", "ESTIMATES",
@@ -43,4 +46,6 @@ __all__ = [
     "assumptions_text", "recipe_deployment", "simulate_points", "concurrency_bucket", "format_breakdowns",
     "format_assumptions", "rank_tp", "gpus_of", "repeat_spread",
     "STATED_FIELDS", "STATED_SOURCE", "stated_settings",
+    "IX_SPEC_RECIPES", "SPEC_FIELDS", "speculation_assumptions",
+    "IX_ENGINE_RECIPES",
 ]

@@ -700,8 +700,9 @@ def _point(name, model, hardware, dtype, tp=1, ep=1, dp=1, isl=1024, osl=1024, c
 
 
 def test_speculative_points_need_a_deployment_that_states_it(tmp_path):
-    """A row measured with speculative decoding is refused with its reason (the columns give no
-    draft count or acceptance), never priced as if it had none; 'none' (or no column) is priced."""
+    """A row measured with speculative decoding whose model graph has no drafter (minimax-m2.5 has
+    no MTP layers) is refused with its reason, never priced as if it had none; 'none' (or no
+    column) is priced. Speculating points that can be priced: tests/test_accuracy_spec.py."""
     rows = [r for r in rows_of() if r["deployment"] == MINIMAX]
     for r in rows:
         r["spec_decode"] = "mtp"
@@ -715,8 +716,9 @@ def test_speculative_points_need_a_deployment_that_states_it(tmp_path):
 
 
 def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
-    """The engine column picks the scheduler (serve.SCHEDULERS); InferenceX's recipes are vLLM's, so
-    an SGLang or TensorRT-LLM point gets its engine's defaults: SGLang's chunk by GPU memory
+    """The engine column picks the scheduler (serve.SCHEDULERS); a vLLM recipe is never another
+    engine's, so an SGLang or TensorRT-LLM point with no recipe of its own read
+    (ix_recipes.IX_ENGINE_RECIPES) gets its engine's defaults: SGLang's chunk by GPU memory
     (8192 on an H200, 16384 on a B200), TensorRT-LLM its max_num_tokens default 8192."""
     def values(p):
         return {k: v for k, (v, _) in acc.engine_assumptions(p).items()}
@@ -724,7 +726,7 @@ def test_other_engines_get_their_scheduler_and_no_vllm_recipe():
     assert (sg["scheduler"], sg["max_num_batched_tokens"], sg["max_num_seqs"]) == ("sglang", 8192, 1024)
     assert sg["recipe"] == "sglang defaults"                  # not gpt-oss's vLLM recipe (max_num_seqs C)
     assert values(_point("g", "gpt-oss-120b", "b200", "fp4", engine="sglang"))["max_num_batched_tokens"] == 16384
-    trt = acc.engine_assumptions(_point("g", "gpt-oss-120b", "b200", "fp4", engine="trt"))
+    trt = acc.engine_assumptions(_point("g", "kimi-k2.5", "b200", "fp4", engine="trt"))   # no trt recipe read
     assert (trt["scheduler"][0], trt["max_num_batched_tokens"][0]) == ("trtllm", 8192)
     assert "TensorRT-LLM's max_num_tokens default" in trt["max_num_batched_tokens"][1]
     assert "COVERAGE LIMIT" in trt["async_scheduling"][1]

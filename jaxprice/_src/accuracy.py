@@ -78,6 +78,20 @@ with its source; recorded per point in the ``assumptions`` column and per deploy
 report). Mean TPOT and mean TTFT are the run's means over requests, as the client computes
 them. One vmapped sweep per deployment, workload and estimate.
 
+Speculative decoding (the ``spec_decode`` column, e.g. ``mtp``; ``speculation_assumptions``): under
+``simulate`` such a point's run states ``engine.speculative`` (``recipe_deployment``), so every
+decode row schedules 1 + k tokens and the plan prices the model graph's drafter (its MTP layers,
+k passes); k is the --settings column ``num_speculative_tokens``, else the draft count of the
+point's InferenceX MTP recipe (``IX_SPEC_RECIPES``, per model, chip, dtype and engine, with the
+recipe's own rules: TensorRT-LLM's DeepSeek-R1 drafts 1 with DP attention, else 3), else the
+graph's own speculator (its MTP layer count), each said so in the point's assumptions. The
+acceptance (mean tokens emitted per decode row and step, in [1, 1 + k]) is an ASSUMPTION, not a
+measurement: ``--acceptance``, else the --settings column ``acceptance``, else the serving
+layer's default 1 + 0.7 k (``serve.DEFAULT_ACCEPTANCE_PER_DRAFT``); the report notes it. A method
+the graph has no drafter for (``eagle`` on a model whose speculator is its MTP layers, any method
+on a model with none) is refused with that reason, as are speculating points under the static
+rules (they price 1-token decode rows).
+
 Metrics (per model and overall, with point counts), for TPOT and (where predicted) TTFT alike:
 
 * shape error, per point ``|(pred(C)/pred(C0)) / (meas(C)/meas(C0)) - 1|`` with C0 the lowest
@@ -102,6 +116,7 @@ import csv
 import dataclasses
 import functools
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -110,7 +125,7 @@ import jax
 import numpy as np
 
 from .client import Workload
-from .errors import JaxpriceError, check_callback, refuse
+from .errors import JaxpriceError, check_callback, refuse, shown
 from .formats import Registry, Scenario, check_registry, load_coefficient_set, path_list
 from .plan import RESOURCES, Batch, Coefficients
 from .resolve import Deployment, load_deployment, resolve, testdata_root
@@ -182,6 +197,7 @@ class Point:
     stated: tuple | None = None          # ((flag, value), ...) its run states (a --settings file); None: the
     #                                      bundled table's (stated_settings)
     spec_decode: str = "none"            # the spec_decode column (where the file has it)
+    acceptance: float | None = None      # --acceptance: mean tokens per decode row and step (speculating points)
 
     @property
     def sweep(self) -> str:
@@ -219,7 +235,9 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
     sweep at one concurrency) is refused with a JaxpriceError naming ``file:line``, the column
     and the value; a bad row in a measurement file is a data error, not a point the kernel
     refuses. Optional columns: ``source_run_date``; ``spec_decode`` (a point measured with
-    speculative decoding is priced only by a scenario that states it: ``_check_speculation``);
+    speculative decoding, e.g. ``mtp``, is simulated with its recipe's draft count and an assumed
+    acceptance, ``speculation_assumptions``; one whose model graph has no drafter for the method
+    is refused with that reason, ``_check_speculation``);
     ``engine`` picks the serving simulation's scheduler (``ENGINE_SCHEDULER``).
     """
     from .schema import check_measurement_file
@@ -431,9 +449,9 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
             dep = load_deployment(f, registry, extra_coefficient_files=extra_coefficient_files)
             _check_engine(p, _display_path(f))
             _check_columns_match(p, dep.scenario, _display_path(f))
-            _check_speculation(p, dep.scenario.engine or {}, _display_path(f))
+            _check_speculation(p, _display_path(f))
             return dep, _display_path(f)
-    _check_speculation(p, {}, f"{source} (deployment {p.deployment}, built from the columns)")
+    _check_speculation(p, f"{source} (deployment {p.deployment}, built from the columns)")
     extra = [load_coefficient_set(f) for f in extra_coefficient_files]
     return resolve(scenario_from_columns(p, source=source), registry, extra_sets=extra), "columns"
 
@@ -479,14 +497,218 @@ def _check_engine(p: Point, where: str):
         refuse(f"unknown engine (known: {', '.join(ENGINE_SCHEDULER)})", file=where, field="engine", value=p.engine)
 
 
-def _check_speculation(p: Point, engine: dict, where: str):
-    """A point measured with speculative decoding is priced only by a deployment that states it
-    (a scenario's engine.speculative: the draft count; the acceptance is the serving layer's
-    assumption): the columns give neither, so such a point is refused, never priced without it."""
-    if p.spec_decode not in NO_SPECULATION and not engine.get("speculative"):
-        refuse("measured with speculative decoding, which the deployment does not state (no draft count or "
-               "acceptance in the columns: add a scenario file with engine.speculative)", file=where,
-               field="spec_decode", value=p.spec_decode)
+def _check_speculation(p: Point, where: str):
+    """A point measured with speculative decoding is priced only where the model graph has a
+    drafter for its method (``speculation_assumptions``: the recipe's draft count, else the
+    graph's own MTP layers; the acceptance an assumption); one it has none for is refused,
+    naming the method and what the graph has."""
+    if is_speculative(p):
+        try:
+            speculation_assumptions(p)
+        except JaxpriceError as err:
+            refuse(err.reason, file=where, field="spec_decode", value=p.spec_decode)
+
+
+def is_speculative(p: Point) -> bool:
+    """Whether the point was measured with speculative decoding (its spec_decode column)."""
+    return p.spec_decode not in NO_SPECULATION
+
+
+# ----------------------------------------------------------------------------- speculative decoding
+
+# spec_decode values naming the model's own multi-token-prediction (MTP) layers as the drafter;
+# any other value must be the graph's speculator method itself (e.g. deepseek_mtp)
+MTP_METHODS = ("mtp", "nextn", "eagle-mtp")
+IX_FSL = "SemiAnalysisAI/InferenceX benchmarks/single_node/fixed_seq_len"      # IX's recipe folder
+SGLANG_EAGLE = ("SGLang --speculative-algorithm EAGLE (the model's MTP layer as the draft model), "
+                "--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k1}: "
+                "{k} drafted tokens per step, {k1} verified per decode row")
+TRT_MTP = ("TensorRT-LLM speculative_config decoding_type MTP, num_nextn_predict_layers $MTP: 3, or 1 with "
+           "DP attention (enable_attention_dp: the dp column > 1)")
+VLLM_MTP = "vLLM --speculative-config {method: mtp, num_speculative_tokens: 2} (\"2 for all configs for now\")"
+# The draft count k (num_speculative_tokens: tokens drafted per decode step; 1 + k verified per
+# decode row) of InferenceX's MTP recipes, per (model, chips, dtype, scheduler), as the scripts set
+# it (read, not fitted). "dp_attention": the count where the recipe runs DP attention (the dp
+# column > 1); "long_prompt_high_c": the count where isl >= 4096 and C >= 128. deepseek-v3 is the
+# graph DeepSeek-R1 (dsr1) runs on. COVERAGE LIMIT [spec-recipes]: only these scripts were read
+# (NVIDIA, fixed_seq_len); the others, e.g. SGLang's and TensorRT-LLM's DeepSeek-V4-Pro MTP
+# recipes on B300/H200, take the graph's MTP layer count, said so in each point's assumptions.
+IX_SPEC_RECIPES = {
+    ("deepseek-v3", ("b200",), "fp4", "trtllm"): dict(
+        num_spec_tokens=3, dp_attention=1,
+        source=f"{IX_FSL}/dsr1_fp4_b200_trt_mtp.sh@8eec0d4 (also benchmarks/dsr1_fp4_b200_trt_mtp.sh@13dd0c2): "
+               + TRT_MTP),
+    ("deepseek-v3", ("b200",), "fp8", "trtllm"): dict(
+        num_spec_tokens=3, dp_attention=1,
+        source=f"{IX_FSL}/dsr1_fp8_b200_trt_mtp.sh@8eec0d4: " + TRT_MTP),
+    ("deepseek-v3", ("h200",), "fp8", "trtllm"): dict(
+        num_spec_tokens=3, dp_attention=1,
+        source=f"{IX_FSL}/dsr1_fp8_h200_trt_mtp.sh@8eec0d4: " + TRT_MTP),
+    ("deepseek-v3", ("b200",), "fp4", "sglang"): dict(
+        num_spec_tokens=2,
+        source=f"{IX_FSL}/dsr1_fp4_b200_mtp.sh@25cbe71 (with or without DP attention): "
+               + SGLANG_EAGLE.format(k=2, k1=3)),
+    ("deepseek-v3", ("b200",), "fp8", "sglang"): dict(
+        num_spec_tokens=2, source=f"{IX_FSL}/dsr1_fp8_b200_mtp.sh@8eec0d4: " + SGLANG_EAGLE.format(k=2, k1=3)),
+    ("deepseek-v3", ("b300",), "fp8", "sglang"): dict(
+        num_spec_tokens=2, source=f"{IX_FSL}/dsr1_fp8_b300_mtp.sh@8eec0d4 (the B200 recipe as is): "
+                                  + SGLANG_EAGLE.format(k=2, k1=3)),
+    ("deepseek-v3", ("h200",), "fp8", "sglang"): dict(
+        num_spec_tokens=2, source=f"{IX_FSL}/dsr1_fp8_h200_mtp.sh@bdf931e: " + SGLANG_EAGLE.format(k=2, k1=3)),
+    ("glm-5", ("b200",), "fp4", "sglang"): dict(
+        num_spec_tokens=3, source=f"{IX_FSL}/glm5_fp4_b200_mtp.sh@b14879a: " + SGLANG_EAGLE.format(k=3, k1=4)),
+    ("glm-5", ("b200",), "fp8", "sglang"): dict(
+        num_spec_tokens=3, source=f"{IX_FSL}/glm5_fp8_b200_mtp.sh@8eec0d4: " + SGLANG_EAGLE.format(k=3, k1=4)),
+    ("glm-5", ("b300",), "fp8", "sglang"): dict(
+        num_spec_tokens=3, source=f"{IX_FSL}/glm5_fp8_b300_mtp.sh@62b7be8 (the B200 recipe as is): "
+                                  + SGLANG_EAGLE.format(k=3, k1=4)),
+    ("glm-5", ("h200",), "fp8", "sglang"): dict(
+        num_spec_tokens=3, source=f"{IX_FSL}/glm5_fp8_h200_mtp.sh@f89cdfe: " + SGLANG_EAGLE.format(k=3, k1=4)),
+    ("deepseek-v4-pro", ("b200",), "fp4", "vllm"): dict(
+        num_spec_tokens=2, source=f"{IX_FSL}/dsv4_fp4_b200_vllm_mtp.sh@8eec0d4: " + VLLM_MTP),
+    ("deepseek-v4-pro", ("b300",), "fp4", "vllm"): dict(
+        num_spec_tokens=2, source=f"{IX_FSL}/dsv4_fp4_b300_vllm_mtp.sh@886c43a: " + VLLM_MTP),
+    ("deepseek-v4-pro", ("h200",), "fp8", "vllm"): dict(
+        num_spec_tokens=2, source=f"{IX_FSL}/dsv4_fp8_h200_mtp.sh@8eec0d4: " + VLLM_MTP),
+    ("deepseek-v4-pro", ("b200",), "fp4", "trtllm"): dict(
+        num_spec_tokens=3, long_prompt_high_c=2,
+        source=f"{IX_FSL}/dsv4_fp4_b200_trt_mtp.sh@0f9b6c5: TensorRT-LLM speculative_config decoding_type MTP, "
+               "num_nextn_predict_layers 3, or 2 where ISL >= 4096 and CONC >= 128"),
+}
+SPEC_FIELDS = ("num_speculative_tokens", "acceptance")     # the --settings columns of a speculating run
+ACCEPTANCE_SOURCE = ("ASSUMED, not measured: 1 + {p} x num_speculative_tokens (serve.DEFAULT_ACCEPTANCE_PER_DRAFT "
+                     "= {p}, the serving layer's stated default; mean tokens emitted per decode row and step; "
+                     "override with --acceptance or an acceptance column in --settings)")
+
+
+@functools.lru_cache(maxsize=64)
+def _graph_speculator(model: str):
+    """(method, num_spec_tokens) of the bundled model graph's speculator, or None (no drafter);
+    a JaxpriceError where the model is not in the registry."""
+    spec = Registry().model(model, field="model").speculator
+    return (str(spec["method"]), int(spec.get("num_spec_tokens", 1))) if spec else None
+
+
+def spec_recipe_for(p: Point):
+    """(draft count, source) of the point's InferenceX MTP recipe (``IX_SPEC_RECIPES``), or None."""
+    scheduler = ENGINE_SCHEDULER.get(p.engine)
+    for (model, chips, dtype, sched), rec in IX_SPEC_RECIPES.items():
+        if p.model == model and p.hardware in chips and p.dtype == dtype and scheduler == sched:
+            k, why = rec["num_spec_tokens"], ""
+            if "dp_attention" in rec:
+                k, why = (rec["dp_attention"], f" [dp {p.dp} > 1: DP attention, {rec['dp_attention']}]") \
+                    if p.dp > 1 else (k, f" [dp {p.dp}: no DP attention, {k}]")
+            if "long_prompt_high_c" in rec:
+                long = p.isl >= 4096 and p.concurrency >= 128
+                k = rec["long_prompt_high_c"] if long else k
+                why = f" [isl {p.isl}, C={p.concurrency}: {k}]"
+            return int(k), rec["source"] + why
+    return None
+
+
+def speculation_assumptions(p: Point) -> dict:
+    """The speculative decoding a simulated run of point ``p`` uses, each (value, source):
+    ``spec_method`` (the model graph's drafter), ``num_spec_tokens`` (k, tokens drafted per decode
+    step: the point's --settings column num_speculative_tokens, else its InferenceX recipe's,
+    ``IX_SPEC_RECIPES``, else the graph's own speculator, its MTP layer count) and ``acceptance``
+    (mean tokens emitted per decode row and step, in [1, 1 + k]: --acceptance, else the --settings
+    column, else the serving layer's stated default 1 + 0.7 k, an assumption, not a
+    measurement). Empty for a point measured without speculation. Refuses (JaxpriceError) a
+    method the model graph has no drafter for."""
+    if not is_speculative(p):
+        return {}
+    spec = _graph_speculator(p.model)
+    method = p.spec_decode
+    if spec is None:
+        refuse(f"measured with speculative decoding ({method}), but the {p.model} graph has no drafter (no MTP "
+               "layers or draft model in it): nothing to price the drafts with", field="spec_decode", value=method)
+    gmethod, glayers = spec
+    if not (method == gmethod.lower() or (method in MTP_METHODS and gmethod.lower().endswith("mtp"))):
+        refuse(f"no drafter for this method in the {p.model} graph (its speculator: {gmethod}, the model's own MTP "
+               f"layers; spec_decode 'mtp' names it): a separate draft model is not part of the graph",
+               field="spec_decode", value=method)
+    out = {"spec_method": (gmethod, f"the {p.model} graph's speculator (spec_decode '{method}')")}
+    stated = stated_settings(p)
+    rec = spec_recipe_for(p)
+    if "num_speculative_tokens" in stated:
+        out["num_spec_tokens"] = (int(stated["num_speculative_tokens"]), _stated_where(p))
+    elif rec is not None:
+        out["num_spec_tokens"] = rec
+    else:
+        out["num_spec_tokens"] = (glayers, f"no InferenceX MTP recipe read for {p.model} on {p.hardware} ({p.dtype}, "
+                                           f"{p.engine}): the graph's own speculator ({glayers} MTP layer(s), "
+                                           "one drafted token each)")
+    k = out["num_spec_tokens"][0]
+    from .serve import DEFAULT_ACCEPTANCE_PER_DRAFT as per
+    if p.acceptance is not None:
+        out["acceptance"] = (float(p.acceptance), "--acceptance (ASSUMED, not measured: the value given)")
+    elif "acceptance" in stated:
+        out["acceptance"] = (float(stated["acceptance"]), _stated_where(p))
+    else:
+        out["acceptance"] = (round(1.0 + per * k, 12), ACCEPTANCE_SOURCE.format(p=per))
+    return out
+
+
+def _stated_where(p: Point) -> str:
+    return STATED_SOURCE if p.stated is None else "stated by the run (the --settings file)"
+
+
+def check_speculation_inputs(points, *, field="acceptance", settings=None) -> None:
+    """Refuse, before anything is priced, an acceptance outside [1, 1 + k] for a speculating
+    point (k its draft count): its ``Point.acceptance`` (the --acceptance value; refused as
+    ``field``) or its --settings row's (refused naming the ``settings`` file and row),
+    naming the flag or file and column, the value, the point's line and k. A point whose model
+    has no drafter is left to be refused with its reason."""
+    for p in points:
+        if not is_speculative(p):
+            continue
+        try:
+            a = speculation_assumptions(p)
+        except JaxpriceError:
+            continue
+        k, acc = a["num_spec_tokens"][0], a["acceptance"][0]
+        if not 1.0 <= acc <= k + 1:
+            line = stated_settings(p).get("acceptance_line")
+            where = ({"field": field} if p.acceptance is not None else
+                     {"file": f"{settings}:{line}" if settings and line else settings, "field": "acceptance"})
+            src = a["num_spec_tokens"][1].split(":")[0]
+            refuse(f"must be in [1, 1 + num_speculative_tokens = {k + 1}] for the point on line {p.row} "
+                   f"({p.deployment}, C={p.concurrency}): its draft count k = {k}, from {src}",
+                   value=acc, has_value=True, **where)
+
+
+def _speculation_note(points, info, batch_rule) -> None:
+    """A note (``info['notes']``) naming how many points were measured with speculative decoding
+    and, under 'simulate', that their acceptance is an assumption, not a measurement."""
+    spec = [p for p in points if is_speculative(p)]
+    if not spec:
+        return
+    if batch_rule != "simulate":
+        text = (f"{len(spec)} point(s) measured with speculative decoding, refused by the static rule "
+                f"'{batch_rule}' (it prices 1-token decode rows): batch rule 'simulate' prices them")
+    else:
+        how = ("--acceptance " + f"{spec[0].acceptance:g}" if spec[0].acceptance is not None else
+               "the --settings rows' acceptance where given, else 1 + 0.7 x k (serve.DEFAULT_ACCEPTANCE_PER_DRAFT)")
+        methods = ", ".join(sorted({p.spec_decode for p in spec}))
+        text = (f"{len(spec)} point(s) measured with speculative decoding ({methods}): each priced (where its "
+                "model graph has a drafter for the method) with 1 + k tokens per decode row and the drafter's passes, "
+                "k the --settings column num_speculative_tokens, else the InferenceX recipe's draft count, else the "
+                "graph's MTP layers; their "
+                f"acceptance (mean tokens per decode row and step) is ASSUMED, not measured: {how}. TPOT scales "
+                "about as 1 / acceptance, so their errors say as much about that assumption as about the kernel")
+    info.setdefault("notes", []).append(text)
+
+
+def check_acceptance(value, field="acceptance"):
+    """An acceptance argument: None, or a finite number >= 1 (mean tokens emitted per decode row
+    and step; its upper bound 1 + k is checked per point, ``check_speculation_inputs``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)) or float(value) < 1:
+        refuse("must be a number >= 1 (mean tokens emitted per decode row and step, at most 1 + the draft "
+               "count)", field=field, value=shown(value), has_value=True)
+    return float(value)
 
 
 # ----------------------------------------------------------------------------- engine assumptions
@@ -496,7 +718,7 @@ REF5 = "shared/spec/serving-reference.md §5"
 # COVERAGE LIMIT [prefill-schedule-interval]: a recipe's --prefill-schedule-interval (later kimi-k2.5
 # fp4 and DeepSeek-V4-Pro recipes with DP attention) is not followed: prefills are considered every step.
 # The engine flags of InferenceX's vLLM recipe per (model, chip, dtype), as published (read in the
-# recipes, not fitted; see ENGINE_ASSUMPTIONS_TEXT). Values: "C" = the client concurrency; "2*isl";
+# recipes, not fitted; see engine_assumptions; SGLang's and TensorRT-LLM's in ix_recipes.py). Values: "C" = the client concurrency; "2*isl";
 # None = not set by the recipe (vLLM's default applies). Each entry names its source.
 IX_RECIPES = {
     ("gpt-oss-120b", ("h100", "h200"), "fp4"): dict(
@@ -660,16 +882,21 @@ def _stated_rows(fh, path) -> dict:
     if twice:
         refuse("column appears twice in the header (which one holds the data?)", file=f"{path}:1",
                field="header", value=twice[0])
-    if not any(c in cols for c in STATED_FIELDS):
-        refuse(f"no settings column (any of {', '.join(STATED_FIELDS)})", file=f"{path}:1")
+    if not any(c in cols for c in STATED_FIELDS + SPEC_FIELDS):
+        refuse(f"no settings column (any of {', '.join(STATED_FIELDS + SPEC_FIELDS)})", file=f"{path}:1")
     for i, r in enumerate(reader, start=2):
         where = f"{path}:{i}"
         if None in r or any(r.get(c) is None for c in cols):
             refuse(f"row has a different number of fields than the header ({len(cols)})", file=where)
         row = {k: (v or "").strip() for k, v in r.items()}
-        for k in STATED_FIELDS:
+        for k in STATED_FIELDS + SPEC_FIELDS:
             if row.get(k):
                 _stated_value(k, row[k], where)
+        if row.get("acceptance") and row.get("num_speculative_tokens") and \
+                float(row["acceptance"]) > int(float(row["num_speculative_tokens"])) + 1:
+            refuse(f"more than 1 + num_speculative_tokens = {int(float(row['num_speculative_tokens'])) + 1} (a decode "
+                   "row emits at most its drafted tokens and one more)", file=where, field="acceptance",
+                   value=row["acceptance"])
         if row.get("enable_prefix_caching") not in (None, "", "true", "false"):
             refuse("expected true, false or empty", file=where, field="enable_prefix_caching",
                    value=row["enable_prefix_caching"])
@@ -678,12 +905,22 @@ def _stated_rows(fh, path) -> dict:
         if key in table:
             refuse(f"a second row of scenario {key[0]} ({key[1]}) at this concurrency", file=where,
                    field="concurrency", value=row["concurrency"])
-        table[key] = row
+        table[key] = {**row, "_line": i}
     return table
 
 
 def _stated_value(k, text, where):
-    """A stated flag's value: gpu_memory_utilization a fraction in (0, 1], the others integers >= 1."""
+    """A stated flag's value: gpu_memory_utilization a fraction in (0, 1], acceptance a finite
+    number >= 1 (mean tokens emitted per decode row and step), the others integers >= 1."""
+    if k == "acceptance":
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not (math.isfinite(v) and v >= 1):
+            refuse("expected a finite number >= 1 (mean tokens emitted per decode row and step, at most 1 + "
+                   "num_speculative_tokens)", file=where, field=k, value=text)
+        return v
     if k == "gpu_memory_utilization":
         try:
             v = float(text)
@@ -698,8 +935,19 @@ def _stated_value(k, text, where):
 def read_settings(points, path) -> list:
     """The points, each carrying the flags its run states in the settings CSV ``path``
     (``Point.stated``; a point the file has no row for states none): for ``--settings``."""
+    check_settings_path(path)
     table = _stated_table(str(path))
     return [dataclasses.replace(p, stated=tuple(sorted(_stated_of(p, table).items()))) for p in points]
+
+
+def check_settings_path(path, field="settings") -> None:
+    """A settings argument of the library is a CSV path (a str or a path): a number or a dict
+    was read as a file name and refused as a missing file named '5'."""
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bool):
+        refuse("expected the path of a settings CSV (a str or a path; the layout of "
+               "testdata/measured/inferencex_settings.csv)", field=field, value=shown(path), has_value=True)
+    if not str(path).strip():
+        refuse("an empty settings file name", field=field, value=str(path), has_value=True)
 
 
 def stated_settings(p: Point) -> dict:
@@ -722,7 +970,9 @@ def _stated_of(p: Point, table: dict) -> dict:
     for col, mine in zip(SETTINGS_RUN_COLUMNS, (p.engine, p.hardware, p.run_date, p.config_id)):
         if row.get(col) and mine and row[col] != mine:
             return {}
-    out = {k: _stated_value(k, row[k], "") for k in STATED_FIELDS if row.get(k)}
+    out = {k: _stated_value(k, row[k], "") for k in STATED_FIELDS + SPEC_FIELDS if row.get(k)}
+    if "acceptance" in out:              # its line, for a refusal of the value against the point's draft count
+        out["acceptance_line"] = row.get("_line")
     if row.get("enable_prefix_caching"):
         out["enable_prefix_caching"] = row["enable_prefix_caching"] == "true"
     return out
@@ -734,11 +984,14 @@ def default_block_size(model: str) -> int:
 
 
 def recipe_for(p: Point):
-    """(recipe dict, key) of the point's (model, chip, dtype), or (None, None)."""
+    """(recipe dict, key) of the point's (model, chip, dtype), or (None, None): a vLLM point's
+    from ``IX_RECIPES`` first, else any engine's from ``ix_recipes.IX_ENGINE_RECIPES`` (SGLang,
+    TensorRT-LLM, and vLLM for the models IX_RECIPES lacks), its rules resolved for the point."""
     for (model, chips, dtype), rec in IX_RECIPES.items():
         if p.engine == "vllm" and p.model == model and p.hardware in chips and p.dtype == dtype:
             return rec, (model, chips, dtype)
-    return None, None
+    from .ix_recipes import engine_recipe
+    return engine_recipe(p)
 
 
 def recipe_variant(rec, stated: dict):
@@ -864,8 +1117,10 @@ def engine_assumptions(p: Point) -> dict:
     """The engine and client settings a simulated run of point ``p`` uses, each with where it came
     from: {name: (value, source)}.
 
-    From InferenceX's published vLLM recipe for the point's (model, chip, dtype) (``IX_RECIPES``;
-    serving-reference §5 and the recipe scripts it names), with the point's C and isl filled in:
+    From InferenceX's published recipe for the point's (model, chip, dtype) and engine (vLLM's in
+    ``IX_RECIPES``, serving-reference §5 and the recipe scripts it names; SGLang's, TensorRT-LLM's
+    and more vLLM ones in ``ix_recipes.IX_ENGINE_RECIPES``, their flags mapped onto these names
+    there), with the point's C and isl filled in:
     ``max_num_seqs`` (C in most recipes; where the recipe sets none, vLLM's default 1024),
     ``max_num_batched_tokens`` (8192, 2 x isl, or vLLM's default 8192), ``gpu_memory_utilization``,
     ``cache_dtype`` ('auto' = the model's activation dtype where the recipe sets no kv-cache-dtype),
@@ -876,8 +1131,8 @@ def engine_assumptions(p: Point) -> dict:
     --num-prompts $CONC), ``warmups`` (2 x C, finished before the timed run: the simulation starts
     from an empty engine), prefix caching off, async scheduling on, ``dp_spread`` (each
     data-parallel rank schedules its own requests; how the simulation spreads them is its own,
-    reported in its assumptions). A point whose (model, chip, dtype) has no recipe gets vLLM's
-    defaults, said so in the source.
+    reported in its assumptions). A point whose (model, chip, dtype) has no recipe gets its
+    engine's defaults, said so in the source.
 
     Over all of these, the flags the point's own run states (``stated_settings``: the bundled
     table of InferenceX's runs, or a ``--settings`` file): block_size, gpu_memory_utilization,
@@ -898,6 +1153,7 @@ def engine_assumptions(p: Point) -> dict:
     out.update(_engine_settings(p, rec, scheduler, isl, osl))
     out.update(_run_settings(p, rec, scheduler, C))
     _apply_stated(out, p, stated)
+    out.update(speculation_assumptions(p))
     _mark_in_sample(out)
     return out
 
@@ -908,10 +1164,11 @@ def assumptions_text(a: dict) -> str:
             ("cache_dtype", "kv"), ("block_size", "block"), ("cudagraph_mode", "graphs"),
             ("kv_capacity_tokens", "kv_tokens/rank"),
             ("max_model_len", "max_model_len"), ("range_ratio", "range_ratio"), ("num_prompts", "prompts"),
-            ("dp_spread", "dp"))
+            ("dp_spread", "dp"), ("spec_method", "spec"), ("num_spec_tokens", "spec_tokens"),
+            ("acceptance", "acceptance(assumed)"))
     parts = []
     for k, label in keys:
-        if k in a:
+        if k in a and (k not in SPEC_KEYS or "spec_method" in a):      # the serving layer's k = 0 not shown
             v = a[k][0]
             parts.append(f"{label}={v:.0f}" if isinstance(v, float) and k == "kv_capacity_tokens" else f"{label}={v}")
     return " ".join(parts)
@@ -978,6 +1235,10 @@ def point_requests(dep: Deployment, p: Point, batch_rule: str = "anchor"):
     ``TPOT - host_output_token = sum_k weights[k] * S(requests[k])``. Refused (JaxpriceError)
     where the rule cannot price the point."""
     check_batch_rule(batch_rule, static=True)
+    if is_speculative(p):
+        refuse(f"measured with speculative decoding ({p.spec_decode}): the static rules price decode rows of 1 "
+               "token; batch rule 'simulate' prices the drafts (1 + k tokens per decode row, the drafter's passes, "
+               "an assumed acceptance)", field="batch_rule", value=batch_rule)
     ctx = p.context
     if p.concurrency < 1:
         refuse(f"concurrency must be >= 1 (got {p.concurrency})", field="concurrency", value=p.concurrency)
@@ -1020,6 +1281,12 @@ def _deployments_of(points, refused, **build):
     of first appearance; the points of a deployment that does not resolve go to ``refused``."""
     by_dep: dict[str, list[int]] = {}
     for i, p in enumerate(points):
+        if is_speculative(p):       # one whose model has no drafter for its method: refused alone, with why
+            try:
+                speculation_assumptions(p)
+            except JaxpriceError as err:
+                refused.append((i, f"field 'spec_decode', value {p.spec_decode!r}: {err.reason}"))
+                continue
         by_dep.setdefault(p.deployment, []).append(i)
     for name, idx in by_dep.items():
         try:
@@ -1185,6 +1452,8 @@ def recipe_deployment(dep: Deployment, a: dict, *, registry=None, extra_coeffici
     if full:
         eng.update(max_num_batched_tokens=a["max_num_batched_tokens"][0], max_num_seqs=a["max_num_seqs"][0],
                    max_model_len=a["max_model_len"][0])
+    if "num_spec_tokens" in a:      # the drafter priced: 1 + k tokens per decode row, k drafter passes
+        eng["speculative"] = {"num_spec_tokens": int(a["num_spec_tokens"][0]), "method": a["spec_method"][0]}
     extra = [load_coefficient_set(f) for f in extra_coefficient_files]
     return resolve(dataclasses.replace(dep.scenario, engine=eng), registry or Registry(), extra_sets=extra)
 
@@ -1204,6 +1473,7 @@ class SimulatedRun:
     engine: dict | None = None
     kv: float = math.inf
     rule: str = "10*C"
+    acceptance: float | None = None       # speculative decoding: mean tokens per decode row and step
     schedules: dict = dataclasses.field(default_factory=dict)
     reasons: dict = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
@@ -1232,7 +1502,8 @@ def run_settings_key(p: Point) -> tuple:
     seqs = a["max_num_seqs"][0]
     return (a["max_num_batched_tokens"][0], a["gpu_memory_utilization"][0], a["cache_dtype"][0], a["block_size"][0],
             a.get("cudagraph_mode", (None,))[0], a["max_model_len"][0],
-            a["num_prompts"][0] // max(int(p.concurrency), 1), seqs if seqs < p.concurrency else None)
+            a["num_prompts"][0] // max(int(p.concurrency), 1), seqs if seqs < p.concurrency else None,
+            a.get("num_spec_tokens", (0,))[0], a.get("acceptance", (None,))[0])
 
 
 def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coefficient_files, source):
@@ -1260,6 +1531,7 @@ def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coeffi
             run.kv = float(cap.plan.memory["kv_capacity_tokens"])
             run.engine = _run_engine(points, widx, a0, run.kv, cap.plan.memory.get("block_size", a0["block_size"][0]))
             run.rule = recipe_prompts(points[widx[0]])
+            run.acceptance = a0["acceptance"][0] if "acceptance" in a0 else None
             runs.append(run)
     return runs
 
@@ -1286,7 +1558,7 @@ def simulated_runs(points, *, registry=None, scenario_dirs=None, extra_coefficie
         workload = Workload(isl=int(p0.isl), osl=int(p0.osl), range_ratio=RANGE_RATIO, seed=0)
         concs = sorted({points[i].concurrency for i in run.index})
         items = [(workload, serve.ClosedLoop(int(c), None if run.rule == "10*C" else int(c))) for c in concs]
-        jobs.append((run.dep, items, run.engine))
+        jobs.append((run.dep, items, run.engine, run.acceptance))
         owners.append((run, concs))
     t0 = time.perf_counter()
     built = serve.build_schedules_batched(jobs, callback=callback)
@@ -1434,6 +1706,7 @@ def deployment_assumptions(groups) -> list:
 ASSUMPTION_KEYS = ("scheduler", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype",
                    "block_size", "cudagraph_mode", "kv_capacity_tokens", "max_model_len", "num_prompts", "range_ratio",
                    "dp_spread")
+SPEC_KEYS = ("spec_method", "num_spec_tokens", "acceptance")     # a speculating run's, after those
 
 
 def _settings_value(a: dict, k: str):
@@ -1451,7 +1724,7 @@ def _settings_signature(a: dict) -> tuple:
     capacity only by its source: with sliding-window layers its value moves with each level's
     drawn lengths, serve.windowed_kv_capacity)."""
     return tuple((k, _settings_value(a, k) if k != "kv_capacity_tokens" else None, a[k][1])
-                 for k in ASSUMPTION_KEYS if k in a)
+                 for k in ASSUMPTION_KEYS + (SPEC_KEYS if "spec_method" in a else ()) if k in a)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -1724,7 +1997,7 @@ def check_coefficient_files(files, field=None) -> None:
 
 def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coefficient_files=(),
                       deployments=None, temperature=None, callback=None, batch_rule="anchor",
-                      estimates=ESTIMATES, per_deployment=False, settings=None) -> AccuracyReport:
+                      estimates=ESTIMATES, per_deployment=False, settings=None, acceptance=None) -> AccuracyReport:
     """Price every mean-TPOT point of a measurement CSV and score it (see the module docstring).
 
     extra_coefficient_files: coefficient sets applied after each deployment's own, overriding by
@@ -1739,7 +2012,12 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     former path, one compile per deployment (``predict_groups``; for comparison,
     experiments/bench.py --axis); ``info['kernel_compiles']`` counts the compiles either way.
     settings: a CSV of the engine flags each run passed (``read_settings``; default: the bundled
-    table of InferenceX's runs, ``stated_settings``), for 'simulate'."""
+    table of InferenceX's runs, ``stated_settings``), for 'simulate'; its optional columns
+    num_speculative_tokens and acceptance give a speculating run's draft count and acceptance.
+    acceptance: the mean tokens emitted per decode row and step of every point measured with
+    speculative decoding (a number in [1, 1 + k], k its draft count; default: each point's
+    --settings row, else the serving layer's assumed 1 + 0.7 k; ``speculation_assumptions``),
+    for 'simulate'."""
     check_batch_rule(batch_rule)
     check_registry(registry)
     if isinstance(estimates, str):          # one estimate, not its letters
@@ -1758,11 +2036,24 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     extra_coefficient_files = path_list(extra_coefficient_files, "extra_coefficient_files", none=())
     check_scenario_dirs(scenario_dirs)
     check_coefficient_files(extra_coefficient_files)
+    if settings is not None:                # checked before the measurements are read
+        check_settings_path(settings)
+        if batch_rule != "simulate":
+            refuse("the engine flags of each run are read by the serving simulation only (batch_rule 'simulate')",
+                   field="settings", value=str(settings), has_value=True)
+    acceptance = check_acceptance(acceptance)
+    if acceptance is not None and batch_rule != "simulate":
+        refuse("is the acceptance of speculative decoding, priced by the serving simulation only (batch_rule "
+               "'simulate')", field="acceptance", value=acceptance, has_value=True)
     points, info = read_measurements(csv_path)
     if settings is not None:
         points = read_settings(points, settings)
         info["settings_file"] = str(settings)
     points = select_deployments(points, deployments, csv_path)
+    if acceptance is not None:
+        points = [dataclasses.replace(p, acceptance=acceptance) if is_speculative(p) else p for p in points]
+    check_speculation_inputs(points, field="acceptance", settings=settings)
+    _speculation_note(points, info, batch_rule)
     info["points"] = len(points)
     if batch_rule == "simulate":
         timings: dict = {}
@@ -1784,7 +2075,7 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     train, test = split_by_deployment(names, 0.25, seed=0, stratify=model_of)
     info["split"] = {"train": train, "test": test,
                      "how": "jaxprice.fit.split_by_deployment(deployments, 0.25, seed=0, stratify=model)"}
-    notes = _ep_notes(groups, points)
+    notes = info.get("notes", []) + _ep_notes(groups, points)
     info.update(deployments=len({p.deployment for p in points}), sweeps=len({p.sweep for p in points}),
                 from_scenario_files=sorted({g.name for g in groups if g.source != "columns"}),
                 from_columns=sorted({g.name for g in groups if g.source == "columns"}),
@@ -1956,12 +2247,14 @@ def format_assumptions(report: AccuracyReport, *, markdown=False) -> list:
     keys = ASSUMPTION_KEYS
     labels = ("scheduler", "max_num_seqs", "budget", "gmu", "kv dtype", "block", "graphs", "KV tokens/rank",
               "max_model_len", "prompts", "range", "dp")
+    if any("spec_method" in r for r in rows):      # speculating runs: their drafter, k and acceptance
+        keys, labels = keys + SPEC_KEYS, labels + ("drafter", "draft tokens k", "acceptance (ASSUMED)")
     sources: dict = {}
     out_rows = []
     for r in rows:
         cells = [r["deployment"], r["workload"][0]]
         for k in keys:
-            if k not in r:
+            if k not in r or (k in SPEC_KEYS and "spec_method" not in r):
                 cells.append("-")
                 continue
             v, src = _settings_value(r, k), r[k][1]

@@ -6,6 +6,7 @@
     jaxprice accuracy data.csv --batch-rule interleaved            # resident batch + interleaved prefills
     jaxprice accuracy data.csv --batch-rule anchor                 # C decode rows: a quick static check
     jaxprice accuracy data.csv --settings flags.csv                # the engine flags each of your runs passed
+    jaxprice accuracy mtp.csv --acceptance 2.2                     # speculative decoding: assume 2.2 tokens/step
 
 Prints the summary table (TPOT shape error and TPOT error, and TTFT error and shape error where
 the rule predicts TTFT, per model and overall, NoOverlap and Overlap, with point counts), the
@@ -24,13 +25,20 @@ slowest: about a minute on the dev set, not seconds), or one of three static rul
 TPOT only, seconds): ``anchor`` (the anchor kernel's rule: C decode rows), ``capped`` (the
 engine's resident batch), ``interleaved`` (the resident batch and the prefill chunks that
 keep it full); the
-formulas are in ``jaxprice/_src/accuracy.py``. Exit status 0 when the CSV was read and scored
+formulas are in ``jaxprice/_src/accuracy.py``. A point measured with speculative decoding (its
+``spec_decode`` column, e.g. ``mtp``) is simulated with 1 + k tokens per decode row and the
+drafter's passes, k its InferenceX recipe's draft count (else the model graph's own MTP layers;
+a ``num_speculative_tokens`` column in ``--settings`` overrides it), and an ASSUMED acceptance
+(mean tokens per decode row and step: ``--acceptance A``, else an ``acceptance`` column in
+``--settings``, else the serving layer's 1 + 0.7 k), never a measured one; a method the model
+graph has no drafter for is refused with its reason. Exit status 0 when the CSV was read and scored
 (refused points are listed, not an error), 2 on bad input (a malformed CSV: file, line, column
 and value named).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
@@ -81,6 +89,10 @@ def add_parser(subparsers):
                    help="the engine flags each measured run passed, per scenario, workload and concurrency (the "
                         "layout of testdata/measured/inferencex_settings.csv; default: that bundled table of "
                         "InferenceX's runs); a flag left empty falls back to the recipe's or vLLM's default")
+    p.add_argument("--acceptance", metavar="A", default=None,
+                   help="speculative decoding: the mean tokens emitted per decode row and step (1 .. 1 + k, k the "
+                        "point's draft count) assumed for every point measured with it (default: its --settings "
+                        "row's acceptance, else 1 + 0.7 k; an assumption, not a measurement)")
     p.add_argument("--assumptions", action="store_true",
                    help="also print the engine settings each simulated deployment ran with, and their sources")
     p.add_argument("--estimate", choices=("no_overlap", "overlap"), default=None,
@@ -205,7 +217,8 @@ def command_line(args) -> str:
     parts = ["jaxprice accuracy", shlex.quote(str(args.csv))]
     parts += ["--batch-rule", shlex.quote(str(getattr(args, "batch_rule", DEFAULT_RULE)))]   # always: defaults move
     for flag, value in (("--out", args.out), ("--plot", args.plot), ("--markdown", args.markdown),
-                        ("--settings", getattr(args, "settings", None))):
+                        ("--settings", getattr(args, "settings", None)),
+                        ("--acceptance", getattr(args, "acceptance", None))):
         if value:
             parts += [flag, shlex.quote(str(value))]
     for flag, values in (("--coefficients", args.coefficients), ("--scenarios", args.scenarios),
@@ -236,8 +249,15 @@ def check_inputs(args) -> None:
     if args.cache_dir is not None:
         check_output_folder(args.cache_dir, flag="--cache-dir")
     _check_distinct_outputs(args)
+    if getattr(args, "acceptance", None) is not None:
+        from .cli_price import parse_float
+        args.acceptance = parse_float(args.acceptance, flag="--acceptance", minimum=1)
+        if args.batch_rule != "simulate":
+            refuse("is the acceptance of speculative decoding, which only the serving simulation prices "
+                   "(--batch-rule simulate)", field="--acceptance", value=args.acceptance)
     if getattr(args, "settings", None) is not None:
-        from .accuracy import _stated_table
+        from .accuracy import _stated_table, check_settings_path
+        check_settings_path(args.settings, field="--settings")      # '' was 'cannot read', naming nothing
         if args.batch_rule != "simulate":
             refuse("the engine flags of each run are read by the serving simulation only (--batch-rule simulate)",
                    field="--settings", value=str(args.settings))
@@ -319,6 +339,18 @@ def _check_distinct_outputs(args) -> None:
         seen.setdefault(key, flag)
 
 
+@contextlib.contextmanager
+def _as_flag(field, flag):
+    """A refusal of the library argument ``field`` (no file named) re-raised naming the CLI's ``flag``."""
+    from .errors import JaxpriceError
+    try:
+        yield
+    except JaxpriceError as err:
+        if err.field != field or err.file:
+            raise
+        raise JaxpriceError(err.reason, field=flag, value=err.value, has_value=True) from None
+
+
 def run(args) -> int:
     from .accuracy import evaluate_accuracy, format_report, plot_sweeps, write_points_csv
     from .progress import Progress
@@ -330,11 +362,12 @@ def run(args) -> int:
     if args.cache_dir:
         compile_cache.enable(args.cache_dir, field="--cache-dir")
     t0 = time.perf_counter()
-    with Progress(0, "accuracy", enabled=not args.quiet) as bar:
+    with Progress(0, "accuracy", enabled=not args.quiet) as bar, _as_flag("acceptance", "--acceptance"):
         report = evaluate_accuracy(args.csv, scenario_dirs=args.scenarios,
                                    extra_coefficient_files=args.coefficients,
                                    deployments=args.deployment, callback=bar.update,
-                                   batch_rule=args.batch_rule, settings=args.settings)
+                                   batch_rule=args.batch_rule, settings=args.settings,
+                                   acceptance=getattr(args, "acceptance", None))
     report.info["seconds"] = time.perf_counter() - t0
     command = command_line(args)
     if args.json:

@@ -269,9 +269,10 @@ def _check_files(args) -> None:
         for flag, v in (("the measurement CSV", args.csv), ("--settings", getattr(args, "settings", None))):
             if v is not None and Path(v).expanduser().resolve() == out:
                 refuse(f"names {flag}, an input: the set would overwrite it", field="--out", value=args.out)
-    from .accuracy import _stated_table, check_scenario_dirs
+    from .accuracy import _stated_table, check_scenario_dirs, check_settings_path
     check_scenario_dirs(args.scenario_dir, "--scenario-dir")
     if getattr(args, "settings", None) is not None:
+        check_settings_path(args.settings, field="--settings")      # '' was 'cannot read', naming nothing
         if args.batch_rule != "simulate":
             refuse("the engine flags of each run are read by the serving simulation only (--batch-rule simulate)",
                    field="--settings", value=str(args.settings))
