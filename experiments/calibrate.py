@@ -25,16 +25,17 @@ Everything in ``<out>/calibration.md`` is computed by this run (no hand-written 
    strongest finite one of the grid where that prior is inf, the registry kept).
 5. The final fit on every deployment at that prior: identifiability (which coefficients the
    data cannot separate, frozen), bound hits (with the bound and what it means), multipliers;
-   written to ``<out>/fitted-inferencex.yaml``, scoped to the chips and models it was fitted
-   on; loaded back with every training deployment (it must reproduce the fit's predictions)
-   and with deployments of other models and chips (their coefficients must be unchanged bit
-   for bit).
+   written to ``<out>/fitted-inferencex.yaml``, scoped to the chips, models and engines it was
+   fitted on; loaded back with every training deployment (it must reproduce the fit's
+   predictions) and with deployments of other models, chips and engines (their coefficients
+   must be unchanged bit for bit).
 6. The goals of issue 12, each judged from the numbers above.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -49,6 +50,8 @@ import numpy as np  # noqa: E402
 import jaxprice as jp  # noqa: E402
 from jaxprice._src import accuracy  # noqa: E402
 from jaxprice._src import fit as jfit  # noqa: E402
+from jaxprice._src.formats import Registry, load_coefficient_set  # noqa: E402
+from jaxprice._src.resolve import resolve  # noqa: E402
 from jaxprice._src.progress import Progress  # noqa: E402
 
 DEFAULT_CSV = os.path.join(ROOT, "..", "shared", "measured", "inferencex_vllm_dev.csv")
@@ -189,6 +192,14 @@ def scope_check(path, final, obs, points, csv_path):
         b = jp.load_deployment(name).coefficients
         applies = jfit.set_applies(path, jp.load_deployment(name))
         outside.append((name, bool(np.array_equal(np.asarray(a.values), np.asarray(b.values))), applies))
+    # a training deployment (its chip and model in scope) served by another engine: out of the engine scope
+    dep, _ = accuracy.build_deployment(first[obs[0].name], source=csv_path)
+    sg = dataclasses.replace(dep.scenario, engine={**dep.scenario.engine, "scheduler": "sglang"})
+    a = resolve(sg, Registry(), extra_sets=[load_coefficient_set(path)])
+    b = resolve(sg, Registry())
+    outside.append((f"{obs[0].name} served by SGLang (engine.scheduler: sglang)",
+                    bool(np.array_equal(np.asarray(a.coefficients.values), np.asarray(b.coefficients.values))),
+                    jfit.set_applies(path, a)))
     return worst, outside
 
 
@@ -393,9 +404,10 @@ def final_section(R):
     L += ["### Bounds", "", f"{len(hits)} fitted value(s) at a bound." if hits else "No fitted value at a bound.", ""]
     L += [f"* `{h['key']}` ({h['side']}; {h['why']}): {h['meaning']}." for h in hits] + [""]
     L += ["### Scope", "",
-          f"Entries are scoped to the chips ({', '.join(final.settings['train_chips'])}) and models "
-          f"({', '.join(final.settings['train_models'])}) they were fitted on; the engine (vllm) is recorded in the "
-          "set, not enforced (scenarios do not name their engine). Loaded with deployments outside that scope:", ""]
+          f"Entries are scoped to the chips ({', '.join(final.settings['train_chips'])}), models "
+          f"({', '.join(final.settings['train_models'])}), engines "
+          f"({', '.join(final.settings.get('train_engines', []))}) they were fitted on (a deployment's engine: its "
+          "scenario's engine.scheduler, vLLM where unstated). Loaded with deployments outside that scope:", ""]
     for name, same, applies in outside:
         L.append(f"* `{name}`: {len(applies['applied'])} entries apply; coefficients "
                  f"{'identical to the registry bit for bit' if same else '**changed**'}.")

@@ -299,7 +299,7 @@ def test_written_set_loads_like_any_other_and_prices_identically(recovered, tmp_
     assert {e["name"] for e in doc["entries"]} == set(PERTURB)
     for e in doc["entries"]:
         assert e["method"] == "fitted" and e["cite"] == doc["source"]
-        assert e["scope"] == {"hardware": ["h200"], "model": ["llama-3.1-70b-instruct"]}
+        assert e["scope"] == {"hardware": ["h200"], "model": ["llama-3.1-70b-instruct"], "engine": ["vllm"]}
     assert jp.load_coefficient_set(path).name == "fitted"
     for o in obs:
         loaded = jp.load_deployment(o.name, extra_coefficient_files=[path])
@@ -683,6 +683,37 @@ def test_a_set_scoped_to_one_chip_leaves_another_chips_prices_bit_for_bit(recove
     assert F.set_applies(path, dep8)["applied"] == []
     wide = F.write_coefficient_set(res, tmp_path / "wide.yaml", scope_to=("hardware",))
     assert set(F.set_applies(wide, dep8)["applied"]) <= set(PERTURB)
+
+
+def test_a_set_is_scoped_to_the_engines_it_was_fitted_on(recovered, tmp_path):
+    # fitted on vLLM deployments (their scenarios state no scheduler: vLLM): every entry scoped to
+    # engine vllm; the same deployment served by SGLang keeps the registry's values bit for bit
+    from jaxprice._src.formats import Registry, load_coefficient_set
+    from jaxprice._src.resolve import resolve, serving_engine
+    _, res = recovered
+    assert res.settings["train_engines"] == ["vllm"]
+    path = F.write_coefficient_set(res, tmp_path / "fitted.yaml", engines=["trt"])   # the result's engines win
+    doc = yaml.safe_load(path.read_text())
+    assert doc["entries"] and all(e["scope"]["engine"] == ["vllm"] for e in doc["entries"])
+    base = jp.load_deployment(DEPLOYMENTS[0])
+    cset = load_coefficient_set(path)
+    on = {eng: resolve(dataclasses.replace(base.scenario, engine={**base.scenario.engine, "scheduler": eng}),
+                       Registry(), extra_sets=[cset]) for eng in ("vllm", "sglang")}
+    assert serving_engine(on["sglang"].scenario) == "sglang" and serving_engine(base.scenario) == "vllm"
+    np.testing.assert_array_equal(np.asarray(on["sglang"].coefficients.values), np.asarray(base.coefficients.values))
+    assert not np.array_equal(np.asarray(on["vllm"].coefficients.values), np.asarray(base.coefficients.values))
+    applies = F.set_applies(path, on["sglang"])
+    assert applies["applied"] == [] and all("engine=sglang not in ['vllm']" in why for _, why in applies["outside"])
+    assert sorted(F.set_applies(path, on["vllm"])["applied"]) == sorted({e["name"] for e in doc["entries"]})
+    # a measurement file's engine names map to the scheduler names; an unknown one is refused
+    assert F.scheduler_names(["trt", "vllm", "TensorRT-LLM"]) == ["trtllm", "vllm"]
+    with pytest.raises(jp.JaxpriceError, match=r"field 'engines', value 'vlm': unknown engine"):
+        F.scheduler_names(["vlm"])
+    # an entry's engine scope names an engine the serving layer knows
+    bad = path.read_text().replace("engine: [vllm]", "engine: [vlm]", 1)
+    (tmp_path / "bad.yaml").write_text(bad)
+    with pytest.raises(jp.JaxpriceError, match=r"scope\.engine.*'vlm'"):
+        load_coefficient_set(tmp_path / "bad.yaml")
 
 
 def _fake(name, model, chip):

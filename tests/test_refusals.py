@@ -622,7 +622,7 @@ def test_no_entry_applies_to_the_scope(tmp_path):
     path = write_scenario(tmp_path, DSV3, lambda s, d: s.update(coefficients=["only-b200"]))
     refused(resolve_with(path, reg), file=path, field="Scenario.coefficients", value=["only-b200"],
             reason="no entry in any coefficient set applies to this deployment's scope "
-                   r"\(hardware=h200, model=deepseek-v3, tp=8, ep=1, nodes_spanned=1\)",
+                   r"\(hardware=h200, model=deepseek-v3, tp=8, ep=1, nodes_spanned=1, engine=vllm\)",
             untouched=tmp_path)
 
 

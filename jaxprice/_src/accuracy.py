@@ -410,7 +410,8 @@ def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
     ranks of ``rank_tp`` GPUs each, expert parallelism on when ep > 1 (vLLM's expert-parallel
     width is then rank tp x dp = the ep column), quantization from the dtype (fp4 -> nvfp4, fp8
     -> fp8, bf16/int4 -> the checkpoint's own), an fp8 KV cache unless bf16, PIECEWISE graphs,
-    max_num_seqs 256, block 16 (64 for glm-5), 8192 batched tokens, max_model_len 32768."""
+    max_num_seqs 256, block 16 (64 for glm-5), 8192 batched tokens, max_model_len 32768; an
+    engine other than vLLM named as the scheduler (``ENGINE_SCHEDULER``), which scopes fitted sets."""
     file = f"{source} (deployment {p.deployment}, built from the columns)"
     _check_dtype(p, file)
     _check_engine(p, file)
@@ -422,6 +423,8 @@ def scenario_from_columns(p: Point, *, source: str = "columns") -> Scenario:
     quant = DTYPE_QUANTIZATION[p.dtype]
     if quant:
         engine["quantization"] = quant
+    if ENGINE_SCHEDULER[p.engine] != "vllm":    # the engine a fitted set's entries are scoped by (vLLM unstated)
+        engine["scheduler"] = ENGINE_SCHEDULER[p.engine]
     return Scenario(name=p.deployment, model=p.model, hardware=p.hardware, fabric=None, nodes=1,
                     gpus_per_node=8, gpus_per_rack=0, coefficient_sets=DEFAULT_SETS, engine_version="",
                     pool_nodes=1, parallel={"tp": tp, "pp": 1, "dp": p.dp,
@@ -1449,6 +1452,8 @@ def recipe_deployment(dep: Deployment, a: dict, *, registry=None, extra_coeffici
                block_size=a["block_size"][0])
     if "cudagraph_mode" in a:
         eng["cudagraph_mode"] = a["cudagraph_mode"][0]
+    if a["scheduler"][0] != "vllm":                # as scenario_from_columns: the engine scope of fitted sets
+        eng["scheduler"] = a["scheduler"][0]
     if full:
         eng.update(max_num_batched_tokens=a["max_num_batched_tokens"][0], max_num_seqs=a["max_num_seqs"][0],
                    max_model_len=a["max_model_len"][0])

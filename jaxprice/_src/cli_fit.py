@@ -482,7 +482,7 @@ def run(args) -> int:
         models = res.settings["train_models"] if "model" in scope_to else ["every model"]
         print(f"wrote {path} (values in registry units; load with extra_coefficient_files=[...]); its entries apply "
               f"to chips {', '.join(res.settings['train_chips'])} and models {', '.join(models)}"
-              + (f" (fitted on engine {', '.join(engines)}; scenarios do not name their engine, so that is recorded, "
-                 "not enforced)" if engines else "")
+              + (f" on engine {', '.join(F.scheduler_names(engines))} (a deployment's engine.scheduler, vllm where "
+                 "unstated)" if engines else "")
               + ": any other deployment loading it keeps the registry's values")
     return 0

@@ -68,10 +68,10 @@ import numpy as np
 from .errors import JaxpriceError, check_callback, refuse, shown
 from .formats import Registry
 from .plan import Batch, Coefficients
-from .resolve import Deployment, load_deployment, si_factor
+from .resolve import Deployment, load_deployment, serving_engine, si_factor
 from .step import _step_time, exact_at_zero
 
-SCOPE_DIMS = ("hardware", "model", "tp", "ep", "nodes_spanned")
+SCOPE_DIMS = ("hardware", "model", "tp", "ep", "nodes_spanned", "engine")
 FRACTION_PATTERNS = ("*eps_max*", "*derate*")
 TARGETS = ("tpot", "step")
 ESTIMATES = ("no_overlap", "overlap")
@@ -160,7 +160,7 @@ def deployment_dims(dep: Deployment) -> dict:
     """The values of the scope dimensions for one deployment (as the resolver scopes entries)."""
     r = dep.resolution
     return {"hardware": dep.chip.name, "model": dep.graph.name, "tp": int(r["tp"]),
-            "ep": int(r["ep"]), "nodes_spanned": int(r["nodes_spanned"])}
+            "ep": int(r["ep"]), "nodes_spanned": int(r["nodes_spanned"]), "engine": serving_engine(dep.scenario)}
 
 
 def key_label(key) -> str:
@@ -1616,7 +1616,8 @@ def _fit_meta(train, held_out, layout, *, loss, huber_delta, temperature, prior,
             "free": [f.label() for f in layout.free], "train_points": sum(o.points for o in train),
             "held_out_points": sum(o.points for o in held_out), "seed": settings["seed"],
             "holdout": settings["holdout"], "train_models": sorted({o.dims["model"] for o in train}),
-            "train_chips": sorted({o.dims["hardware"] for o in train})}
+            "train_chips": sorted({o.dims["hardware"] for o in train}),
+            "train_engines": sorted({o.dims["engine"] for o in train})}
 
 
 # ----------------------------------------------------------------------------- cross-validation
@@ -2023,14 +2024,14 @@ def _set_meta(result: FitResult, data, scope_to, engines) -> dict:
             "held_out_loss": {"start": _finite_or_none(ini["held_out"]), "fitted": _finite_or_none(fin["held_out"])},
             "train_deployments": result.train, "held_out_deployments": result.held_out,
             "scope_to": list(scope_to), "train_chips": s.get("train_chips", []),
-            "train_models": s.get("train_models", []), "engines": sorted(engines or []),
+            "train_models": s.get("train_models", []), "engines": engines,
             "frozen": result.frozen, "at_bound": {h["key"]: f"{h['side']}: {h['why']}" for h in result.bound_hits()}}
 
 
-def _set_entries(result: FitResult, source, scope_to) -> list:
+def _set_entries(result: FitResult, source, scope_to, engines=()) -> list:
     """The written entries: each fitted key's value within its scope, narrowed to the models
-    it was fitted on when ``scope_to`` names 'model'. Frozen keys are not written (the
-    registry's value stands)."""
+    it was fitted on when ``scope_to`` names 'model', and to ``engines`` where given. Frozen
+    keys are not written (the registry's value stands)."""
     out = []
     order = sorted(result.entries(), key=lambda e: (e["name"], sorted((k, str(v)) for k, v in e["scope"].items())))
     for e in order:
@@ -2039,6 +2040,8 @@ def _set_entries(result: FitResult, source, scope_to) -> list:
         scope = {k: [v] for k, v in e["scope"].items()}
         if "model" in scope_to and "model" not in scope:
             scope["model"] = list(e["models"])
+        if engines and "engine" not in scope:
+            scope["engine"] = list(engines)
         f = si_factor(e["name"], e["units"])
         out.append({"name": e["name"], "value": float(e["value"] / f), "units": e["units"], "method": "fitted",
                     "fitted": True, "scope": scope, "cite": source,
@@ -2055,15 +2058,18 @@ def write_coefficient_set(result: FitResult, path, *, name=None, data="", source
     registry by name, within each entry's scope.
 
     Every entry is scoped to the chips it was fitted on and, with 'model' in ``scope_to`` (the
-    default), to the models: a deployment of another chip or model loading the set keeps the
-    registry's values (``set_applies`` says which entries reach a deployment). ``engines``
-    (e.g. ['vllm']) is recorded in the set's ``fit`` block: scenarios do not name their engine,
-    so the loader cannot scope by it. Frozen keys are not written."""
+    default), to the models, and to the engines of the training deployments (their scenarios'
+    engine.scheduler, vLLM where unstated: ``resolve.serving_engine``; ``engines``, e.g. a
+    measurement file's engine column ['vllm', 'trt'], ``scheduler_names``, where the result does
+    not say): a deployment of another chip, model or engine loading the set keeps the registry's
+    values (``set_applies`` says which entries reach a deployment). Frozen keys are not written."""
     import yaml
     if not isinstance(result, FitResult):         # None raised AttributeError ('settings')
         refuse("needs the FitResult of fit_coefficients", field="result", value=shown(result), has_value=True)
     if any(d not in ("hardware", "model") for d in scope_to) or "hardware" not in scope_to:
         refuse("scope_to takes 'hardware' and optionally 'model'", field="scope_to", value=list(scope_to))
+    named = scheduler_names(engines)               # refuses an unknown engine name
+    engines = list(result.settings.get("train_engines") or named)
     path = Path(path)
     name = name or path.stem
     source = source or default_source(result, data)
@@ -2076,10 +2082,29 @@ def write_coefficient_set(result: FitResult, path, *, name=None, data="", source
              "fit:"]
     lines += ["  " + ln for ln in dump(_set_meta(result, data, scope_to, engines), False).splitlines()]
     lines.append("entries:")
-    lines += ["  - " + dump(entry, True) for entry in _set_entries(result, source, scope_to)]
+    lines += ["  - " + dump(entry, True) for entry in _set_entries(result, source, scope_to, engines)]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def scheduler_names(engines) -> list:
+    """The engines a set is scoped to, as a deployment names them (``resolve.serving_engine``):
+    a measurement file's engine column ('vllm', 'sglang', 'trt', ...) mapped through
+    ``accuracy.ENGINE_SCHEDULER``, sorted, without repeats; None or empty: no engine scope."""
+    from .accuracy import ENGINE_SCHEDULER
+    if engines is None:
+        return []
+    if isinstance(engines, str) or not hasattr(engines, "__iter__"):
+        refuse("expected a list of engine names", field="engines", value=shown(engines), has_value=True)
+    out = set()
+    for e in engines:
+        key = str(e).strip().lower() if isinstance(e, str) else None
+        if key not in ENGINE_SCHEDULER:
+            refuse(f"unknown engine (known: {', '.join(ENGINE_SCHEDULER)})", field="engines", value=shown(e),
+                   has_value=True)
+        out.add(ENGINE_SCHEDULER[key])
+    return sorted(out)
 
 
 def set_applies(path, deployment: Deployment) -> dict:

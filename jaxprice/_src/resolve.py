@@ -622,6 +622,13 @@ def _widths(scenario: Scenario, chip: Chip) -> Widths:
                   rack_domain, nodes_spanned)
 
 
+def serving_engine(scenario: Scenario) -> str:
+    """The engine a deployment is served by, as a coefficient entry's ``engine`` scope reads it:
+    its engine.scheduler (vllm, sglang, trtllm), vLLM where unstated (the serving simulation's
+    default; a scenario names its engine only in its file name, data-formats.md)."""
+    return (scenario.engine or {}).get("scheduler") or "vllm"
+
+
 def _coefficients_in_scope(scenario: Scenario, reg: Registry, extra_sets, docs: Documents,
                            widths: Widths) -> _Scope:
     """The coefficient entries that apply to this deployment (later sets override earlier
@@ -631,7 +638,8 @@ def _coefficients_in_scope(scenario: Scenario, reg: Registry, extra_sets, docs: 
     sets = [reg.coefficient_set(n, file=file, field="Scenario.coefficients") for n in scenario.coefficient_sets]
     sets += list(extra_sets)
     scope = _Scope(sets, {"hardware": chip.name, "model": docs.graph.name, "tp": widths.tp,
-                          "ep": widths.expert_width, "nodes_spanned": widths.nodes_spanned}, file)
+                          "ep": widths.expert_width, "nodes_spanned": widths.nodes_spanned,
+                          "engine": serving_engine(scenario)}, file)
     scope.require("hbm_derate", "achieved HBM bandwidth")
     if chip.hbm_tbs <= 0 or scope.value("hbm_derate") <= 0:
         refuse("HBM bandwidth resolved to a non-positive value", file=chip.source, field="hbm_tbs",

@@ -799,7 +799,10 @@ def check_public_network(doc, *, file):
 
 # ----------------------------------------------------------------------------- coefficient sets
 
-SCOPE_KEYS = ("hardware", "model", "tp", "ep", "nodes_spanned")
+SCOPE_KEYS = ("hardware", "model", "tp", "ep", "nodes_spanned", "engine")
+# engine: the engine whose scheduler a deployment runs (its scenario's engine.scheduler, vllm where
+# unstated, as the serving simulation reads it); a fitted set is scoped to the engines it was fitted on
+SCOPE_ENGINES = ("vllm", "sglang", "trtllm")
 # Registry units the resolver converts to SI (resolve.si_factor): times in microseconds
 # (``us`` or ``us_per_<thing>``), rates in bytes per microsecond, or tokens per microsecond for a
 # name with ``_rate``; the rest are counts, sizes and fractions taken as they are.
@@ -833,6 +836,7 @@ def _entry_value(body, file, path):
 
 _SCOPE_NAMES = List(Str(), message="a scope dimension must be a list")           # hardware, model
 _SCOPE_WIDTHS = List(Int(1, maximum=WIDTH_LIMIT), message="a scope dimension must be a list")   # tp, ep, nodes
+_SCOPE_ENGINES = List(Str(SCOPE_ENGINES), message="a scope dimension must be a list")            # engine
 
 
 def _scope(scope, file, path):
@@ -843,6 +847,8 @@ def _scope(scope, file, path):
     for dim, values in scope.items():
         if dim in ("hardware", "model"):
             _SCOPE_NAMES(values, file, f"{path}.{dim}")
+        elif dim == "engine":
+            _SCOPE_ENGINES(values, file, f"{path}.{dim}")
         elif dim in SCOPE_KEYS:
             _SCOPE_WIDTHS(values, file, f"{path}.{dim}")
     return scope
