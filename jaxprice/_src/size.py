@@ -64,9 +64,9 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
    layout re-run at 10 x C often falls below its 2 x C numbers and lets another 2 x C layout onto
    the frontier, so that takes many rounds).
    Measured (experiments/results/bench.txt, 2026-12-07, 2 cores; DeepSeek-V3, 8 x H200, 192
-   layouts x 8 concurrencies, 1k/1k, TTFT 2 s / TPOT 50 ms): ``steady`` 2.0 s cold, 0.6 s warm;
-   ``auto`` 28.7 s cold, 8.0 s warm (19 layouts simulated at 10 x C in 7 rounds: 1.9 M steps over
-   all dp ranks, 0.44 M scheduler iterations). Earlier, on 2 pinned cores of an otherwise idle
+   layouts x 8 concurrencies, 1k/1k, TTFT 2 s / TPOT 50 ms): ``steady`` 2.5 s cold, 0.8 s warm;
+   ``auto`` 26.4 s cold, 7.0 s warm (16 layouts simulated at 10 x C in 4 rounds: 1.95 M steps over
+   all dp ranks, 0.38 M scheduler iterations). Earlier, on 2 pinned cores of an otherwise idle
    machine, before later speed-ups: ``serve``: the 2 x C search of all 192 layouts (114
    distinct) 120 s cold, 276 s in all with 43 layouts re-run at 10 x C in 8 rounds (then a
    limit of 8 rounds, since raised to 32), not converged; with 32 rounds (on this project's
