@@ -78,3 +78,22 @@ def test_steady_state_holds_whole_blocks():
     R, *_ = S.steady_state_requests(nano, lay, wl, 1024)
     cap = S._kv_tokens(nano, 2128.0)
     assert R == min(1024, int(cap // 2128), S._budget_requests(8192, 1024, 1024))
+
+
+def test_only_vllm_raises_the_block():
+    """SGLang and TensorRT-LLM hold recurrent states in a pool of their own (SGLang's MambaPool,
+    TensorRT-LLM's Mamba cache manager): a deployment naming either as its engine keeps its block,
+    with no minimum, and its simulation allocates in it; the KV pool in tokens is the same."""
+    import dataclasses
+    from jaxprice._src.formats import Registry
+    from jaxprice._src.resolve import resolve
+    q = jp.load_deployment(QWEN35)
+    for eng in ("sglang", "trtllm"):
+        other = resolve(dataclasses.replace(q.scenario, engine={**q.scenario.engine, "scheduler": eng}), Registry())
+        assert (other.plan.memory["block_size"], other.plan.memory["hybrid_block_minimum"]) == (16, 0)
+        assert other.plan.memory["kv_capacity_tokens"] == q.plan.memory["kv_capacity_tokens"]
+        assert not any(k == "block_size" for k, _ in other.plan.provenance)
+        out, _ = serve.engine_settings(other, max_len=2048)
+        assert out["block_size"] == 16 and out["scheduler"] == eng
+    same = resolve(dataclasses.replace(q.scenario, engine={**q.scenario.engine, "scheduler": "vllm"}), Registry())
+    assert same.plan.memory["block_size"] == 1024

@@ -1252,7 +1252,10 @@ def hybrid_block_size(block: int, state_page: float, attention_token_page: float
 def _hybrid_block(kv: KvLayout, walk: Walk, layers: list) -> tuple[int, int, tuple]:
     """(block size, the hybrid minimum (0: no recurrent layer), provenance notes):
     ``hybrid_block_size`` from the largest recurrent layer's state and the target's first
-    primary attention's KV bytes per token (vLLM takes one attention geometry, the model's)."""
+    primary attention's KV bytes per token (vLLM takes one attention geometry, the model's).
+    vLLM's alone: SGLang and TensorRT-LLM hold recurrent states in a pool of their own beside
+    the KV cache's pages (SGLang's MambaPool, TensorRT-LLM's Mamba cache manager), so a
+    deployment of another engine (``serving_engine``) passes no layers and keeps its block."""
     pages = [r.bytes_per_token for r in walk.attentions if not r.secondary and not walk.kinds[r.kind].drafter]
     state = max((b for _c, b in layers), default=0.0)
     minimum = hybrid_block_size(1, state, pages[0] if pages else 0.0) if state > 0 else 0
@@ -1439,7 +1442,8 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     # request's KV blocks: serve.windowed_kv_capacity)
     layers = _recurrent_layer_bytes(docs.graph, stack, formats.mamba_cache, widths.tp)
     memory["recurrent_state_bytes_per_request"] = sum(count * b for count, b in layers)   # 0: none
-    memory["block_size"], memory["hybrid_block_minimum"], block_notes = _hybrid_block(kv, walk, layers)
+    memory["block_size"], memory["hybrid_block_minimum"], block_notes = _hybrid_block(
+        kv, walk, layers if serving_engine(scenario) == "vllm" else [])
     prefill = _prefill_attention(scope)
     # the BF16 class (prefill attention, scans) must exist before the class tables are taken
     bf16_class = classes.for_format("bf16")
