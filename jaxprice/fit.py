@@ -13,7 +13,8 @@ the parameters of a small law the same way. The command line is ``jaxprice fit``
 The same names are exported from ``jaxprice`` itself (``jaxprice.fit_coefficients`` ...).
 """
 
-from jaxprice._src.fit import (DEFAULT_PRIORS, ESTIMATES, HOLDOUTS, LOSSES, REGISTRY_KEPT, SCOPE_DIMS, TARGETS,
+from jaxprice._src.fit import (DEFAULT_PRIORS, ESTIMATES, HOLDOUTS, LOSSES, MAX_STEPS, REGISTRY_KEPT, SCOPE_DIMS,
+                               TARGETS,
                                WEIGHTINGS, CVResult,
                                FitResult, Fold, Free, Identifiability, LawFit, Observations, apply_theta, choose_prior,
                                cross_validate, cv_folds, deployment_dims, fit_coefficients, fit_law, identifiability,
@@ -26,7 +27,7 @@ from jaxprice._src.fit import (SIM_TARGETS, SimObservations, SimRun, metric_weig
                                observations_from_simulation, parse_targets, predict_simulated, score_simulated)
 
 __all__ = [
-    "DEFAULT_PRIORS", "REGISTRY_KEPT", "ESTIMATES", "HOLDOUTS", "LOSSES", "SCOPE_DIMS", "TARGETS", "WEIGHTINGS",
+    "DEFAULT_PRIORS", "REGISTRY_KEPT", "MAX_STEPS", "ESTIMATES", "HOLDOUTS", "LOSSES", "SCOPE_DIMS", "TARGETS", "WEIGHTINGS",
     "Free", "Observations", "FitResult", "LawFit", "Fold", "CVResult", "Identifiability",
     "fit_coefficients", "fit_law", "write_coefficient_set", "split_by_deployment", "set_applies", "scheduler_names",
     "cross_validate", "choose_prior", "cv_folds", "score_points", "relative_error", "worst_ratio", "identifiability",

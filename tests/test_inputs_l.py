@@ -190,3 +190,18 @@ def test_a_line_break_in_a_name_stays_on_the_one_line(capsys, tmp_path):
     assert_refused(capsys, ["price", "a\nb.yaml", "--decode", "4", "--context", "12"], "a\\nb.yaml: no such scenario")
     assert_refused(capsys, ["serve", S, "--trace", f"{tmp_path}/x\ny.csv"], "x\\ny.csv: no such trace file")
     refused(lambda: jp.Trace((NAN,), (1,), (1,), source="a\r\nb"), "a\\r\\nb, field 'arrival_s[0]'")
+
+
+def test_fit_steps_are_capped_and_a_scope_list_has_no_empty_entry(capsys):
+    """--steps 1e30 was accepted (and ran until stopped); 'x@hardware,,model' dropped the empty
+    entry silently; --gpu-memory-utilization -1 said '>= 0.0' where 0 is refused too."""
+    from jaxprice import fit as F
+    for steps in (10 ** 30, F.MAX_STEPS + 1, -1, 2.5):
+        refused(lambda: F.fit_coefficients([], ["hbm_derate"], steps=steps), "field 'steps'",
+                "an integer from 0 to 100,000")
+    assert_refused(capsys, ["fit", CSV, "--free", "hbm_derate", "--steps", "100001", "--quiet"],
+                   "field '--steps', value 100001: at most 100,000 descent steps")
+    refused(lambda: F.Free.parse("hbm_derate@hardware,,model"), "field 'free'", "an empty entry in the scope list")
+    assert F.Free.parse("hbm_derate@hardware, model").scope == ("hardware", "model")
+    assert_refused(capsys, ["price", S, "--gpu-memory-utilization", "-1", "--decode", "1"],
+                   "value -1.0: must be a fraction of the GPU's memory, 0 < F <= 1")

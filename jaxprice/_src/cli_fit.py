@@ -220,12 +220,16 @@ def _priors(args, cv, F) -> tuple:
 def _fit_settings(args) -> dict:
     """identify_tol, seed and the fitter's own settings (``fit``: steps, learning rate, patience,
     evaluation interval, temperature, loss, Huber delta, weighting, identifiability, method)."""
+    from . import fit as F
     from .cli_price import parse_float, parse_int, parse_temperature
     identify_tol = parse_float(args.identify_tol, flag="--identify-tol", minimum=0.0)
     if identify_tol >= 1:
         refuse("must be below 1", field="--identify-tol", value=identify_tol)
     seed = parse_int("0" if args.seed is None else args.seed, flag="--seed", minimum=0)
     steps = parse_int(args.steps, flag="--steps", minimum=0)
+    if steps > F.MAX_STEPS:
+        refuse(f"at most {F.MAX_STEPS:,} descent steps (a fit converges in tens to hundreds)", field="--steps",
+               value=steps)
     if args.method == "gauss-newton":       # else ignored silently: damped Gauss-Newton has no step size or schedule
         for flag in ("--learning-rate", "--patience", "--eval-every"):
             value = getattr(args, flag[2:].replace("-", "_"))

@@ -208,8 +208,8 @@ def engine_overrides(args) -> dict:
         if v is None:
             continue
         if key == "gpu_memory_utilization":
-            v = parse_float(v, flag=flag, minimum=0.0)
-            if not 0.0 < v <= 1.0:
+            v = parse_float(v, flag=flag)
+            if not 0.0 < v <= 1.0:          # one wording for -1, 0 and 1.5 (-1 said '>= 0.0', then 0 was refused)
                 refuse("must be a fraction of the GPU's memory, 0 < F <= 1", field=flag, value=v)
         elif not str(v).strip():
             refuse("an empty value", field=flag, value=v, has_value=True)

@@ -135,7 +135,9 @@ class Free:
         elif scope.strip() in ("global", ""):
             dims = ()
         else:
-            dims = tuple(s.strip() for s in scope.split(",") if s.strip())
+            dims = tuple(s.strip() for s in scope.split(","))
+            if not all(dims):          # 'hardware,,model' dropped the empty entry silently
+                refuse("an empty entry in the scope list (PATTERN[@SCOPE][:BOUND])", field="free", value=text)
         try:
             return Free(pattern.strip(), dims, bound)
         except JaxpriceError as err:
@@ -1188,9 +1190,14 @@ def _update(grad, state, theta, lo, hi, *, learning_rate, steps):
     return jnp.clip(optax.apply_updates(theta, updates), lo, hi), state
 
 
+# past this many descent steps a fit is a runaway, not a fit (Gauss-Newton converges in tens;
+# Adam's default is 400): 1e30 was accepted and ran until stopped
+MAX_STEPS = 100_000
+
+
 def _check_descent(steps, learning_rate, eval_every, patience):
-    if isinstance(steps, bool) or not (isinstance(steps, int) and steps >= 0):
-        refuse("steps must be a non-negative integer", field="steps", value=steps)
+    if isinstance(steps, bool) or not (isinstance(steps, (int, np.integer)) and 0 <= steps <= MAX_STEPS):
+        refuse(f"steps must be an integer from 0 to {MAX_STEPS:,}", field="steps", value=steps)
     if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float, np.integer, np.floating)):
         refuse("the learning rate must be a positive number", field="learning_rate", value=learning_rate,
                has_value=True)
