@@ -209,3 +209,16 @@ def test_points_without_speculation_are_priced_as_before(tmp_path):
     for g, b in zip(got, before):
         assert g == pytest.approx(b, rel=1e-12, abs=0)
     assert all("spec" not in r["assumptions"] and "acceptance" not in r["assumptions"] for r in rep.records)
+
+
+def test_minimax_m3_drafts_three_with_its_eagle3_head_not_its_seven_mtp_layers():
+    """InferenceX's MiniMax-M3 'mtp' runs draft 3 tokens with a separate EAGLE3 head on every chip
+    (minimaxm3_*_mtp.sh); the graph's own speculator would have said 7."""
+    for hardware, dtype in (("b200", "fp8"), ("h200", "fp8"), ("b300", "fp4")):
+        a = acc.speculation_assumptions(_point("minimax-m3", hardware, dtype, "vllm", stated={}))
+        assert a["num_spec_tokens"][0] == 3 and "eagle3" in a["num_spec_tokens"][1]
+        assert "[eagle3-head]" in a["num_spec_tokens"][1]
+        assert a["acceptance"][0] == pytest.approx(1 + 0.7 * 3)
+    # a chip no script covers still takes the graph's own count, said so
+    other = acc.speculation_assumptions(_point("minimax-m3", "gb200-nvl72", "fp4", "vllm", stated={}))
+    assert "no InferenceX MTP recipe read" in other["num_spec_tokens"][1]

@@ -528,6 +528,10 @@ SGLANG_EAGLE = ("SGLang --speculative-algorithm EAGLE (the model's MTP layer as 
                 "{k} drafted tokens per step, {k1} verified per decode row")
 TRT_MTP = ("TensorRT-LLM speculative_config decoding_type MTP, num_nextn_predict_layers $MTP: 3, or 1 with "
            "DP attention (enable_attention_dp: the dp column > 1)")
+MINIMAX_M3_EAGLE3 = (IX_FSL + "/{script} (SemiAnalysisAI/InferenceX, read 2026-12-07): vLLM --speculative-config "
+                     "{{method: eagle3, model: Inferact/MiniMax-M3-EAGLE3, num_speculative_tokens: 3}} (\"use 3 "
+                     "speculative tokens for all configs\"; H100 and B300 runs assumed alike); the EAGLE3 head priced "
+                     "as the model's own MTP module, COVERAGE LIMIT [eagle3-head]")
 VLLM_MTP = "vLLM --speculative-config {method: mtp, num_speculative_tokens: 2} (\"2 for all configs for now\")"
 # The draft count k (num_speculative_tokens: tokens drafted per decode step; 1 + k verified per
 # decode row) of InferenceX's MTP recipes, per (model, chips, dtype, scheduler), as the scripts set
@@ -577,6 +581,16 @@ IX_SPEC_RECIPES = {
         num_spec_tokens=3, long_prompt_high_c=2,
         source=f"{IX_FSL}/dsv4_fp4_b200_trt_mtp.sh@0f9b6c5: TensorRT-LLM speculative_config decoding_type MTP, "
                "num_nextn_predict_layers 3, or 2 where ISL >= 4096 and CONC >= 128"),
+    # MiniMax-M3's "mtp" runs draft with a separate EAGLE3 head, 3 tokens, on every chip.
+    # COVERAGE LIMIT [eagle3-head]: the head (Inferact/MiniMax-M3-EAGLE3, one small decoder layer) is
+    # not in the model graph; its k passes are priced as the graph's own MTP module (a heavier
+    # drafter: the drafts' cost is overstated, the count and the acceptance are what move TPOT most)
+    ("minimax-m3", ("b200", "b300", "h100", "h200"), "fp8", "vllm"): dict(
+        num_spec_tokens=3, source=MINIMAX_M3_EAGLE3.format(script="minimaxm3_fp8_b200_mtp.sh and "
+                                                                   "minimaxm3_fp8_h200_mtp.sh")),
+    ("minimax-m3", ("b200", "b300"), "fp4", "vllm"): dict(
+        num_spec_tokens=3, source=MINIMAX_M3_EAGLE3.format(script="minimaxm3_fp4_b200_mtp.sh (\"same shape as "
+                                                                   "minimaxm3_fp8_b200_mtp.sh\")")),
 }
 SPEC_FIELDS = ("num_speculative_tokens", "acceptance")     # the --settings columns of a speculating run
 ACCEPTANCE_SOURCE = ("ASSUMED, not measured: 1 + {p} x num_speculative_tokens (serve.DEFAULT_ACCEPTANCE_PER_DRAFT "
