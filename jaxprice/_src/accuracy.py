@@ -87,7 +87,7 @@ recipe's own rules: TensorRT-LLM's DeepSeek-R1 drafts 1 with DP attention, else 
 graph's own speculator (its MTP layer count), each said so in the point's assumptions. The
 acceptance (mean tokens emitted per decode row and step, in [1, 1 + k]) is an ASSUMPTION, not a
 measurement: ``--acceptance``, else the --settings column ``acceptance``, else the serving
-layer's default 1 + 0.7 k (``serve.DEFAULT_ACCEPTANCE_PER_DRAFT``); the report notes it. A method
+layer's default ``serve.default_acceptance(k)`` (1.7, 2.19, 2.53 for k = 1, 2, 3); the report notes it. A method
 the graph has no drafter for (``eagle`` on a model whose speculator is its MTP layers, any method
 on a model with none) is refused with that reason, as are speculating points under the static
 rules (they price 1-token decode rows).
@@ -593,7 +593,7 @@ IX_SPEC_RECIPES = {
                                                                    "minimaxm3_fp8_b200_mtp.sh\")")),
 }
 SPEC_FIELDS = ("num_speculative_tokens", "acceptance")     # the --settings columns of a speculating run
-ACCEPTANCE_SOURCE = ("ASSUMED, not measured: 1 + {p} x num_speculative_tokens (serve.DEFAULT_ACCEPTANCE_PER_DRAFT "
+ACCEPTANCE_SOURCE = ("ASSUMED, not measured: {law} (serve.default_acceptance, DEFAULT_ACCEPTANCE_PER_DRAFT "
                      "= {p}, the serving layer's stated default; mean tokens emitted per decode row and step; "
                      "override with --acceptance or an acceptance column in --settings)")
 
@@ -629,8 +629,8 @@ def speculation_assumptions(p: Point) -> dict:
     step: the point's --settings column num_speculative_tokens, else its InferenceX recipe's,
     ``IX_SPEC_RECIPES``, else the graph's own speculator, its MTP layer count) and ``acceptance``
     (mean tokens emitted per decode row and step, in [1, 1 + k]: --acceptance, else the --settings
-    column, else the serving layer's stated default 1 + 0.7 k, an assumption, not a
-    measurement). Empty for a point measured without speculation. Refuses (JaxpriceError) a
+    column, else the serving layer's stated default ``serve.default_acceptance(k)``, an
+    assumption, not a measurement). Empty for a point measured without speculation. Refuses (JaxpriceError) a
     method the model graph has no drafter for."""
     if not is_speculative(p):
         return {}
@@ -656,13 +656,13 @@ def speculation_assumptions(p: Point) -> dict:
                                            f"{p.engine}): the graph's own speculator ({glayers} MTP layer(s), "
                                            "one drafted token each)")
     k = out["num_spec_tokens"][0]
-    from .serve import DEFAULT_ACCEPTANCE_PER_DRAFT as per
+    from .serve import ACCEPTANCE_LAW, DEFAULT_ACCEPTANCE_PER_DRAFT as per, default_acceptance
     if p.acceptance is not None:
         out["acceptance"] = (float(p.acceptance), "--acceptance (ASSUMED, not measured: the value given)")
     elif "acceptance" in stated:
         out["acceptance"] = (float(stated["acceptance"]), _stated_where(p))
     else:
-        out["acceptance"] = (round(1.0 + per * k, 12), ACCEPTANCE_SOURCE.format(p=per))
+        out["acceptance"] = (default_acceptance(k), ACCEPTANCE_SOURCE.format(p=per, law=ACCEPTANCE_LAW.format(a=per)))
     return out
 
 
@@ -705,7 +705,8 @@ def _speculation_note(points, info, batch_rule) -> None:
                 f"'{batch_rule}' (it prices 1-token decode rows): batch rule 'simulate' prices them")
     else:
         how = ("--acceptance " + f"{spec[0].acceptance:g}" if spec[0].acceptance is not None else
-               "the --settings rows' acceptance where given, else 1 + 0.7 x k (serve.DEFAULT_ACCEPTANCE_PER_DRAFT)")
+               "the --settings rows' acceptance where given, else serve.default_acceptance(k): 1.7, 2.19, 2.53 for "
+               "k = 1, 2, 3")
         methods = ", ".join(sorted({p.spec_decode for p in spec}))
         text = (f"{len(spec)} point(s) measured with speculative decoding ({methods}): each priced (where its "
                 "model graph has a drafter for the method) with 1 + k tokens per decode row and the drafter's passes, "
@@ -2035,7 +2036,7 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     num_speculative_tokens and acceptance give a speculating run's draft count and acceptance.
     acceptance: the mean tokens emitted per decode row and step of every point measured with
     speculative decoding (a number in [1, 1 + k], k its draft count; default: each point's
-    --settings row, else the serving layer's assumed 1 + 0.7 k; ``speculation_assumptions``),
+    --settings row, else the serving layer's assumed ``serve.default_acceptance(k)``; ``speculation_assumptions``),
     for 'simulate'."""
     check_batch_rule(batch_rule)
     check_registry(registry)

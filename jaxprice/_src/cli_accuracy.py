@@ -30,7 +30,7 @@ formulas are in ``jaxprice/_src/accuracy.py``. A point measured with speculative
 drafter's passes, k its InferenceX recipe's draft count (else the model graph's own MTP layers;
 a ``num_speculative_tokens`` column in ``--settings`` overrides it), and an ASSUMED acceptance
 (mean tokens per decode row and step: ``--acceptance A``, else an ``acceptance`` column in
-``--settings``, else the serving layer's 1 + 0.7 k), never a measured one; a method the model
+``--settings``, else the serving layer's serve.default_acceptance(k)), never a measured one; a method the model
 graph has no drafter for is refused with its reason. Exit status 0 when the CSV was read and scored
 (refused points are listed, not an error), 2 on bad input (a malformed CSV: file, line, column
 and value named).
@@ -92,7 +92,7 @@ def add_parser(subparsers):
     p.add_argument("--acceptance", metavar="A", default=None,
                    help="speculative decoding: the mean tokens emitted per decode row and step (1 .. 1 + k, k the "
                         "point's draft count) assumed for every point measured with it (default: its --settings "
-                        "row's acceptance, else 1 + 0.7 k; an assumption, not a measurement)")
+                        "row's acceptance, else 1.7, 2.19, 2.53 for k = 1, 2, 3; an assumption, not a measurement)")
     p.add_argument("--assumptions", action="store_true",
                    help="also print the engine settings each simulated deployment ran with, and their sources")
     p.add_argument("--estimate", choices=("no_overlap", "overlap"), default=None,

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import compile_cache
 from .cli_price import parse_float, parse_int, parse_int_list
-from .errors import refuse
+from .errors import JaxpriceError, refuse
 from .outputs import check_image, check_output_file
 from .progress import Progress
 
@@ -71,6 +71,13 @@ def add_parser(subparsers):
                    help=f"SGLang: max_running_requests values (default {seqs})")
     p.add_argument("--chunked-prefill-size", metavar="LIST", default=None,
                    help=f"SGLang: chunked_prefill_size values (default {tokens})")
+    p.add_argument("--spec-tokens", metavar="LIST", default=None,
+                   help="speculative decoding: draft counts k to search (tokens drafted per decode step by the "
+                        "model's own MTP layers; a decode row schedules 1 + k), e.g. 0,1,2,3 (default 0: none; "
+                        "k > 0 needs a model graph with a drafter; vLLM engines only)")
+    p.add_argument("--acceptance", metavar="A", default=None,
+                   help="speculative decoding: ASSUMED mean tokens emitted per decode row and step, in "
+                        "[1, 1 + the largest k] (at most 1 + k for each k; default (1 - 0.7^(k+1)) / 0.3: 1.7, 2.19, 2.53 for k = 1, 2, 3)")
     p.add_argument("--range-ratio", default="0.8",
                    help="request lengths uniform on [ratio x L, L] (InferenceX: 0.8; 1 = fixed)")
     p.add_argument("--evaluator", choices=S.EVALUATORS, default="auto",
@@ -173,6 +180,7 @@ def options(args) -> dict:
     if not 0 < rr <= 1:
         refuse("must be in (0, 1] (1: fixed lengths)", field="--range-ratio", value=args.range_ratio)
     simulation = _simulation_options(args)
+    speculation = _speculation_options(args)
     concurrency = parse_int_list(args.concurrency, flag="--concurrency", minimum=1)
     num = simulation["num_prompts"]
     if num is not None and num < max(concurrency):     # 4 prompts at C=64 ran four clients, read as C=64
@@ -192,7 +200,29 @@ def options(args) -> dict:
                 max_num_seqs=parse_int_list(seqs_text, flag=seqs_flag, minimum=1),
                 max_num_batched_tokens=parse_int_list(tokens_text, flag=tokens_flag, minimum=1),
                 cudagraph_modes=modes, range_ratio=rr, evaluator=args.evaluator,
-                **simulation, **({"engine": args.engine} if getattr(args, "engine", "vllm") != "vllm" else {}))
+                **simulation, **speculation,
+                **({"engine": args.engine} if getattr(args, "engine", "vllm") != "vllm" else {}))
+
+
+def _speculation_options(args) -> dict:
+    """--spec-tokens (non-negative integers) and --acceptance (in [1, 1 + the largest k], refused
+    without a k > 0); none given: {} (the search as without them)."""
+    spec, acc = getattr(args, "spec_tokens", None), getattr(args, "acceptance", None)
+    out = {}
+    if spec is not None:
+        out["spec_tokens"] = parse_int_list(spec, flag="--spec-tokens", minimum=0,
+                                            why=" (draft tokens per decode step; 0: no speculation)")
+    if acc is not None:
+        top = max(out.get("spec_tokens", [0]))
+        if top == 0:
+            refuse("is the acceptance of speculative decoding: give --spec-tokens above 0 (e.g. 0,1,2)",
+                   field="--acceptance", value=acc)
+        a = parse_float(acc, flag="--acceptance")
+        if not 1.0 <= a <= 1.0 + top:
+            refuse(f"must be in [1, 1 + {top}] (mean tokens emitted per decode row and step, at most 1 + the largest "
+                   "--spec-tokens)", field="--acceptance", value=acc)
+        out["acceptance"] = a
+    return out
 
 
 def _simulation_options(args) -> dict:
@@ -239,6 +269,8 @@ def describe_space(cands, ctx, show_rejected=False) -> str:
                 sorted({x.max_num_batched_tokens for x in lay})}
     if not sglang:
         axes["graph mode"] = list(dict.fromkeys(x.cudagraph_mode for x in lay))
+    if any(x.spec_tokens for x in lay):
+        axes["draft tokens (MTP)"] = sorted({x.spec_tokens for x in lay})
     w = ctx["workload"]
     ok = [c for c in cands if c.status != "rejected"]
     rej = [c for c in cands if c.status == "rejected"]
@@ -385,6 +417,11 @@ def run(args) -> int:
     loaded = compile_cache.loaded()
     try:
         result = size(args.model, callback=progress, on_candidates=announce, **opts)
+    except JaxpriceError as err:       # the API's field names, as the flags that set them
+        flag = {"spec_tokens": "--spec-tokens", "acceptance": "--acceptance"}.get(err.field)
+        if flag is None:
+            raise
+        raise JaxpriceError(err.reason, file=err.file, field=flag, value=err.value, has_value=True) from None
     finally:
         if "bar" in bar:
             bar["bar"].close()
@@ -420,6 +457,15 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
         names = [result.results[i].layout.label for i in result.tied]
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
         lines.append(f"  tied with {shown} (the same numbers: their other settings do not bind at this load)")
+    spec = info.get("speculation")
+    if spec is not None:
+        k = result.best_result.layout.spec_tokens
+        acc = ", ".join(f"k={kk}: {a:g}" for kk, a in spec["acceptance"].items())
+        lines.append(f"  speculative decoding searched (draft counts {', '.join(map(str, spec['spec_tokens']))}); "
+                     + (f"the best drafts {k} token(s) a step at an acceptance of "
+                        f"{result.best_result.layout.tokens_per_step:g} tokens per decode row and step"
+                        if k else "the best does not speculate")
+                     + f"; acceptance {acc}: {spec['acceptance_source']}")
     if result.runner_up is not None:
         n = result.point(result.runner_up)
         lines.append(f"  beats the next best, {n['label']} ({n['tokens_per_s_per_gpu']:.1f} tok/s per GPU at "

@@ -68,10 +68,24 @@ class Layout:
     max_num_batched_tokens: int  # SGLang: chunked_prefill_size
     cudagraph_mode: str          # SGLang: SGLANG_GRAPH_MODE
     engine: str = "vllm"         # ENGINES; SGLang's max_num_seqs is its max_running_requests
+    spec_tokens: int = 0         # speculative decoding: tokens drafted per decode step (k; 0: off) by the
+    #                              model graph's own drafter (its MTP layers); a decode row schedules 1 + k
+    acceptance: float | None = None  # mean tokens emitted per decode row and step, in [1, 1 + k] (an
+    #                              ASSUMPTION; None: serve.default_acceptance(k); 1 when k = 0)
 
     @property
     def width(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens a decode row emits per step: 1 without speculation, else the acceptance."""
+        if not self.spec_tokens:
+            return 1.0
+        if self.acceptance is None:
+            from .serve import default_acceptance
+            return default_acceptance(self.spec_tokens)
+        return float(self.acceptance)
 
     @property
     def parallel_label(self) -> str:
@@ -80,14 +94,19 @@ class Layout:
 
     @property
     def label(self) -> str:
+        spec = f" mtp{self.spec_tokens}" if self.spec_tokens else ""    # only when speculating
         if self.engine == "sglang":
-            return f"{self.parallel_label} mrr{self.max_num_seqs} chunk{self.max_num_batched_tokens}"
+            return f"{self.parallel_label} mrr{self.max_num_seqs} chunk{self.max_num_batched_tokens}{spec}"
         mode = {"PIECEWISE": "pw", "FULL_AND_PIECEWISE": "full+pw", "FULL": "full",
                 "FULL_DECODE_ONLY": "full-dec", "NONE": "eager"}.get(self.cudagraph_mode, self.cudagraph_mode)
-        return f"{self.parallel_label} seqs{self.max_num_seqs} mbt{self.max_num_batched_tokens} {mode}"
+        return f"{self.parallel_label} seqs{self.max_num_seqs} mbt{self.max_num_batched_tokens} {mode}{spec}"
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
+        if self.spec_tokens:              # the draft count and the ASSUMED acceptance it was priced at
+            out["acceptance"] = self.tokens_per_step
+        else:                             # a layout without speculation: its dict as before
+            del out["spec_tokens"], out["acceptance"]
         if self.engine == "vllm":         # a vLLM layout's dict as before engines were added
             del out["engine"]
         else:                             # SGLang's names for its two limits beside the shared ones
@@ -209,12 +228,23 @@ def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int,
                 "cudagraph_mode": layout.cudagraph_mode}
     if layout.engine != "vllm":
         searched["scheduler"] = layout.engine
+    if layout.spec_tokens:       # the model's own drafter (its MTP layers), as resolve._speculation reads it
+        if not graph.speculator:
+            refuse(f"{graph.name} has no drafter (no MTP layers in its graph): speculative decoding cannot be priced",
+                   field="spec_tokens", value=layout.spec_tokens)
+        searched["speculative"] = {"num_spec_tokens": int(layout.spec_tokens),
+                                   "method": str(graph.speculator["method"])}
     return base_scenario(model, chip, tp=layout.tp, dp=layout.dp, ep=layout.ep, weights=layout.weights, graph=graph,
                          name=name or scenario_name(model, chip, layout), gpus_per_node=gpus_per_node,
                          gpu_memory_utilization=gpu_memory_utilization, path=path, fabric=fabric, searched=searched)
 
 
 def scenario_name(model: str, chip: str, layout: Layout) -> str:
+    spec = f"-mtp{layout.spec_tokens}" if layout.spec_tokens else ""
+    return _scenario_name(model, chip, layout) + spec
+
+
+def _scenario_name(model: str, chip: str, layout: Layout) -> str:
     if layout.engine == "sglang":
         return (f"{model}-{chip}-{layout.weights}-sglang-tp{layout.tp}" + (f"-dp{layout.dp}" if layout.dp > 1 else "")
                 + ("-ep" if layout.ep else "") + f"-mrr{layout.max_num_seqs}-chunk{layout.max_num_batched_tokens}")
@@ -271,12 +301,16 @@ def _is_hf(source: str) -> bool:
 
 def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=None, weights=None,
                     max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
-                    cudagraph_modes=DEFAULT_GRAPH_MODES, engine: str = "vllm") -> list:
+                    cudagraph_modes=DEFAULT_GRAPH_MODES, engine: str = "vllm", spec_tokens=(0,),
+                    acceptance: float | None = None) -> list:
     """Every Layout to try (before the fit check), in a stable order. tp, dp, ep, weights: lists
     restricting those axes (None: all). dp > 1 only for MoE models (data-parallel attention; a
     dense model's replicas are separate engines already); ep only for MoE and tp x dp > 1.
     engine 'sglang': max_num_seqs and max_num_batched_tokens are SGLang's max_running_requests
-    and chunked_prefill_size, the graph mode SGLANG_GRAPH_MODE (``cudagraph_modes`` unused)."""
+    and chunked_prefill_size, the graph mode SGLANG_GRAPH_MODE (``cudagraph_modes`` unused).
+    spec_tokens: draft counts k (0: no speculation; k > 0 only for a graph with a drafter, checked
+    by the caller), the innermost axis; acceptance: the mean tokens a decode row emits per step
+    assumed for every k > 0, at most 1 + k (None: serve.default_acceptance(k))."""
     if engine == "sglang":
         cudagraph_modes = (SGLANG_GRAPH_MODE,)
     moe = is_moe(graph)
@@ -288,13 +322,16 @@ def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=
     max_num_seqs, max_num_batched_tokens, cudagraph_modes = (
         list(dict.fromkeys(int(v) for v in max_num_seqs)), list(dict.fromkeys(int(v) for v in max_num_batched_tokens)),
         list(dict.fromkeys(str(v) for v in cudagraph_modes)))
+    specs = list(dict.fromkeys(int(v) for v in spec_tokens))
     parallel = sum(1 for t, d, e in itertools.product(tps, dps, eps)
                    if not gpus % (t * d) and not (e and (not moe or t * d == 1)))
-    count = parallel * len(fmts) * len(max_num_seqs) * len(max_num_batched_tokens) * len(cudagraph_modes)
+    count = (parallel * len(fmts) * len(max_num_seqs) * len(max_num_batched_tokens) * len(cudagraph_modes)
+             * len(specs))
     if count > MAX_CANDIDATES:     # refused before any is built: each one is resolved and fit-checked
         refuse(f"{count} layouts ({parallel} parallel layouts x {len(fmts)} weight formats x {len(max_num_seqs)} "
                f"max_num_seqs x {len(max_num_batched_tokens)} max_num_batched_tokens x {len(cudagraph_modes)} graph "
-               f"modes) is more than the {MAX_CANDIDATES} a search takes: list fewer values", field="candidates",
+               f"modes" + (f" x {len(specs)} draft counts" if len(specs) > 1 else "")
+               + f") is more than the {MAX_CANDIDATES} a search takes: list fewer values", field="candidates",
                value=count)
     out = []
     for t, d, e, f in itertools.product(tps, dps, eps, fmts):
@@ -302,8 +339,12 @@ def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=
             continue
         if e and (not moe or t * d == 1):
             continue
-        for s, b, m in itertools.product(max_num_seqs, max_num_batched_tokens, cudagraph_modes):
-            out.append(Layout(t, d, bool(e), f, int(s), int(b), str(m), engine))
+        for s, b, m, k in itertools.product(max_num_seqs, max_num_batched_tokens, cudagraph_modes, specs):
+            if not k:
+                out.append(Layout(t, d, bool(e), f, int(s), int(b), str(m), engine))
+                continue
+            acc = None if acceptance is None else min(float(acceptance), 1.0 + k)   # at most every draft accepted
+            out.append(Layout(t, d, bool(e), f, int(s), int(b), str(m), engine, int(k), acc))
     return out
 
 
@@ -334,7 +375,7 @@ def _kv_tokens(dep: Deployment, length: float) -> float:
 def _engine_key(dep: Deployment, layout: Layout):
     m = dep.plan.memory
     return (dep.plan.digest, round(float(m["kv_capacity_tokens"])), layout.max_num_seqs,
-            layout.max_num_batched_tokens, layout.dp, layout.tp)
+            layout.max_num_batched_tokens, layout.dp, layout.tp, layout.spec_tokens, layout.tokens_per_step)
 
 
 def spans_nodes_reason(width: int, gpus_per_node: int, fabrics) -> str:
@@ -355,7 +396,7 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
     out, seen, hopeless = [], {}, {}
     for k, lay in enumerate(layouts):
         replicas = gpus // lay.width
-        par = (lay.tp, lay.dp, lay.ep, lay.weights)
+        par = (lay.tp, lay.dp, lay.ep, lay.weights, lay.spec_tokens > 0)    # a drafter adds its weights
         if par in hopeless:        # weights alone exceed memory: no engine setting changes that
             out.append(Candidate(lay, replicas, "rejected", hopeless[par][0], memory=dict(hopeless[par][1])))
             continue

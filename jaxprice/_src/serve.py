@@ -20,8 +20,8 @@ The engine (vLLM v1, serving-reference.md §1-3), per data-parallel rank:
   request that cannot grow preempts the latest-admitted running requests (recompute: its
   blocks freed, re-prefilled with its outputs when readmitted at the head of the queue);
 * speculative decoding: a decode row schedules 1 + k tokens (k = num_spec_tokens, k lookahead
-  slots) and emits ``acceptance`` tokens per step on average (input; default 1 + k * 0.7 ...
-  see ``ENGINE_DEFAULTS``); without speculation 1;
+  slots) and emits ``acceptance`` tokens per step on average (input; default
+  ``default_acceptance(k)``, (1 - 0.7^(k+1)) / 0.3, an assumption); without speculation 1;
 * data parallelism: each rank has its own scheduler, queue, budget and KV cache. Closed loop:
   the C clients are spread evenly over the ranks (rank r keeps C // dp (+1 for r < C % dp)
   requests in flight; vLLM's balancer sends a new request to the least-loaded rank, which is
@@ -116,7 +116,19 @@ RESERVE_TO_COMPLETION = ("sglang", "trtllm")   # admit only what can grow to its
 PREFILL_FIRST = ("sglang",)                    # a step runs prefills only, or else decodes only
 TRTLLM_MAX_NUM_TOKENS = (8192, "TensorRT-LLM's max_num_tokens default 8192 (its LLM API arguments, docs.nvidia.com "
                                "nemo_deploy TensorRTLLMAPIDeployable)")
-DEFAULT_ACCEPTANCE_PER_DRAFT = 0.7     # mean accepted share of each draft token when none is given
+DEFAULT_ACCEPTANCE_PER_DRAFT = 0.7     # the chance each draft token is accepted, when no acceptance is given
+ACCEPTANCE_LAW = ("(1 - a^(k+1)) / (1 - a), a = {a} the chance each draft is accepted: a draft counts only if every "
+                  "draft before it was accepted (Leviathan, Kalman, Matias 2023, speculative decoding's expected "
+                  "tokens per step)")
+
+
+def default_acceptance(k: int, per_draft: float = DEFAULT_ACCEPTANCE_PER_DRAFT) -> float:
+    """The mean tokens a decode row emits per step with k draft tokens when none is given (an
+    ASSUMPTION, not a measurement): the accepted prefix of the drafts plus the target's own token,
+    (1 - a^(k+1)) / (1 - a) = 1 + a + ... + a^k with a = ``per_draft`` the chance each draft is
+    accepted, independently (k = 1: 1.7; 2: 2.19; 3: 2.533) [tokens / step]. A draft after a
+    rejected one is discarded, so the mean is not 1 + a k (which would count it)."""
+    return float(sum(per_draft ** i for i in range(int(k) + 1)))
 
 
 def _next_pow2(x):
@@ -211,8 +223,8 @@ def engine_settings(dep, engine=None, *, max_len=None, acceptance=None, ref_len=
     out, src = s.out, s.src
     k = out["num_spec_tokens"]
     if acceptance is None:
-        acceptance = 1.0 + k * DEFAULT_ACCEPTANCE_PER_DRAFT if k else 1.0
-        a_src = f"assumed 1 + {DEFAULT_ACCEPTANCE_PER_DRAFT} x num_spec_tokens" if k else "no speculation: 1"
+        acceptance = default_acceptance(k)
+        a_src = (f"assumed {ACCEPTANCE_LAW.format(a=DEFAULT_ACCEPTANCE_PER_DRAFT)}" if k else "no speculation: 1")
     else:
         a_src = "acceptance= argument"
     if not (_is_real(acceptance) and math.isfinite(acceptance) and 1 <= acceptance <= k + 1):

@@ -107,6 +107,21 @@ README ("Sizing SGLang") and experiments/results/steady_vs_serve.txt. Output: th
 ``python -m sglang.launch_server`` line (``launch_command``, ``sglang_command``) in place of
 ``vllm serve``'s; ``as_dict`` says the engine.
 
+**Speculative decoding** (``spec_tokens=``, ``--spec-tokens``; ``acceptance=``, ``--acceptance``):
+a draft count k per layout (``Layout.spec_tokens``, innermost axis; 0 = off, the default, its
+layouts and outputs unchanged), searched only for a model graph with a drafter (its MTP layers,
+``graph.speculator``) and vLLM engines. A candidate's scenario states ``engine.speculative``
+{num_spec_tokens: k, method: the graph's}, so the plan prices the drafter's passes and a uniform
+decode width of 1 + k. The steady state schedules 1 + k tokens per decode row (priced as decodes:
+threshold max(8, 1 + k)), counts them in the budget, holds k lookahead KV slots per request and
+takes a request to finish in osl / a steps, a = the acceptance (mean tokens emitted per decode
+row and step, ``Layout.tokens_per_step``: an ASSUMPTION, default serve.default_acceptance(k),
+1.7, 2.19, 2.53 for k = 1, 2, 3; a given one is capped at 1 + k for each k), so TPOT = the
+step mix / a + host_output_token; the serving simulation runs at the same acceptance (as ``jaxprice
+serve --acceptance``). Outputs: labels ``... mtp2``, ``info['speculation']`` (the assumption),
+``--speculative-config`` in the vLLM line (SGLang's EAGLE flags in its line; SGLang's closed form
+refuses k > 0).
+
 Library code: no printing; progress goes through ``callback(done, total, **info)``.
 """
 
@@ -145,6 +160,7 @@ MAX_SEARCH_REQUESTS = 1 << 22  # requests the serving simulation may run in one 
 #                                the default serve search of DeepSeek-V3 on 8 GPUs runs ~0.8 M (minutes); past
 #                                4 M it runs for hours and its shared scheduler calls hold many GB
 DECODE_THRESHOLD = 8
+MAX_SPEC_TOKENS = 15           # draft tokens per decode step a search takes (vLLM's MTP recipes use 1-3)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -242,12 +258,15 @@ def _spec_rows(specs) -> int:
     return _rows(max(len(b[0]) for spec in specs for b in spec[1]) - 1) + 1
 
 
-def _held_tokens(workload: SizeWorkload, block: int) -> float:
+def _held_tokens(workload: SizeWorkload, block: int, lookahead: int = 0) -> float:
     """A resident request's KV-cache tokens in whole blocks, averaged over its life: block x
     ceil(L / block) over contexts L uniform on [isl + 1, isl + osl] (64 points)  [tokens]. About
     the mean context + block / 2 for small blocks; a hybrid model's blocks of thousands of tokens
-    (resolve.hybrid_block_size) hold a short request in one."""
+    (resolve.hybrid_block_size) hold a short request in one. ``lookahead``: the k slots a
+    speculating request holds beyond its context (its drafts)."""
     lengths = np.linspace(workload.mean_isl + 1.0, workload.mean_isl + max(workload.mean_osl, 1.0), 64)
+    if lookahead:
+        lengths = lengths + float(lookahead)
     return float(np.mean(block * np.ceil(lengths / block)))
 
 
@@ -279,10 +298,14 @@ def _lockstep(dep: Deployment, layout: Layout) -> int:
     return layout.dp if (layout.dp > 1 and dep.plan.scalars.get("has_moe")) else 1
 
 
-def _budget_requests(budget: int, isl: int, osl: float) -> int:
+def _budget_requests(budget: int, isl: int, osl: float, spec_tokens: int = 0, acceptance: float = 1.0) -> int:
     """The resident requests per rank whose prompts the step budget can prefill as fast as they
     finish: R + R isl / osl <= max_num_batched_tokens (R decode tokens and the prefill tokens of
-    R / osl prompts a step), so R <= budget osl / (isl + osl)."""
+    R / osl prompts a step), so R <= budget osl / (isl + osl). Speculating (k = spec_tokens > 0):
+    each decode row schedules 1 + k tokens and a request finishes in osl / acceptance steps, so
+    R (1 + k) + R acceptance isl / osl <= budget."""
+    if spec_tokens:
+        return max(1, int(budget // ((1 + spec_tokens) + acceptance * isl / osl)))
     return max(1, int(budget * osl // (isl + osl)))
 
 
@@ -297,21 +320,28 @@ def steady_state_requests(dep: Deployment, layout: Layout, workload: SizeWorkloa
     than one a step (short outputs, many residents): steps carry k = floor(q) or k + 1 whole
     prompts, mixed to q (the last one cut to the room, its weight raised to keep the tokens).
     Chunked prompts at more than one chunk a step: each chunk's marginal cost,
-    S(decodes + chunk) - S(decodes), q / n times a step (the decode-only weight 1 - q < 0)."""
+    S(decodes + chunk) - S(decodes), q / n times a step (the decode-only weight 1 - q < 0).
+
+    Speculative decoding (``layout.spec_tokens`` = k > 0, ``layout.tokens_per_step`` = a, the
+    assumed acceptance): each decode row schedules 1 + k tokens (the drafts verified) and emits a
+    tokens a step, so a request finishes in osl / a steps (the chunk rate q and the budget fit
+    take osl / a), the budget counts 1 + k tokens a decode row, and each request holds k more
+    KV slots (its lookahead); ``_steady_metrics`` divides the step time by a for the TPOT."""
     isl, osl, ctx = _lengths(workload)
+    k, accepted = int(layout.spec_tokens), layout.tokens_per_step
     per_rank = math.ceil(concurrency / layout.dp)
-    held = _held_tokens(workload, int(dep.plan.memory.get("block_size", 16)))
+    held = _held_tokens(workload, int(dep.plan.memory.get("block_size", 16)), k)
     cap = _kv_tokens(dep, held)
     kv_fit = int(cap // held) if math.isfinite(cap) else per_rank
-    budget_fit = _budget_requests(layout.max_num_batched_tokens, isl, osl)
+    budget_fit = _budget_requests(layout.max_num_batched_tokens, isl, osl, k, accepted)
     R = max(1, min(per_rank, layout.max_num_seqs, kv_fit, budget_fit))
-    room = max(layout.max_num_batched_tokens - R, 1)
+    room = max(layout.max_num_batched_tokens - R * (1 + k), 1)
     chunks = _prompt_chunks(isl, room)
-    decode = ([1] * R, [ctx - 1] * R)
-    q = _chunk_rate(R, osl, len(chunks), _lockstep(dep, layout))
+    decode = ([1 + k] * R, [ctx - 1] * R)
+    q = _chunk_rate(R, osl / accepted if k else osl, len(chunks), _lockstep(dep, layout))
     if q > 1.0 and len(chunks) == 1:
         return (R, *_packed_prompts(decode, q, isl, room), 1)
-    batches = [decode] + [([1] * R + [n], [ctx - 1] * R + [d]) for n, d in chunks]
+    batches = [decode] + [([1 + k] * R + [n], [ctx - 1] * R + [d]) for n, d in chunks]
     a = q / len(chunks)
     tpot_w = [1.0 - q] + [a] * len(chunks)
     ttft_w = [0.0] + [1.0] * len(chunks)
@@ -375,7 +405,11 @@ def sglang_steady_state_requests(dep: Deployment, layout: Layout, workload: Size
     client's next request, serve the step after next; a step by count, weights w / sum w), then
     the prompt's own prefill step(s) (the mix weighted by prompts: (1 - f) k / m,
     f (k + 1) / m), plus the queueing and admission latency of the module docstring.
-    Checked against the simulation (experiments/steady_vs_serve.py)."""
+    Checked against the simulation (experiments/steady_vs_serve.py). Speculative decoding is
+    refused (``layout.spec_tokens`` > 0): SGLang's EAGLE schedule is not in this closed form."""
+    if layout.spec_tokens:
+        refuse("SGLang's steady state does not price speculative decoding (EAGLE); size vLLM engines with "
+               "--spec-tokens", field="spec_tokens", value=layout.spec_tokens)
     isl, osl, ctx = _lengths(workload)
     full = max(workload.mean_isl + workload.mean_osl, 1.0)
     per_rank = math.ceil(concurrency / layout.dp)
@@ -440,10 +474,17 @@ def price_batches(dep: Deployment, batches: Batch, mesh=None, estimate: str = "n
     return np.asarray(_pricer(mesh, estimate)(dep.plan, coefs, sharded))[:n]
 
 
-def stack_rows(requests, rows: int) -> Batch:
+def decode_threshold(layout: Layout) -> int:
+    """The decode threshold the steady batches of a layout are priced at: 8, or 1 + k where a
+    speculating layout's decode rows schedule more (a row of 1 + k tokens is a decode)."""
+    return max(DECODE_THRESHOLD, 1 + int(layout.spec_tokens))
+
+
+def stack_rows(requests, rows: int, threshold: int = DECODE_THRESHOLD) -> Batch:
     """Stacked float64 batches [len(requests), rows] from (scheduled, computed) row lists (non-negative
-    integers, built here), prompt_len = computed + scheduled, padded, decode threshold 8: the
-    batches ``Batch.from_requests`` builds one by one, in one NumPy pass."""
+    integers, built here), prompt_len = computed + scheduled, padded, decode threshold 8 (a
+    speculating layout's: ``decode_threshold``): the batches ``Batch.from_requests`` builds one
+    by one, in one NumPy pass."""
     import jax.numpy as jnp
     n = len(requests)
     sched, comp = np.zeros((n, rows)), np.zeros((n, rows))
@@ -453,7 +494,7 @@ def stack_rows(requests, rows: int) -> Batch:
         comp[i, :len(c)] = c
         mask[i, :len(s)] = True
     return Batch(jnp.asarray(sched), jnp.asarray(comp), jnp.asarray(comp + sched), jnp.asarray(mask),
-                 jnp.full((n,), float(DECODE_THRESHOLD)))
+                 jnp.full((n,), float(threshold)))
 
 
 PROMPTS_PER_CLIENT = 10     # the benchmark's prompts per point: 10 x C (serving-reference §5)
@@ -521,19 +562,27 @@ def _steady_metrics(dep: Deployment, layout: Layout, workload: SizeWorkload, con
         if sglang:
             tpot[j] = hot * spec[5]
     in_flight = np.zeros((n, 2))           # SGLang's: sum w S^2, sum w S over the TPOT weights
+    # speculating (k > 0): a decode step emits ``tokens_per_step`` tokens a request, the TPOT its step / that
+    accept = layout.tokens_per_step if layout.spec_tokens else None
+    step = np.zeros(n)
     for (j, tw, fw, ww), s in zip(owners, est):
-        tpot[j] += tw * s
+        if accept is None:
+            tpot[j] += tw * s
+        else:
+            step[j] += tw * s
         service[j] += fw * s
         first[j] += ww * s
         if sglang:
             in_flight[j] += (tw * s * s, tw * s)
+    if accept is not None:
+        tpot += step / accept
     busy_steps = in_flight[:, 1] > 0              # half the step in flight, its length weighted by time
     service[busy_steps] += 0.5 * in_flight[busy_steps, 0] / in_flight[busy_steps, 1]
     osl = max(workload.mean_osl, 1.0)
     conc = np.asarray(concurrencies, dtype=float)
     R = np.array([s[0] for s in specs], dtype=float)
     per_rank = conc / layout.dp
-    service += _vllm_wait(dep, layout, tpot - hot, per_rank)
+    service += _vllm_wait(dep, layout, tpot - hot if accept is None else step, per_rank)
     busy = np.minimum(per_rank, R)                  # resident requests per rank (fractional below dp)
     ttft_s = service + hot
     request = ttft_s + (osl - 1.0) * tpot            # one request's service time, resident
@@ -564,7 +613,7 @@ def evaluate_steady(dep: Deployment, layout: Layout, workload: SizeWorkload, con
     flat += [([], [])] * (_rows(len(flat)) - len(flat))    # empty batches: one shape for many layouts
     if shapes is not None:
         shapes.add((dep.plan.digest, len(flat), rows, estimate))
-    est = price_batches(dep, stack_rows(flat, rows), mesh, estimate)
+    est = price_batches(dep, stack_rows(flat, rows, decode_threshold(layout)), mesh, estimate)
     return _steady_metrics(dep, layout, workload, concurrencies, specs, owners, est, num_prompts)
 
 
@@ -613,7 +662,8 @@ def evaluate_steady_many(deps, layouts, workload: SizeWorkload, concurrencies, *
             full = part + [part[-1]] * (D - len(part))
             stackp = ST.stack_plans([deps[i] for i in full])
             coefs = ST.stack_coefficients([deps[i].coefficients for i in full])
-            b = [stack_rows(prepared[i][2] + [([], [])] * (nb - len(prepared[i][2])), r) for i in full]
+            b = [stack_rows(prepared[i][2] + [([], [])] * (nb - len(prepared[i][2])), r, decode_threshold(layouts[i]))
+                 for i in full]
             batches = Batch(*(np.stack([np.asarray(getattr(x, f)) for x in b]) for f in
                               ("scheduled", "computed", "prompt_len", "mask", "decode_threshold")))
             if mesh is not None and mesh.size > 1:
@@ -691,6 +741,8 @@ def evaluate_serve(dep: Deployment, layout: Layout, workload: SizeWorkload, conc
     kw = {} if num_prompts is None else {"num_prompts": num_prompts}
     if engine:
         kw["engine"] = dict(engine)
+    if layout.spec_tokens:          # the assumed acceptance, as `jaxprice serve --acceptance` passes it
+        kw["acceptance"] = layout.tokens_per_step
     res = serve.simulate_sweep(dep, wl, list(concurrencies), estimate=estimate, **kw)
     get = lambda k: np.array([float(r.summary[k]) for r in res])  # noqa: E731
     ttft, tpot = get("ttft_mean"), get("tpot_mean")
@@ -722,7 +774,9 @@ def _schedules_batched(serve, deps, layouts, items, callback=None):
     """Every layout's schedules of its ``items`` (per layout, closed-loop levels) in ONE shared
     ``serve.build_schedules_batched`` call (the lanes of all layouts, levels and dp ranks grouped
     by shape bucket): per layout per item a Schedule or the JaxpriceError refusing that run."""
-    jobs = [(dep, its, None) for dep, its in zip(deps, items)]
+    # a speculating layout's assumed acceptance, as `jaxprice serve --acceptance` passes it
+    jobs = [(dep, its, None, lay.tokens_per_step) if lay.spec_tokens else (dep, its, None)
+            for dep, its, lay in zip(deps, items, layouts)]
     progress = None if callback is None else (lambda done, total, **info: callback(done, total, stage="schedule"))
     return serve.build_schedules_batched(jobs, callback=progress)
 
@@ -1011,7 +1065,16 @@ class SizeResult:
         return (f"written by jaxprice size: best of {self.info.get('layouts_evaluated', '?')} layouts for "
                 f"{self.gpus} x {self.chip}, ISL {self.workload.isl} / OSL {self.workload.osl}; "
                 f"{p['tokens_per_s_per_gpu']:.1f} output tokens/s per GPU at {p['concurrency_per_engine']} clients "
-                f"per engine x {p['replicas']} replica(s), TTFT {p['ttft_ms']:.1f} ms, TPOT {p['tpot_ms']:.2f} ms")
+                f"per engine x {p['replicas']} replica(s), TTFT {p['ttft_ms']:.1f} ms, TPOT {p['tpot_ms']:.2f} ms"
+                + self._spec_note())
+
+    def _spec_note(self) -> str:
+        lay = self.best_result.layout
+        if not lay.spec_tokens:
+            return ""
+        return (f"\nspeculative decoding: {lay.spec_tokens} draft token(s) a step at an ASSUMED acceptance of "
+                f"{lay.tokens_per_step:g} tokens per decode row and step (jaxprice serve --acceptance "
+                f"{lay.tokens_per_step:g} simulates it so)")
 
     def vllm_command(self) -> str:
         if self.best is None:
@@ -1045,6 +1108,8 @@ class SizeResult:
                "rejected": [c.as_dict() for c in self.candidates if c.status == "rejected"],
                "duplicates": [c.as_dict() for c in self.candidates if c.status == "duplicate"]}
         out = {"engine": self.engine} | out
+        if "speculation" in self.info:      # the draft counts searched and the ASSUMED acceptance
+            out["speculation"] = self.info["speculation"]
         if self.best is not None:           # vllm_command or sglang_command
             out[f"{self.engine}_command"] = self.launch_command()
         return out
@@ -1098,6 +1163,9 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
               f"--gpu-memory-utilization {e['gpu_memory_utilization']}",
               "--compilation-config '{\"cudagraph_mode\": \"%s\"}'" % e["cudagraph_mode"],
               "--no-enable-prefix-caching"]
+    if e.get("speculative"):      # the model's own MTP layers as the drafter (vLLM's speculative config)
+        parts.append("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": %d}'"
+                     % int(e["speculative"]["num_spec_tokens"]))
     cmd = " ".join(parts)
     if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
         cmd += (f"    # {e['quantization']}: vLLM does not quantize to it online: serve a published "
@@ -1144,6 +1212,10 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
     parts += [f"--max-running-requests {e['max_num_seqs']}", f"--chunked-prefill-size {e['max_num_batched_tokens']}",
               f"--context-length {e['max_model_len']}", f"--mem-fraction-static {e['gpu_memory_utilization']}",
               "--disable-radix-cache"]
+    if e.get("speculative"):      # EAGLE over the model's own MTP layers: k draft steps, 1 + k verified a row
+        k = int(e["speculative"]["num_spec_tokens"])
+        parts += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
+                  f"--speculative-num-draft-tokens {k + 1}"]
     cmd = " ".join(parts)
     if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
         cmd += (f"    # {e['quantization']}: serve a published {e['quantization']} checkpoint of this model in its "
@@ -1352,6 +1424,63 @@ def _checked_workload(gpus, isl, osl, ttft_ms, tpot_ms, concurrency, range_ratio
             or not 0 < float(range_ratio) <= 1:
         refuse("must be in (0, 1]", field="range_ratio", value=range_ratio)
     return gpus, SizeWorkload(isl, osl, float(range_ratio)), ttft_t, tpot_t, conc
+
+
+def _checked_speculation(spec_tokens, acceptance, engine) -> tuple[list, float | None]:
+    """The draft counts (non-negative integers, 0 = no speculation) and the assumed acceptance
+    (None, or a number in [1, 1 + the largest k]; refused beside no k > 0), each refused in one
+    line; SGLang engines are refused any k > 0 (its steady state has no speculation)."""
+    if isinstance(spec_tokens, (str, bytes)) or not hasattr(spec_tokens, "__iter__"):
+        refuse("expected a list of draft counts (0: no speculation)", field="spec_tokens", value=shown(spec_tokens),
+               has_value=True)
+    ks = list(spec_tokens)
+    if not ks:
+        refuse("expected at least one draft count (0: no speculation)", field="spec_tokens", value=ks, has_value=True)
+    for k in ks:
+        whole_float = isinstance(k, (float, np.floating)) and math.isfinite(k) and k == int(k)
+        if isinstance(k, (bool, np.bool_)) or not (isinstance(k, (int, np.integer)) or whole_float):
+            refuse("expected whole numbers of draft tokens (0: no speculation)", field="spec_tokens",
+                   value=shown(k), has_value=True)
+        if k < 0 or k > MAX_SPEC_TOKENS:
+            refuse(f"must be in [0, {MAX_SPEC_TOKENS}] draft tokens per decode step (0: no speculation)",
+                   field="spec_tokens", value=k, has_value=True)
+    ks = list(dict.fromkeys(int(k) for k in ks))
+    top = max(ks)
+    if top > 0 and engine == "sglang":
+        refuse("speculative decoding is searched for vLLM engines only (SGLang's EAGLE schedule is not in its steady "
+               "state): leave --spec-tokens at 0 with --engine sglang", field="spec_tokens", value=top)
+    if acceptance is None:
+        return ks, None
+    if top == 0:
+        refuse("is the acceptance of speculative decoding: give draft counts above 0 (--spec-tokens)",
+               field="acceptance", value=shown(acceptance), has_value=True)
+    if isinstance(acceptance, (bool, np.bool_)) or not isinstance(acceptance, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(acceptance)) or not 1.0 <= float(acceptance) <= 1.0 + top:
+        refuse(f"must be a number in [1, 1 + {top}] (mean tokens emitted per decode row and step, at most 1 + the "
+               "largest draft count)", field="acceptance", value=shown(acceptance), has_value=True)
+    return ks, float(acceptance)
+
+
+def _check_drafter(graph: ModelGraph, spec_tokens) -> None:
+    """Refuse draft counts above 0 for a model graph without a drafter (its MTP layers)."""
+    if max(spec_tokens) > 0 and not graph.speculator:
+        refuse(f"{graph.name} has no drafter (no MTP layers in its model graph): speculative decoding cannot be "
+               "searched for it (--spec-tokens 0 only)", field="spec_tokens", value=max(spec_tokens))
+
+
+def speculation_info(spec_tokens, acceptance) -> dict | None:
+    """What a search assumed of speculative decoding (None when it searched none): the draft
+    counts and, per k > 0, the acceptance priced (an ASSUMPTION, not a measurement)."""
+    ks = [k for k in spec_tokens if k > 0]
+    if not ks:
+        return None
+    from .serve import ACCEPTANCE_LAW, DEFAULT_ACCEPTANCE_PER_DRAFT as per, default_acceptance
+    acc = {k: (default_acceptance(k) if acceptance is None else min(acceptance, 1.0 + k)) for k in ks}
+    source = (f"ASSUMED, not measured: {ACCEPTANCE_LAW.format(a=per)} (serve.default_acceptance)" if acceptance is None
+              else f"ASSUMED, not measured: --acceptance {acceptance:g} (at most 1 + k)")
+    return {"spec_tokens": list(spec_tokens), "acceptance": {str(k): a for k, a in acc.items()},
+            "acceptance_source": source,
+            "note": "acceptance = mean tokens emitted per decode row and step; TPOT scales about as 1 / acceptance"}
 
 
 def _check_engine(engine, cudagraph_modes) -> None:
@@ -1681,7 +1810,8 @@ def _prompt_rules(num_prompts, search_prompts) -> tuple[str, str]:
 
 
 def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weights, max_num_seqs,
-                     max_num_batched_tokens, cudagraph_modes, gpus_per_node, fabric, engine="vllm"):
+                     max_num_batched_tokens, cudagraph_modes, gpus_per_node, fabric, engine="vllm", spec_tokens=(0,),
+                     acceptance=None):
     """The model, chip and fabric looked up and the layouts resolved into candidates (each ok
     or rejected with its reason): (graph, registry, model source, chip, gpus_per_node, layouts,
     candidates); a workload past the model's length, axes the model or chip cannot take, or GPUs
@@ -1691,6 +1821,7 @@ def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weigh
         refuse(f"isl + osl = {workload.isl + workload.osl} tokens exceeds the {graph.max_model_len} tokens "
                f"{graph.name} serves at (its config's max_position_embeddings, as vLLM derives max_model_len)",
                field="isl", value=workload.isl)
+    _check_drafter(graph, spec_tokens)
     chip_obj = registry.chip(chip, field="chip")
     gpus_per_node = _positive(gpus_per_node, "gpus_per_node", integer=True, maximum=WIDTH_LIMIT,
                               why=" (a scenario's limit)")
@@ -1699,7 +1830,8 @@ def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weigh
     _check_layout_axes(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights, engine=engine)
     layouts = candidate_space(graph, chip_obj, gpus, tp=tp, dp=dp, ep=ep, weights=weights,
                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                              cudagraph_modes=cudagraph_modes, engine=engine)
+                              cudagraph_modes=cudagraph_modes, engine=engine, spec_tokens=spec_tokens,
+                              acceptance=acceptance)
     if not layouts:
         widths = sorted({t * d for t in (tp or WIDTHS) for d in (dp or [1])})
         # the widths asked for are the slip when given (size --gpus 1 --tp 2 blamed --gpus)
@@ -1718,7 +1850,8 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
          num_prompts=None, gpus_per_node: int = 8, fabric: str | None = None, mesh=None,
          registry: Registry | None = None, callback=None, on_candidates=None, workers: int = 2, stacked: bool = True,
          verify: int = 0,
-         simulate: int | None = None, search_prompts=DEFAULT_SEARCH_PROMPTS, engine: str = "vllm") -> SizeResult:
+         simulate: int | None = None, search_prompts=DEFAULT_SEARCH_PROMPTS, engine: str = "vllm",
+         spec_tokens=(0,), acceptance=None) -> SizeResult:
     """Search the layouts of ``model`` on ``gpus`` x ``chip`` for a workload of ``isl`` / ``osl``
     tokens (see the module docstring). engine: 'vllm' (default) or 'sglang' (SGLang engines:
     max_num_seqs and max_num_batched_tokens are its max_running_requests and
@@ -1742,9 +1875,14 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     (None: DEFAULT_SIMULATE; refused beside 'steady', which simulates nothing);
     their numbers replace the search's (``LayoutResult.source``; see ``refine``); 0: no re-run. search_prompts: 'serve': prompts per client of the search over every
     layout (2: 2 x C prompts per point; None: 10 x C, no re-run). on_candidates(candidates, context dict): called once the
-    candidate space is resolved, before the search (the CLI prints it). Bad input raises JaxpriceError before anything is jitted."""
+    candidate space is resolved, before the search (the CLI prints it). spec_tokens: draft counts k
+    searched (speculative decoding by the model graph's own drafter, its MTP layers; 0: none, the
+    default; k > 0 refused for a graph without one and for SGLang engines); acceptance: the mean
+    tokens a decode row emits per step assumed for every k > 0 (an ASSUMPTION, at most 1 + k;
+    None: serve.default_acceptance(k)), stated in ``info['speculation']``. Bad input raises JaxpriceError before anything is jitted."""
     t0 = time.perf_counter()
     _check_engine(engine, cudagraph_modes)
+    spec_tokens, acceptance = _checked_speculation(spec_tokens, acceptance, engine)
     gpus, workload, ttft_t, tpot_t, conc = _checked_workload(gpus, isl, osl, ttft_ms, tpot_ms, concurrency,
                                                              range_ratio)
     requested = evaluator
@@ -1763,7 +1901,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     space = _candidate_space(model, chip, gpus, workload, registry, tp=tp, dp=dp, ep=ep, weights=weights,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              cudagraph_modes=cudagraph_modes, gpus_per_node=gpus_per_node, fabric=fabric,
-                             engine=engine)
+                             engine=engine, spec_tokens=spec_tokens, acceptance=acceptance)
     graph, registry, source, chip_obj, gpus_per_node, layouts, cands = space
     t_resolve = time.perf_counter() - t0
     _check_search_size(evaluator, requested, simulate, conc, num_prompts, search_prompts,
@@ -1803,6 +1941,9 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
                       conc=conc, mesh=mesh, source=source, final_rule=final_rule, search_rule=search_rule,
                       num_prompts=num_prompts, rounds=rounds, sim_stats=sim_stats, sim0=sim0, t0=t0,
                       t_resolve=t_resolve, t_search=t_search)
+    spec_info = speculation_info(spec_tokens, acceptance)
+    if spec_info is not None:          # only when speculation was searched: the info as before otherwise
+        info["speculation"] = spec_info
     return SizeResult(model=graph.name, chip=chip, gpus=gpus, workload=workload, ttft_target=ttft_t,
                       tpot_target=tpot_t, candidates=cands, results=results, frontier=frontier, best=best,
                       runner_up=runner, margin=margin, miss=miss, info=info, graph=graph, registry=registry,
