@@ -2,7 +2,7 @@
 size.sglang_steady_state_requests for SGLang) against the serving simulation (serve.py) on the
 same built candidates.
 
-    python experiments/steady_vs_serve.py [--engines vllm,sglang] [--quick]
+    python experiments/steady_vs_serve.py [--engines vllm,sglang,vllm-mtp2] [--quick]
         [--out experiments/results/steady_vs_serve.txt]
 
 Cases: Llama-3.1-8B on one H100 (tp1, fp8, max_num_seqs / max_running_requests 256, budget /
@@ -14,11 +14,16 @@ wave has mixed out, is the steady state alone. The closed form gives both: its T
 benchmark's 10 x C prompts (the first wave's share at ``size.first_wave``'s time) and with
 num_prompts = inf (the steady state alone). Prints TTFT and TPOT of each, tokens/s per GPU of the
 closed form and the 10 x C run, and the ratios (--quick: 3 x C and 12 x C).
+
+``vllm-mtp2``: the vLLM layouts with speculative decoding, 2 draft tokens a step by the model's
+own MTP layer (DeepSeek-V3's cases only: Llama-3.1-8B has no drafter), at the assumed acceptance
+``serve.default_acceptance(2)`` in the closed form and the simulation alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -39,14 +44,19 @@ SHAPES = [(1024, 1024), (1024, 128)]
 CONC = [16, 64, 256]
 
 
+SPEC = {"vllm-mtp2": 2}        # engine label -> draft tokens a step (vLLM engines)
+
+
 def layout(engine: str, tp: int, dp: int, ep: bool) -> L.Layout:
     mode = L.SGLANG_GRAPH_MODE if engine == "sglang" else "FULL_AND_PIECEWISE"
-    return L.Layout(tp, dp, ep, "fp8", 256, 8192, mode, engine)
+    base = L.Layout(tp, dp, ep, "fp8", 256, 8192, mode, "vllm" if engine in SPEC else engine)
+    return dataclasses.replace(base, spec_tokens=SPEC[engine]) if engine in SPEC else base
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engines", default="vllm,sglang", help="engines, comma-separated (vllm, sglang)")
+    ap.add_argument("--engines", default="vllm,sglang,vllm-mtp2",
+                    help="engines, comma-separated (vllm, sglang, vllm-mtp2: vLLM speculating 2 tokens a step)")
     ap.add_argument("--quick", action="store_true", help="3 x C prompts per simulated point (default 10 x C)")
     ap.add_argument("--cases", default="all", help="'llama', 'deepseek' or 'all'")
     ap.add_argument("--out", default=None, help="also write the table here")
@@ -63,6 +73,8 @@ def main(argv=None) -> int:
         for model, chip, tp, dp, ep in CASES:
             if args.cases != "all" and args.cases not in model:
                 continue
+            if engine in SPEC and reg.model(model).speculator is None:
+                continue                      # no drafter: nothing to speculate with
             lay = layout(engine, tp, dp, ep)
             graph = reg.model(model)
             for isl, osl in SHAPES:
@@ -76,7 +88,8 @@ def main(argv=None) -> int:
                                                                       num_prompts=prompts)[:5]]
                     sim = S.evaluate_serve(cand.deployment, lay, wl, [c], num_prompts=prompts)
                     n = (12 if args.quick else 40) * c
-                    run = jp.simulate(cand.deployment, jp.Workload(isl, osl), jp.ClosedLoop(c, n))
+                    run = jp.simulate(cand.deployment, jp.Workload(isl, osl), jp.ClosedLoop(c, n),
+                                      acceptance=lay.tokens_per_step if lay.spec_tokens else None)
                     half = slice(n // 2, None)
                     ttft2 = float(np.mean(np.asarray(run.requests["ttft"])[half]))
                     tpot2 = float(np.nanmean(np.asarray(run.requests["tpot"])[half]))
@@ -98,7 +111,7 @@ def main(argv=None) -> int:
     lines.append("closed form / simulation, range over the points (TTFT 10xC: the benchmark mean against the "
                  "10 x C run's; steady: num_prompts = inf against the 40 x C run's second half):")
     for (engine, k), v in ratios.items():
-        lines.append(f"  {engine:<7}{k:<12} {min(v):.3f} - {max(v):.3f}  (median {float(np.median(v)):.3f})")
+        lines.append(f"  {engine:<10}{k:<12} {min(v):.3f} - {max(v):.3f}  (median {float(np.median(v)):.3f})")
     lines.append(f"({time.perf_counter() - t_all:.0f} s)")
     print("\n".join(lines[-len(ratios) - 3:]), flush=True)
     if args.out:
