@@ -105,3 +105,21 @@ def test_open_loop_says_where_the_wait_queue_grows(capsys, tmp_path):
     runs = json.loads(out)["runs"]
     assert [r["queue_growing"] for r in runs] == [False, True]
     assert runs[1]["ttft_last_fifth"] == pytest.approx(last, rel=1e-6)
+
+
+def test_a_speculating_run_says_its_drafts_and_assumed_acceptance(capsys, tmp_path):
+    """The acceptance moves every TPOT and is an assumption: the report says it, and where it came from."""
+    from jaxprice._src.resolve import scenario_path
+    text = scenario_path(S).read_text().replace("  engine:\n", "  engine:\n    speculative: {num_spec_tokens: 1, "
+                                                 "method: deepseek_mtp}\n", 1)
+    path = tmp_path / "mtp.yaml"
+    path.write_text(text)
+    argv = ("serve", str(path), *SMALL, "--concurrency", "1", "--num-prompts", "2")
+    rc, out, _ = run(capsys, *argv)
+    assert rc == 0
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("speculative decoding:")]
+    assert "1 draft token(s) a step, 1.7 tokens emitted per decode row and step (assumed (1 - a^(k+1))" in line
+    rc, out, _ = run(capsys, *argv, "--acceptance", "1.5")
+    assert rc == 0 and "1.5 tokens emitted per decode row and step (given: --acceptance)" in out
+    rc, out, _ = run(capsys, "serve", S, *SMALL, "--concurrency", "1", "--num-prompts", "2")
+    assert rc == 0 and "speculative decoding" not in out

@@ -371,6 +371,10 @@ def _text_report(dep, args, opts, label, loads, results) -> str:
                     f"on [floor(r*L), L]), seed {opts['seed']}")
     lines = [f"{dep.name}: {describe_deployment(dep)}", f"engine: {engine}; dp {a['dp'][0]}; estimate {args.estimate}",
              workload]
+    if a.get("num_spec_tokens", (0,))[0]:      # speculation moves every TPOT by an assumed acceptance: said
+        acc, src = a["acceptance"]
+        lines.append(f"speculative decoding: {a['num_spec_tokens'][0]} draft token(s) a step, {acc:g} tokens emitted per "
+                     f"decode row and step ({'given: --acceptance' if args.acceptance is not None else src})")
     if "request_latency" in a:      # a fixed part of every TTFT the table shows, so it is said
         lines.append(f"host, per request: {a['request_latency'][0]} (the registry's host_admission_per_request "
                      "/ _per_token / host_completion; the admission is part of every TTFT and E2E)")
