@@ -1151,3 +1151,18 @@ def test_simulate_runs_a_hybrid_model_at_vllms_raised_block(tmp_path):
     assert rec["status"] == "priced" and " block=2048 " in rec["assumptions"]
     (row,) = rep.info["assumptions"]
     assert row["block_size"][0] == 2048 and row["block_size"][1].startswith("raised from 16 (vLLM's CUDA default")
+
+
+def test_a_bundled_sglang_file_serves_its_points_as_sglang():
+    """The bundled *-sglang-* scenarios name their engine only in the file name: a point whose
+    engine column says sglang is resolved as SGLang (a fitted set's engine scope, the hybrid
+    block), as a deployment built from the columns is; a vLLM point on a file stays as it was."""
+    from jaxprice._src.resolve import serving_engine
+    kw = dict(row=2, model="qwen3.5-397b-a17b", hardware="b200", dtype="fp8", tp=8, ep=1, dp=1, workload="1k1k",
+              isl=1024, osl=1024, concurrency=4, measured=5e-3, anchor_concurrency=4)
+    name = "qwen3.5-397b-a17b-b200-fp8-sglang-tp8"
+    sg, where = acc.build_deployment(acc.Point(scenario=f"{name}.yaml", deployment=name, engine="sglang", **kw))
+    assert where.endswith(f"{name}.yaml") and serving_engine(sg.scenario) == "sglang"
+    assert (sg.plan.memory["block_size"], sg.plan.memory["hybrid_block_minimum"]) == (16, 0)
+    vl, _ = acc.build_deployment(acc.Point(scenario=f"{name}.yaml", deployment=name, engine="vllm", **kw))
+    assert serving_engine(vl.scenario) == "vllm" and vl.plan.memory["block_size"] == 1024

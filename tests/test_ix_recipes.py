@@ -148,3 +148,13 @@ def test_a_speculative_point_gets_its_mtp_script_else_the_plain_one_said_so():
     assert _values(_mtp_point(engine="sglang"))["max_num_seqs"] == 512          # the MTP script's, not 128
     plain = A.engine_assumptions(_mtp_point(engine="sglang", hardware="b300", dtype="fp4"))
     assert plain["max_num_seqs"][0] == 256 and "COVERAGE LIMIT [mtp-recipe]" in plain["recipe"][1]
+
+
+def test_a_layout_gets_the_same_recipe_whichever_way_its_tp_column_is_written():
+    """The tp column is the GPU count (InferenceX) or each data-parallel rank's (the reference
+    scenarios): tp8-ep8-dp8 and tp1-ep8-dp8 are one layout, 8 ranks of 1 GPU, and a script's TP
+    cases and per-rank rules read its config's GPU count either way."""
+    both = [_values(_mtp_point(hardware="h200", tp=tp, ep=8, dp=8, isl=1024, osl=1024, workload="1k1k",
+                               concurrency=256)) for tp in (8, 1)]
+    assert both[0] == both[1]
+    assert both[0]["max_num_seqs"] == 256 // 8            # C / TP per rank with DP attention, TP = 8 GPUs

@@ -443,7 +443,9 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
                      extra_coefficient_files=(), source="columns") -> tuple[Deployment, str]:
     """Resolve the deployment of a point: (Deployment, where it came from: the scenario file's
     path, or ``"columns"``). ``scenario_dirs``: folders searched for ``<deployment>.yaml``
-    (default: the bundled testdata/aisimulate; ``[]``: always build from the columns)."""
+    (default: the bundled testdata/aisimulate; ``[]``: always build from the columns). A point
+    of another engine than vLLM whose file states no engine.scheduler gets its engine column's
+    (``ENGINE_SCHEDULER``), as a deployment built from the columns does."""
     dirs = [testdata_root() / "aisimulate"] if scenario_dirs is None else [Path(d) for d in scenario_dirs]
     registry = registry or Registry()
     for d in dirs:
@@ -453,6 +455,13 @@ def build_deployment(p: Point, *, registry: Registry | None = None, scenario_dir
             _check_engine(p, _display_path(f))
             _check_columns_match(p, dep.scenario, _display_path(f))
             _check_speculation(p, _display_path(f))
+            sched = ENGINE_SCHEDULER[p.engine]
+            if sched != "vllm" and not (dep.scenario.engine or {}).get("scheduler"):
+                # the bundled *-sglang-* files name their engine only in the file name: the point's
+                # engine column names it here, as scenario_from_columns does (fitted sets' engine scope)
+                eng = {**dep.scenario.engine, "scheduler": sched}
+                dep = resolve(dataclasses.replace(dep.scenario, engine=eng), registry,
+                              extra_sets=[load_coefficient_set(x) for x in extra_coefficient_files])
             return dep, _display_path(f)
     _check_speculation(p, f"{source} (deployment {p.deployment}, built from the columns)")
     extra = [load_coefficient_set(f) for f in extra_coefficient_files]

@@ -486,7 +486,7 @@ def run(args) -> int:
         models = res.settings["train_models"] if "model" in scope_to else ["every model"]
         print(f"wrote {path} (values in registry units; load with extra_coefficient_files=[...]); its entries apply "
               f"to chips {', '.join(res.settings['train_chips'])} and models {', '.join(models)}"
-              + (f" on engine {', '.join(F.scheduler_names(engines))} (a deployment's engine.scheduler, vllm where "
-                 "unstated)" if engines else "")
+              + f" on engine {', '.join(res.settings.get('train_engines') or F.scheduler_names(engines))} (a "
+                "deployment's engine.scheduler, vllm where unstated)"
               + ": any other deployment loading it keeps the registry's values")
     return 0

@@ -387,9 +387,20 @@ def lookup(scheduler: str, model: str, chip: str, dtype: str):
     return None, None
 
 
+def _script_tp(p) -> int:
+    """The TP a recipe script's cases and rules name: its config's GPU count (InferenceX launches
+    DP attention as --tensor-parallel-size TP / DP), from either convention of the tp column
+    (the GPU count, or each data-parallel rank's: ``accuracy.gpus_of``)."""
+    from .accuracy import gpus_of
+    return int(gpus_of(p))
+
+
 def _matches(when: dict, p) -> bool:
     for k, v in when.items():
-        if k == "dp_attention":
+        if k == "tp":
+            if _script_tp(p) != v:
+                return False
+        elif k == "dp_attention":
             if (int(p.dp) > 1) != v:
                 return False
         elif k == "min_c":
@@ -421,9 +432,11 @@ def _value(v, p, seqs=None, mtp=0):
     if v == "max(8192,isl+osl+256)":
         return max(8192, isl + osl + 256)
     if v == "dp_attention_batch":
-        return {4: 256, 8: 128}.get(int(p.tp), max(C, 16))
-    if isinstance(v, str) and v.startswith("C/"):          # per-rank batch under DP attention: C // n, at least 1
-        n = int(p.tp) if v == "C/tp" else int(v[2:])
+        return {4: 256, 8: 128}.get(_script_tp(p), max(C, 16))
+    if isinstance(v, str) and v.startswith("C/"):
+        # per-rank batch under DP attention: "C/tp" is C // TP (at least 1); "C/8", "C/4" are
+        # C // n, or C itself below n (as the scripts write them)
+        n = _script_tp(p) if v == "C/tp" else int(v[2:])
         return C if (v != "C/tp" and C < n) else max(C // n, 1)
     seqs = C if seqs == "C" else seqs
     if v == "trt_mtp_tokens":                  # ceil((MTP + 1) x max_batch_size + ISL + 64) to 64

@@ -664,7 +664,8 @@ def check_pricing_args(plan, coefs, batch, *, rank, field="batch"):
     that is not a Plan (a Deployment: its ``.plan``), coefficients that are not Coefficients,
     a batch that is not a Batch of ``rank`` (1: one batch [rows]; 2: stacked [batches, rows])
     with fields of matching shapes and dtypes. Shapes and dtypes are static, so tracers are
-    checked too; batch values never are (Batch() checks a hand-built one), coefficient values
+    checked too; batch values where Batch() or a builder did not check them (one rebuilt by
+    jax.tree_util.tree_map: ``check_batch_shape``, once, on concrete values), coefficient values
     once per vector and plan (a few isinstance, shape and dtype reads: a microsecond or so)."""
     if not isinstance(plan, Plan):
         hint = "; give deployment.plan" if isinstance(getattr(plan, "plan", None), Plan) else ""
