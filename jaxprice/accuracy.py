@@ -31,7 +31,7 @@ from jaxprice._src.accuracy import (CONCURRENCY_BUCKETS, IX_RECIPES, STATIC_BATC
                                     format_breakdowns, gpus_of, rank_tp, recipe_deployment, repeat_spread,
                                     simulate_points)
 from jaxprice._src.accuracy import STATED_FIELDS, STATED_SOURCE, stated_settings
-from jaxprice._src.accuracy import IX_SPEC_RECIPES, SPEC_FIELDS, speculation_assumptions
+from jaxprice._src.accuracy import IX_SPEC_RECIPES, SPEC_FIELDS, check_speculation_inputs, speculation_assumptions
 from jaxprice._src.ix_recipes import IX_ENGINE_RECIPES
 
 __all__ = [
@@ -46,6 +46,6 @@ __all__ = [
     "assumptions_text", "recipe_deployment", "simulate_points", "concurrency_bucket", "format_breakdowns",
     "format_assumptions", "rank_tp", "gpus_of", "repeat_spread",
     "STATED_FIELDS", "STATED_SOURCE", "stated_settings",
-    "IX_SPEC_RECIPES", "SPEC_FIELDS", "speculation_assumptions",
+    "IX_SPEC_RECIPES", "SPEC_FIELDS", "speculation_assumptions", "check_speculation_inputs",
     "IX_ENGINE_RECIPES",
 ]

@@ -222,3 +222,17 @@ def test_minimax_m3_drafts_three_with_its_eagle3_head_not_its_seven_mtp_layers()
     # a chip no script covers still takes the graph's own count, said so
     other = acc.speculation_assumptions(_point("minimax-m3", "gb200-nvl72", "fp4", "vllm", stated={}))
     assert "no InferenceX MTP recipe read" in other["num_spec_tokens"][1]
+
+
+def test_one_acceptance_for_points_of_several_draft_counts_is_capped_at_each_ones_bound():
+    """--acceptance is one value for every point: where a point's k is too small for it, it is
+    capped at 1 + k (said so), as size's --acceptance is; it is refused only where no point's k
+    admits it."""
+    k1 = dataclasses.replace(_point(engine="trt", dp=8, stated={}), acceptance=2.19)     # TRT with DP attention: 1
+    k2 = dataclasses.replace(_point(stated={}), acceptance=2.19)                        # SGLang DeepSeek-R1: 2
+    a1, a2 = acc.speculation_assumptions(k1), acc.speculation_assumptions(k2)
+    assert a1["num_spec_tokens"][0] == 1 and a1["acceptance"][0] == 2.0 and "capped at 1 + k = 2" in a1["acceptance"][1]
+    assert a2["acceptance"] == (2.19, "--acceptance (ASSUMED, not measured: the value given)")
+    acc.check_speculation_inputs([k1, k2])                          # admitted by k2's bound: no refusal
+    refused(lambda: acc.check_speculation_inputs([k1]), "field 'acceptance'", "value 2.19",
+            "1 + num_speculative_tokens = 2", "k = 1")

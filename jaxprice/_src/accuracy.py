@@ -666,8 +666,10 @@ def speculation_assumptions(p: Point) -> dict:
                                            "one drafted token each)")
     k = out["num_spec_tokens"][0]
     from .serve import ACCEPTANCE_LAW, DEFAULT_ACCEPTANCE_PER_DRAFT as per, default_acceptance
-    if p.acceptance is not None:
-        out["acceptance"] = (float(p.acceptance), "--acceptance (ASSUMED, not measured: the value given)")
+    if p.acceptance is not None:       # one value for every point: at most 1 + k for each (as size's --acceptance)
+        a = min(float(p.acceptance), 1.0 + k)
+        out["acceptance"] = (a, "--acceptance (ASSUMED, not measured: the value given"
+                                + (")" if a == float(p.acceptance) else f", capped at 1 + k = {1 + k:g} for this point)"))
     elif "acceptance" in stated:
         out["acceptance"] = (float(stated["acceptance"]), _stated_where(p))
     else:
@@ -681,26 +683,39 @@ def _stated_where(p: Point) -> str:
 
 def check_speculation_inputs(points, *, field="acceptance", settings=None) -> None:
     """Refuse, before anything is priced, an acceptance outside [1, 1 + k] for a speculating
-    point (k its draft count): its ``Point.acceptance`` (the --acceptance value; refused as
-    ``field``) or its --settings row's (refused naming the ``settings`` file and row),
-    naming the flag or file and column, the value, the point's line and k. A point whose model
-    has no drafter is left to be refused with its reason."""
+    point (k its draft count): its --settings row's (refused naming the ``settings`` file and
+    row); the --acceptance value (``Point.acceptance``, refused as ``field``) where it is below 1
+    or above 1 + k for every speculating point (where some point's k admits it, it is capped at
+    1 + k for the others, as size's --acceptance is): naming the flag or file and column, the
+    value, the point's line and k. A point whose model has no drafter is left to be refused
+    with its reason."""
+    found = []
     for p in points:
         if not is_speculative(p):
             continue
         try:
-            a = speculation_assumptions(p)
+            found.append((p, speculation_assumptions(p)))
         except JaxpriceError:
             continue
-        k, acc = a["num_spec_tokens"][0], a["acceptance"][0]
-        if not 1.0 <= acc <= k + 1:
+    flag = [(p, a["num_spec_tokens"]) for p, a in found if p.acceptance is not None]
+    if flag:
+        given = float(flag[0][0].acceptance)
+        p, k = max(flag, key=lambda pk: pk[1][0])                 # the largest k bounds the flag
+        if not 1.0 <= given <= k[0] + 1:
+            _refuse_acceptance(p, k, given, {"field": field})
+    for p, a in found:
+        k, acc = a["num_spec_tokens"], a["acceptance"][0]
+        if p.acceptance is None and not 1.0 <= acc <= k[0] + 1:
             line = stated_settings(p).get("acceptance_line")
-            where = ({"field": field} if p.acceptance is not None else
-                     {"file": f"{settings}:{line}" if settings and line else settings, "field": "acceptance"})
-            src = a["num_spec_tokens"][1].split(":")[0]
-            refuse(f"must be in [1, 1 + num_speculative_tokens = {k + 1}] for the point on line {p.row} "
-                   f"({p.deployment}, C={p.concurrency}): its draft count k = {k}, from {src}",
-                   value=acc, has_value=True, **where)
+            _refuse_acceptance(p, k, acc, {"file": f"{settings}:{line}" if settings and line else settings,
+                                           "field": "acceptance"})
+
+
+def _refuse_acceptance(p: Point, k: tuple, acc: float, where: dict) -> None:
+    src = k[1].split(":")[0]
+    refuse(f"must be in [1, 1 + num_speculative_tokens = {k[0] + 1}] for the point on line {p.row} "
+           f"({p.deployment}, C={p.concurrency}): its draft count k = {k[0]}, from {src}",
+           value=acc, has_value=True, **where)
 
 
 def _speculation_note(points, info, batch_rule) -> None:

@@ -90,8 +90,9 @@ def add_parser(subparsers):
                         "layout of testdata/measured/inferencex_settings.csv; default: that bundled table of "
                         "InferenceX's runs); a flag left empty falls back to the recipe's or vLLM's default")
     p.add_argument("--acceptance", metavar="A", default=None,
-                   help="speculative decoding: the mean tokens emitted per decode row and step (1 .. 1 + k, k the "
-                        "point's draft count) assumed for every point measured with it (default: its --settings "
+                   help="speculative decoding: the mean tokens emitted per decode row and step assumed for every "
+                        "point measured with it, at least 1, capped at 1 + k for a point drafting k (at most 1 + the "
+                        "largest k) (default: its --settings "
                         "row's acceptance, else 1.7, 2.19, 2.53 for k = 1, 2, 3; an assumption, not a measurement)")
     p.add_argument("--assumptions", action="store_true",
                    help="also print the engine settings each simulated deployment ran with, and their sources")
