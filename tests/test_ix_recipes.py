@@ -158,3 +158,22 @@ def test_a_layout_gets_the_same_recipe_whichever_way_its_tp_column_is_written():
                                concurrency=256)) for tp in (8, 1)]
     assert both[0] == both[1]
     assert both[0]["max_num_seqs"] == 256 // 8            # C / TP per rank with DP attention, TP = 8 GPUs
+
+
+def test_the_mtp_scripts_draft_counts_agree_between_the_two_tables():
+    """A TensorRT-LLM MTP script's draft count sizes its max_num_tokens here (mtp_layers) and is
+    the point's k in accuracy.IX_SPEC_RECIPES: the two must say the same for every case."""
+    checked = 0
+    for (sched, model, chips, dtype), rec in R.IX_ENGINE_RECIPES.items():
+        if not sched.endswith("-mtp") or "mtp_layers" not in rec:
+            continue
+        for dp, isl, c in ((1, 1024, 64), (8, 1024, 64), (1, 8192, 256), (8, 8192, 256)):
+            p = _mtp_point(model=model, hardware=chips[0], dtype=dtype, engine=sched[:-4], tp=8, ep=8, dp=dp,
+                           isl=isl, workload="8k1k" if isl == 8192 else "1k1k", concurrency=c)
+            mtp = rec["mtp_layers"]
+            for case in rec["cases"]:
+                if R._matches(case["when"], p):
+                    mtp = case["set"].get("mtp_layers", mtp)
+            assert A.spec_recipe_for(p)[0] == mtp, (sched, model, chips, dtype, dp, isl, c)
+            checked += 1
+    assert checked >= 16
