@@ -236,3 +236,17 @@ def test_one_acceptance_for_points_of_several_draft_counts_is_capped_at_each_one
     acc.check_speculation_inputs([k1, k2])                          # admitted by k2's bound: no refusal
     refused(lambda: acc.check_speculation_inputs([k1]), "field 'acceptance'", "value 2.19",
             "1 + num_speculative_tokens = 2", "k = 1")
+
+
+def test_settings_speculation_columns_on_a_point_without_speculation_are_said_unused():
+    """A --settings row's acceptance or draft count for a point measured without speculation was
+    ignored without a word."""
+    from jaxprice._src.accuracy import _speculation_note
+    plain = _point(spec="none", stated=(("acceptance", 2.0),))
+    info: dict = {}
+    _speculation_note([plain, _point(spec="none", stated=())], info, "simulate")
+    (note,) = info["notes"]
+    assert note.startswith("1 point(s) measured without speculative decoding") and "not used" in note
+    info = {}
+    _speculation_note([_point(spec="none", stated=())], info, "simulate")
+    assert info == {}

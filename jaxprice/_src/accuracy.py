@@ -720,7 +720,15 @@ def _refuse_acceptance(p: Point, k: tuple, acc: float, where: dict) -> None:
 
 def _speculation_note(points, info, batch_rule) -> None:
     """A note (``info['notes']``) naming how many points were measured with speculative decoding
-    and, under 'simulate', that their acceptance is an assumption, not a measurement."""
+    and, under 'simulate', that their acceptance is an assumption, not a measurement; and how
+    many points measured without it have --settings rows stating a draft count or acceptance
+    (not used: nothing is drafted for them)."""
+    plain = [p for p in points if not is_speculative(p) and any(k in stated_settings(p) for k in SPEC_FIELDS)]
+    if plain:
+        info.setdefault("notes", []).append(
+            f"{len(plain)} point(s) measured without speculative decoding (spec_decode {plain[0].spec_decode!r}) have "
+            f"--settings rows stating {' or '.join(SPEC_FIELDS)}: not used (e.g. line {plain[0].row}, "
+            f"{plain[0].deployment}, C={plain[0].concurrency})")
     spec = [p for p in points if is_speculative(p)]
     if not spec:
         return
