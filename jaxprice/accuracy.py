@@ -32,6 +32,7 @@ from jaxprice._src.accuracy import (CONCURRENCY_BUCKETS, IX_RECIPES, STATIC_BATC
                                     simulate_points)
 from jaxprice._src.accuracy import STATED_FIELDS, STATED_SOURCE, stated_settings
 from jaxprice._src.accuracy import IX_SPEC_RECIPES, SPEC_FIELDS, check_speculation_inputs, speculation_assumptions
+from jaxprice._src.accuracy import with_registry
 from jaxprice._src.ix_recipes import IX_ENGINE_RECIPES
 
 __all__ = [
@@ -47,5 +48,5 @@ __all__ = [
     "format_assumptions", "rank_tp", "gpus_of", "repeat_spread",
     "STATED_FIELDS", "STATED_SOURCE", "stated_settings",
     "IX_SPEC_RECIPES", "SPEC_FIELDS", "speculation_assumptions", "check_speculation_inputs",
-    "IX_ENGINE_RECIPES",
+    "IX_ENGINE_RECIPES", "with_registry",
 ]

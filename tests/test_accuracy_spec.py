@@ -18,6 +18,7 @@ import pytest
 from clirefusal import assert_refused, refused
 
 from jaxprice import accuracy as acc
+from jaxprice import JaxpriceError
 
 FIELDS = ("corpus,scenario,deployment,model,hardware,dtype,engine,tp,ep,dp,spec_decode,workload,isl,osl,"
           "concurrency,quantity,value,unit,relative_to_sweep_anchor,anchor_concurrency").split(",")
@@ -250,3 +251,54 @@ def test_settings_speculation_columns_on_a_point_without_speculation_are_said_un
     info = {}
     _speculation_note([_point(spec="none", stated=())], info, "simulate")
     assert info == {}
+
+
+# ----------------------------------------------------------------------------- the drafter comes from the registry priced with
+
+
+def _registry_with(tmp_path, name, speculator_line):
+    """A registry root whose models/<name>.yaml is the bundled deepseek-v3 graph renamed, its
+    speculator line replaced (``None``: removed); the bundled registry behind it."""
+    from jaxprice._src.formats import Registry, default_registry_root
+    src = (default_registry_root() / "models" / "deepseek-v3.yaml").read_text().splitlines()
+    lines = [f"name: {name}" if ln.startswith("name:") else ln for ln in src if not ln.startswith("speculator:")]
+    if speculator_line is not None:
+        lines.append(speculator_line)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / f"{name}.yaml").write_text("\n".join(lines) + "\n")
+    return Registry([tmp_path, default_registry_root()])
+
+
+def test_drafter_read_from_the_registry_the_point_is_priced_with(tmp_path):
+    """A model only a caller's registry holds: its point's drafter (method, MTP layer count) is
+    read from that registry, not refused as unknown by the bundled one."""
+    reg = _registry_with(tmp_path, "my-dsv3", "speculator: {method: deepseek_mtp, num_spec_tokens: 3, "
+                                              "stack: {pattern: [attn_moe], repeat: 1}}")
+    p = _point(model="my-dsv3")
+    with pytest.raises(JaxpriceError, match="my-dsv3"):
+        acc.speculation_assumptions(p)                    # the bundled registry has no such model
+    a = acc.speculation_assumptions(acc.with_registry([p], reg)[0])
+    assert a["spec_method"][0] == "deepseek_mtp"
+    assert a["num_spec_tokens"][0] == 3                   # no InferenceX recipe for it: the graph's own count
+
+
+def test_registry_without_a_drafter_refuses_what_the_bundled_one_prices(tmp_path):
+    """The same model name shadowed by a caller's graph with no speculator: refused (no drafter),
+    where the bundled graph prices it; with_registry leaves a point that names one alone."""
+    reg = _registry_with(tmp_path, "deepseek-v3", None)
+    p = _point()
+    assert acc.speculation_assumptions(p)["num_spec_tokens"][0] == 2          # bundled graph, SGLang's recipe
+    with pytest.raises(JaxpriceError, match="no drafter"):
+        acc.speculation_assumptions(acc.with_registry([p], reg)[0])
+    named = acc.with_registry([p], reg)[0]
+    assert acc.with_registry([named], object())[0].registry is reg
+    assert acc.with_registry([p], None) == [p] and acc.with_registry([p], None)[0].registry is None
+
+
+def test_evaluate_accuracy_reads_the_drafter_from_its_registry(tmp_path, mtp_csv):
+    """evaluate_accuracy(registry=...) prices each point with that registry's graph: one whose
+    deepseek-v3 has no drafter refuses the MTP points (before any pricing) with that reason."""
+    reg = _registry_with(tmp_path, "deepseek-v3", None)
+    rep = acc.evaluate_accuracy(mtp_csv, batch_rule="simulate", registry=reg)
+    assert [r["status"] for r in rep.records] == ["refused", "refused"]
+    assert all("no drafter" in r["reason"] for r in rep.records)

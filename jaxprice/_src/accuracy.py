@@ -198,6 +198,9 @@ class Point:
     #                                      bundled table's (stated_settings)
     spec_decode: str = "none"            # the spec_decode column (where the file has it)
     acceptance: float | None = None      # --acceptance: mean tokens per decode row and step (speculating points)
+    # the registry the point is priced with, where the caller gives one (its model's drafter is read
+    # from it); None: the bundled one. Not part of the point's identity.
+    registry: Registry | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def sweep(self) -> str:
@@ -206,6 +209,14 @@ class Point:
     @property
     def context(self) -> int:
         return self.isl + self.osl // 2
+
+
+def with_registry(points, registry):
+    """The points, each to be priced with ``registry`` (``Point.registry``; a speculating point's
+    drafter is read from it); unchanged where ``registry`` is None or a point already names one."""
+    if registry is None:
+        return list(points)
+    return [p if p.registry is not None else dataclasses.replace(p, registry=registry) for p in points]
 
 
 def _int(text, *, where, field, minimum=None):
@@ -607,11 +618,16 @@ ACCEPTANCE_SOURCE = ("ASSUMED, not measured: {law} (serve.default_acceptance, DE
                      "override with --acceptance or an acceptance column in --settings)")
 
 
+def _graph_speculator(p: Point):
+    """(method, num_spec_tokens) of the point's model graph's speculator, or None (no drafter),
+    read from the registry it is priced with (``Point.registry``, else the bundled one); a
+    JaxpriceError where the model is not in that registry."""
+    return _speculator_of(p.registry, p.model)
+
+
 @functools.lru_cache(maxsize=64)
-def _graph_speculator(model: str):
-    """(method, num_spec_tokens) of the bundled model graph's speculator, or None (no drafter);
-    a JaxpriceError where the model is not in the registry."""
-    spec = Registry().model(model, field="model").speculator
+def _speculator_of(registry, model: str):
+    spec = (registry or Registry()).model(model, field="model").speculator
     return (str(spec["method"]), int(spec.get("num_spec_tokens", 1))) if spec else None
 
 
@@ -643,7 +659,7 @@ def speculation_assumptions(p: Point) -> dict:
     method the model graph has no drafter for."""
     if not is_speculative(p):
         return {}
-    spec = _graph_speculator(p.model)
+    spec = _graph_speculator(p)
     method = p.spec_decode
     if spec is None:
         refuse(f"measured with speculative decoding ({method}), but the {p.model} graph has no drafter (no MTP "
@@ -1355,6 +1371,7 @@ def group_points(points, *, registry=None, scenario_dirs=None, extra_coefficient
     Returns (groups, refused): groups a list of DeploymentPoints in order of first appearance,
     refused a list of (point index, reason) for points that cannot be priced."""
     check_batch_rule(batch_rule, static=True)
+    points = with_registry(points, registry)
     registry = registry or Registry()
     groups, refused = [], []
     for name, idx, dep, where in _deployments_of(points, refused, registry=registry, scenario_dirs=scenario_dirs,
@@ -1598,6 +1615,7 @@ def simulated_runs(points, *, registry=None, scenario_dirs=None, extra_coefficie
     list of SimulatedRun, and (point index, reason) for deployments that do not resolve.
     Used by ``simulate_points`` and by the fit through the simulation."""
     serve = _serving_api()
+    points = with_registry(points, registry)
     registry = registry or Registry()
     refused: list = []
     runs = _simulated_runs_of(points, refused, registry=registry, scenario_dirs=scenario_dirs,
@@ -2102,6 +2120,7 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
         points = read_settings(points, settings)
         info["settings_file"] = str(settings)
     points = select_deployments(points, deployments, csv_path)
+    points = with_registry(points, registry)
     if acceptance is not None:
         points = [dataclasses.replace(p, acceptance=acceptance) if is_speculative(p) else p for p in points]
     check_speculation_inputs(points, field="acceptance", settings=settings)

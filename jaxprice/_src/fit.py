@@ -2330,6 +2330,7 @@ def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, 
     if settings is not None:
         points = A.read_settings(points, settings)
     registry = registry or Registry()
+    points = A.with_registry(points, registry)
     extra = tuple(extra_coefficient_files)
     runs, refused = A.simulated_runs(points, registry=registry, scenario_dirs=scenario_dirs,
                                      extra_coefficient_files=extra, source=str(csv_path))
