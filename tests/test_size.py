@@ -250,6 +250,11 @@ def test_cli_unmet_targets_exit_1(result, capsys, monkeypatch):
     (["--gpus", "0"], "must be at least 1"),
     (["--gpus", "4", "--weights", "fp7"], "unknown weight format"),
     (["--gpus", "4", "--osl", "1"], "field '--osl', value 1: must be at least 2"),
+    # a value listed twice would be searched once: refused as serve refuses a load listed twice
+    (["--gpus", "4", "--concurrency", "4,8,4"], "field '--concurrency', value 4: lists this value twice"),
+    (["--gpus", "4", "--tp", "1,2,1"], "field '--tp', value 1: lists this value twice"),
+    (["--gpus", "4", "--weights", "fp8,fp8"], "field '--weights', value 'fp8': lists this value twice"),
+    (["--gpus", "4", "--spec-tokens", "0,1,...,3,2"], "field '--spec-tokens', value 2: lists this value twice"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, needle):
     base = {"--chip": "h200", "--isl": "1024", "--osl": "256"}

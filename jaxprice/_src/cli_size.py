@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from . import compile_cache
-from .cli_price import parse_float, parse_int, parse_int_list
+from .cli_price import parse_float, parse_int, parse_int_list, refuse_repeats
 from .errors import JaxpriceError, refuse
 from .outputs import check_image, check_output_file
 from .progress import Progress
@@ -131,7 +131,18 @@ def _names(text, flag, known, what, upper=False):
     for n in names:
         if n not in known:
             refuse(f"unknown {what} (known: {', '.join(known)})", field=flag, value=n)
+    refuse_repeats(names, REPEATED, flag=flag)
     return names
+
+
+REPEATED = "lists this value twice; give each once"   # as serve refuses a load listed twice
+
+
+def _ints(text, flag, **kw):
+    """parse_int_list, a value listed twice refused (it would be searched once: likely a typo)."""
+    values = parse_int_list(text, flag=flag, **kw)
+    refuse_repeats(values, REPEATED, flag=flag)
+    return values
 
 
 # each engine's own flags for the shared axes (max_num_seqs, max_num_batched_tokens) and vLLM's graph modes
@@ -181,7 +192,7 @@ def options(args) -> dict:
         refuse("must be in (0, 1] (1: fixed lengths)", field="--range-ratio", value=args.range_ratio)
     simulation = _simulation_options(args)
     speculation = _speculation_options(args)
-    concurrency = parse_int_list(args.concurrency, flag="--concurrency", minimum=1)
+    concurrency = _ints(args.concurrency, "--concurrency", minimum=1)
     num = simulation["num_prompts"]
     if num is not None and num < max(concurrency):     # 4 prompts at C=64 ran four clients, read as C=64
         c = min(x for x in concurrency if x > num)
@@ -194,11 +205,11 @@ def options(args) -> dict:
                 ttft_ms=_targets(args.ttft_ms, "--ttft-ms"), tpot_ms=_targets(args.tpot_ms, "--tpot-ms"),
                 concurrency=concurrency,
                 # '' is refused, not read as the default widths
-                tp=parse_int_list(args.tp, flag="--tp", minimum=1) if args.tp is not None else None,
-                dp=parse_int_list(args.dp, flag="--dp", minimum=1) if args.dp is not None else None,
+                tp=_ints(args.tp, "--tp", minimum=1) if args.tp is not None else None,
+                dp=_ints(args.dp, "--dp", minimum=1) if args.dp is not None else None,
                 ep={"on": [True], "off": [False], "both": None}[args.ep], weights=weights,
-                max_num_seqs=parse_int_list(seqs_text, flag=seqs_flag, minimum=1),
-                max_num_batched_tokens=parse_int_list(tokens_text, flag=tokens_flag, minimum=1),
+                max_num_seqs=_ints(seqs_text, seqs_flag, minimum=1),
+                max_num_batched_tokens=_ints(tokens_text, tokens_flag, minimum=1),
                 cudagraph_modes=modes, range_ratio=rr, evaluator=args.evaluator,
                 **simulation, **speculation,
                 **({"engine": args.engine} if getattr(args, "engine", "vllm") != "vllm" else {}))
@@ -210,7 +221,7 @@ def _speculation_options(args) -> dict:
     spec, acc = getattr(args, "spec_tokens", None), getattr(args, "acceptance", None)
     out = {}
     if spec is not None:
-        out["spec_tokens"] = parse_int_list(spec, flag="--spec-tokens", minimum=0,
+        out["spec_tokens"] = _ints(spec, "--spec-tokens", minimum=0,
                                             why=" (draft tokens per decode step; 0: no speculation)")
     if acc is not None:
         top = max(out.get("spec_tokens", [0]))
