@@ -117,6 +117,29 @@ def test_a_batch_rebuilt_by_tree_map_holding_nan_is_refused_at_price(dep):
     assert jp.random_batches(np.random.default_rng(0), 2, 4).__dict__.get("_values_checked")
 
 
+def test_numpy_values_changed_after_their_check_do_not_reach_pricing(dep):
+    """A Batch or Coefficients built from the caller's NumPy arrays is checked once and remembered
+    by identity; the caller's array set to NaN afterwards was priced NaN. Each now holds a
+    read-only copy: the caller's array stays its own (and writeable), and writing into the held
+    one is refused by NumPy; replace() still makes changed coefficients."""
+    sched, ctx, mask = np.ones(4), np.full(4, 100.0), np.ones(4, bool)
+    b = jp.Batch(sched, ctx, ctx, mask, np.asarray(8.0))
+    sched[0], ctx[1] = NAN, -1.0
+    assert np.array_equal(b.scheduled, np.ones(4)) and np.array_equal(b.computed, np.full(4, 100.0))
+    assert sched.flags.writeable and not b.scheduled.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        b.scheduled[0] = NAN
+    mine = np.array(dep.coefficients.values)
+    c = jp.Coefficients(mine, dep.coefficients.names)
+    mine[0] = NAN
+    assert np.isfinite(c.values).all() and mine.flags.writeable
+    with pytest.raises(ValueError, match="read-only"):
+        c.values[0] = NAN
+    name = c.names[0]
+    assert c.replace(**{name: 2.0 * float(c[name])})[name] == 2.0 * float(c[name])
+    refused(lambda: c.replace(**{name: NAN}), f"field '{name}'")
+
+
 # ----------------------------------------------------------------------------- command lines (before any compile)
 
 S = NAME

@@ -51,6 +51,16 @@ class _Provenance:
         return 0
 
 
+def _read_only(value):
+    """A writeable NumPy array as a read-only copy, anything else as it is: the pricing entry
+    points check concrete values once and remember them by identity, so an array changed in
+    place afterwards (``c.values[3] = nan``) would be priced unchecked; ``replace`` makes a new one."""
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        value = value.copy()
+        value.setflags(write=False)
+    return value
+
+
 @jax.tree_util.register_pytree_node_class
 class Coefficients:
     """Named coefficients in SI units (s, B/s, tokens/s, dimensionless) as one vector.
@@ -61,7 +71,7 @@ class Coefficients:
     """
 
     def __init__(self, values, names, units=None, cites=None):
-        self.values = values
+        self.values = _read_only(values)
         self.names = tuple(names)
         self.units = tuple(units) if units is not None else ("",) * len(self.names)
         self.cites = tuple(cites) if cites is not None else ("",) * len(self.names)
@@ -157,6 +167,10 @@ class Batch:
 
     def __post_init__(self):
         _check_batch_values(self)
+        # a NumPy field is held as a read-only copy: the caller's array changed after the check
+        # (b.scheduled[0] = nan) would otherwise reach the pricing entry points unchecked
+        for name in ("scheduled", "computed", "prompt_len", "mask", "decode_threshold"):
+            object.__setattr__(self, name, _read_only(getattr(self, name)))
         self.__dict__["_values_checked"] = True      # the pricing entry points need not check again
 
     def tree_flatten(self):
