@@ -4,6 +4,7 @@
     jaxprice serve SCENARIO --isl 1024 --osl 1024 --rate 2,4,8 --num-prompts 500
     jaxprice serve SCENARIO --trace requests.csv            # arrival_s,input_len,output_len
     jaxprice serve SCENARIO --concurrency 64 --max-num-seqs 64 --csv requests.csv --timeline run.png
+    jaxprice serve SCENARIO --concurrency 1,2,4,...,256 --goodput ttft:2000 tpot:50   # SLO goodput (ms)
 
 A closed-loop sweep (``--concurrency``) runs every level's schedule in vmapped scheduler calls
 (levels of like size share one) and prices all steps in vmapped calls (``jaxprice.simulate_sweep``).
@@ -33,6 +34,9 @@ DEFAULT_CONCURRENCY = "1,2,4,...,64"
 # The most closed-loop clients: the default 10 x concurrency prompts must stay within MAX_RUN_REQUESTS
 # (client.py); engines run at most a few thousand requests at once, more clients only queue.
 MAX_CONCURRENCY = MAX_RUN_REQUESTS // 10
+# With --goodput and several loads, the line under the table names the highest load at which at least
+# this share of requests meets every SLO target (a sizing answer: the load a replica can take)
+SLO_ATTAINMENT_TARGET = 0.9
 
 
 def add_parser(subparsers):
@@ -71,6 +75,14 @@ def add_parser(subparsers):
                    help="admit a request only if its whole prompt's KV blocks fit (vLLM default on)")
     p.add_argument("--async-scheduling", dest="async_scheduling", default=None, choices=("on", "off"),
                    help="vLLM async scheduling (default on)")
+    p.add_argument("--goodput", nargs="+", metavar="NAME:MS", default=None,
+                   help="service-level objectives, vLLM bench serve's --goodput: NAME:MS pairs (milliseconds; "
+                        "names ttft, tpot, e2el; separated by spaces or commas; after SCENARIO), e.g. --goodput "
+                        "ttft:2000 tpot:50. "
+                        "A request is good when each named metric is <= its target (TPOT counts 0 for a "
+                        "one-token request); the table, --json and --csv then add goodput (good requests/s) "
+                        "and the share of requests good, and with several loads a line names the highest "
+                        f"load with >= {SLO_ATTAINMENT_TARGET * 100:.0f}%% of requests good")
     p.add_argument("--json", action="store_true", help="print JSON (times in seconds) instead of the table")
     p.add_argument("--csv", metavar="FILE", default=None, help="write one row per request (every load)")
     p.add_argument("--plot", metavar="FILE.png", default=None,
@@ -109,26 +121,31 @@ COLUMNS = (("TTFT mean", "ttft_mean", 1e3), ("TTFT p99", "ttft_p99", 1e3), ("TPO
            ("resident", "resident_mean", 1), ("peak", "resident_peak", 1), ("preempt", "preemptions", 1),
            ("steps", "steps", 1))
 PER_TOKEN = ("tpot_mean", "tpot_p99", "itl_mean", "itl_p99", "output_tps_per_user")   # none with one token each
+SLO_COLUMNS = (("goodput", "goodput", 1), ("SLO %", "slo_attainment", 100))     # with --goodput
 
 
 def format_table(label, loads, results) -> str:
-    head = [label] + [c[0] for c in COLUMNS]
+    slo = any("goodput" in r.summary for r in results)       # runs given an SLO (--goodput)
+    columns = COLUMNS + (SLO_COLUMNS if slo else ())
+    head = [label] + [c[0] for c in columns]
     rows, dashes = [], False
     for x, r in zip(loads, results):
         cells = [f"{x:g}" if isinstance(x, float) else str(x)]
         # a run whose every request emits one token has no time between tokens: '-', not 0
         one_token = int(max(r.requests["output_len"], default=0)) <= 1
         dashes |= one_token
-        for _name, key, k in COLUMNS:
+        for _name, key, k in columns:
             v = r.summary[key] * k
             cells.append("-" if one_token and key in PER_TOKEN else
                          f"{v:.0f}" if key in ("preemptions", "steps", "resident_peak") else
-                         f"{v:.1f}" if key.startswith(("output", "resident")) else f"{v:.2f}")
+                         f"{v:.3g}" if key == "goodput" else
+                         f"{v:.1f}" if key.startswith(("output", "resident", "slo")) else f"{v:.2f}")
         rows.append(cells)
     widths = [max(len(h), *(len(r[j]) for r in rows)) for j, h in enumerate(head)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
     return "\n".join(lines) + "\n(times in ms; tok/s/user = 1 / mean TPOT" + (
+        "; goodput: requests/s meeting every SLO target; SLO %: their share of requests" if slo else "") + (
         "; '-': every request emits one token)" if dashes else ")")
 
 
@@ -156,6 +173,8 @@ def write_csv(path, label, loads, results):
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     keys = ("arrival", "first_token", "finish", "input_len", "output_len", "ttft", "tpot", "e2e", "preemptions", "rank")
+    if any("good" in r.requests for r in results):      # --goodput: 1 where the request meets every target
+        keys += ("good",)
     with open(p, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow([label, "request"] + [k + ("_s" if k in ("arrival", "first_token", "finish", "ttft", "tpot", "e2e")
@@ -163,7 +182,8 @@ def write_csv(path, label, loads, results):
         for x, r in zip(loads, results):
             n = r.requests["ttft"].size
             for i in range(n):
-                w.writerow([x, i] + [f"{float(r.requests[k][i]):.9g}" for k in keys])
+                w.writerow([x, i] + [f"{float(r.requests[k][i]):.9g}" if k != "good" else int(r.requests[k][i])
+                                     for k in keys])
 
 
 def run(args) -> int:
@@ -239,7 +259,32 @@ def _options(args) -> dict:
         refuse(f"must be at most {MAX_RUN_REQUESTS} (jaxprice's cap on the requests of one run)",
                field="--num-prompts", value=n)
     return {"isl": isl, "osl": osl, "rr": rr, "seed": seed, "acceptance": acc, "num_prompts": n,
-            "engine": _engine(args), "workload": Workload(isl, osl, rr, seed)}
+            "engine": _engine(args), "workload": Workload(isl, osl, rr, seed), "slo": parse_goodput(args.goodput)}
+
+
+def parse_goodput(tokens):
+    """--goodput's NAME:MS pairs (vLLM's spelling, space or comma separated) -> {name: seconds}
+    (serve.check_slo: names ttft, tpot, e2el, each once, targets finite and > 0); None without it."""
+    from .serve import check_slo
+    if tokens is None:
+        return None
+    pairs = []
+    for token in tokens:
+        parts = str(token).split(",")
+        if len(parts) > 1 and any(not t.strip() for t in parts):
+            refuse("has an empty entry", field="--goodput", value=str(token))
+        for part in parts:
+            name, sep, value = part.strip().partition(":")
+            if not sep or ":" in value or not name.strip() or not value.strip():
+                refuse("expected NAME:MS pairs, e.g. --goodput ttft:2000 tpot:50 (milliseconds; names ttft, tpot, "
+                       "e2el)", field="--goodput", value=part.strip())
+            name = name.strip()
+            try:
+                ms = float(value.strip())
+            except ValueError:
+                refuse("expected a number of milliseconds", field=f"--goodput {name}", value=value.strip())
+            pairs.append((name, ms))
+    return check_slo(pairs, field="--goodput", unit="ms")
 
 
 def _loads(args, opts) -> tuple:
@@ -277,7 +322,7 @@ def _simulate_loads(dep, args, opts, label, loads) -> list:
     --num-prompts), or the closed-loop sweep in one simulate_sweep call; a progress bar unless --json."""
     from .client import OpenLoop
     from .serve import simulate, simulate_sweep
-    common = dict(engine=opts["engine"], estimate=args.estimate, acceptance=opts["acceptance"])
+    common = dict(engine=opts["engine"], estimate=args.estimate, acceptance=opts["acceptance"], slo=opts.get("slo"))
     if label == "trace":
         with Progress(1, "serve", enabled=not args.json) as bar:
             results = [simulate(dep, None, loads[0], **common)]
@@ -315,10 +360,16 @@ def _write_figures(dep, args, opts, label, loads, results) -> None:
 
 def _json_report(dep, args, opts, label, loads, results) -> dict:
     """--json: each load's summary and assumptions (times in seconds); a trace states no isl, osl
-    or range ratio (it gave the lengths)."""
+    or range ratio (it gave the lengths). With --goodput: ``slo`` (seconds), ``slo_attainment_target``
+    and, with several loads, ``slo_highest_load`` (null where none meets it, ``slo_closest_load`` then)."""
     given = label != "trace"
+    slo = opts.get("slo")
+    best = slo_best_load(loads, results) if slo and len(loads) > 1 else None
     return {"scenario": dep.name, "estimate": args.estimate, "isl": opts["isl"] if given else None,
             "osl": opts["osl"] if given else None, "range_ratio": opts["rr"] if given else None,
+            **({} if not slo else {"slo": slo, "slo_attainment_target": SLO_ATTAINMENT_TARGET}),
+            **({} if best is None else {"slo_highest_load": best[0],
+                                        **({} if best[0] is not None else {"slo_closest_load": best[1]})}),
             "runs": [{label: x, "summary": r.summary,
                       "assumptions": {k: {"value": v[0] if isinstance(v[0], (int, float, str, bool)) else str(v[0]),
                                           "source": v[1]} for k, v in r.assumptions.items()},
@@ -378,7 +429,39 @@ def _text_report(dep, args, opts, label, loads, results) -> str:
     if "request_latency" in a:      # a fixed part of every TTFT the table shows, so it is said
         lines.append(f"host, per request: {a['request_latency'][0]} (the registry's host_admission_per_request "
                      "/ _per_token / host_completion; the admission is part of every TTFT and E2E)")
-    return "\n".join(lines + [format_table(label, loads, results)] + queue_notes(label, loads, results))
+    slo = opts.get("slo")
+    if slo:
+        lines.append("SLO (vLLM's --goodput): " + ", ".join(f"{k} <= {v * 1e3:g} ms" for k, v in slo.items())
+                     + "; a request is good when it meets every target (TPOT counts 0 for a one-token request)")
+    return "\n".join(lines + [format_table(label, loads, results)] + slo_notes(label, loads, results, slo)
+                     + queue_notes(label, loads, results))
+
+
+def slo_best_load(loads, results):
+    """(the highest load whose SLO attainment is >= SLO_ATTAINMENT_TARGET, or None; the load with the
+    highest attainment, the highest such load on a tie): the sizing answer of a --goodput sweep."""
+    att = [r.summary["slo_attainment"] for r in results]
+    ok = [x for x, a in zip(loads, att) if a >= SLO_ATTAINMENT_TARGET]
+    closest = max(zip(att, loads))[1]
+    return (max(ok) if ok else None, closest)
+
+
+def slo_notes(label, loads, results, slo) -> list:
+    """With --goodput and several loads: the line naming the highest load at which at least
+    SLO_ATTAINMENT_TARGET of the requests meet every target (or none, and the closest)."""
+    if not slo or len(loads) < 2:
+        return []
+    best, closest = slo_best_load(loads, results)
+    name = {"C": "concurrency", "rate": "rate"}.get(label, label)
+    unit = " req/s" if label == "rate" else ""
+    share = f">= {SLO_ATTAINMENT_TARGET:.0%} of requests meeting the SLO"
+    if best is not None:
+        r = results[list(loads).index(best)]
+        return [f"highest load with {share}: {name} {best:g}{unit} ({r.summary['slo_attainment']:.1%} good, "
+                f"goodput {r.summary['goodput']:.3g} req/s)"]
+    r = results[list(loads).index(closest)]
+    return [f"highest load with {share}: none; the closest is {name} {closest:g}{unit} "
+            f"({r.summary['slo_attainment']:.1%} good, goodput {r.summary['goodput']:.3g} req/s)"]
 
 
 QUEUE_GROWTH = 2.0       # TTFT of the last fifth of arrivals over the first fifth's, past which it is said

@@ -1348,7 +1348,89 @@ def _itl_gaps(sched: Schedule) -> tuple:
     return later[keep], earlier[keep], weight[keep]
 
 
-def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
+# ----------------------------------------------------------------------------- SLOs and goodput
+
+# vLLM's benchmark client's names for the per-request metrics an SLO may bound (its --goodput
+# KEY:VALUE names, check_goodput_args' VALID_NAMES), and the per-request array each one reads
+SLO_METRICS = {"ttft": "ttft", "tpot": "tpot", "e2el": "e2e"}
+
+
+def check_slo(slo, *, field: str = "slo", unit: str = "s"):
+    """A service-level objective, checked before anything runs: None (no SLO), or a dict
+    ``{"ttft": t, "tpot": t, "e2el": t}`` of any non-empty subset (or the same as (name, target)
+    pairs), targets in seconds (``unit="ms"``: milliseconds, as the CLI's --goodput gives them,
+    refused naming ``--goodput NAME``). Returns {name: target in seconds} in the order given.
+    Refused (JaxpriceError naming the field and the value): not a dict or pairs, no target, an
+    unknown name (only vLLM's ttft, tpot and e2el: E2E is ``e2el``, ITL has no per-request
+    value), a name given twice, a target that is not a finite number > 0.
+
+    What it means (vLLM's benchmark client, ``vllm bench serve --goodput ttft:MS tpot:MS
+    e2el:MS``, DistServe's goodput; read in vllm-project/vllm vllm/benchmarks/serve.py
+    @def9ce85ba1079af970a58ed3d42dd861ae35d58, ``calculate_metrics`` and ``check_goodput_args``):
+    a request is good when EVERY metric the SLO names is <= its target (``all(s >= r for s, r in
+    zip(slo_values, req_metric))``; the targets are the KEY:VALUE milliseconds / 1000); a request
+    with one output token has TPOT 0 there (``all_tpots``: "if output_len <= 1, we regard tpot as
+    0 for goodput"), so it meets any TPOT target; ``request_goodput = good_completed / dur_s``.
+    Here: ``goodput`` = good requests / the run's ``duration`` (requests/s) and ``slo_attainment``
+    = good requests / all requests (``schedule_metrics``), each request's TTFT, TPOT and E2E the
+    ones the result reports (vLLM's TPOT is (E2E - TTFT) / (output - 1); the simulation's is
+    (finish - first token) / (output - 1), the same but for host_completion, which the module
+    docstring puts on E2E only, not TPOT). Differences from vLLM: it takes a target
+    of 0 (refused here: no request with any latency meets it) and a name given twice (it keeps the
+    last; refused here); every simulated request completes (vLLM counts only successful ones)."""
+    if slo is None:
+        return None
+    ms = unit == "ms"
+
+    def at(name):
+        return f"{field} {name}" if ms else f"{field}[{name!r}]"
+
+    if isinstance(slo, Mapping):
+        pairs = list(slo.items())
+    elif isinstance(slo, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in slo):
+        pairs = [tuple(p) for p in slo]
+    else:
+        refuse("must be None or a dict of targets in seconds, e.g. {'ttft': 0.5, 'tpot': 0.05, 'e2el': 10} "
+               "(vLLM's --goodput names)", field=field, value=shown(slo), has_value=True)
+    if not pairs:
+        refuse(f"names no target: give at least one of {', '.join(SLO_METRICS)}", field=field,
+               value="" if ms else {}, has_value=True)
+    out = {}
+    for name, target in pairs:
+        if not isinstance(name, str) or name not in SLO_METRICS:
+            hint = " (E2E is 'e2el', as vLLM names it)" if str(name).lower() in ("e2e", "e2e_latency") else ""
+            refuse(f"unknown SLO metric (known: {', '.join(SLO_METRICS)}, vLLM's --goodput names){hint}",
+                   field=field, value=shown(name), has_value=True)
+        if name in out:
+            refuse("names this metric twice; give each once", field=field, value=name)
+        try:
+            t = float(target) if _is_real(target) else math.nan
+        except OverflowError:                   # an int past float's range
+            t = math.inf
+        if not (math.isfinite(t) and t > 0):
+            refuse(f"must be a finite number > 0 ({'milliseconds' if ms else 'seconds'}): a request is good when "
+                   f"its {name} is <= it", field=at(name), value=shown(target), has_value=True)
+        out[name] = t / (1e3 if ms else 1.0)
+    return out
+
+
+def slo_good(metrics: dict, output_len, slo: dict):
+    """Which requests meet ``slo`` ({name: seconds}, ``check_slo``'s): every named metric of
+    ``metrics`` (per-request ttft, tpot, e2e arrays, seconds) <= its target, TPOT counted 0 for a
+    request of one output token (vLLM's ``all_tpots``; see ``check_slo``). Boolean [n]; jnp in,
+    jnp out."""
+    xp = _xp(metrics["ttft"])
+    multi = np.asarray(output_len) > 1
+    good = xp.ones(np.shape(output_len), dtype=bool)
+    for name, target in slo.items():
+        v = metrics[SLO_METRICS[name]]
+        if name == "tpot":
+            v = xp.where(multi, v, 0.0)
+        good = good & (v <= target)
+    return good
+
+
+def schedule_metrics(sched: Schedule, step_times, coefficients=None, *, slo=None) -> dict:
     """The run's metrics from each step's time: per-request arrays (ttft, tpot, e2e, first_token,
     finish, arrival, admission, wait) and the summary (ttft_mean/median/p90/p99, the same for
     tpot, itl, e2e, ttft_admission_mean and ttft_wait_mean (the parts of TTFT outside the steps,
@@ -1356,13 +1438,17 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     are none, as the benchmark client reports it), output_tps, output_tps_per_gpu,
     output_tps_per_user (= 1 / mean TPOT, InferenceX's interactivity; 0 without TPOT),
     requests_per_s, duration (the client's wall time: the last arrival + E2E), and the schedule's
-    counts). Every
+    counts). ``slo`` (``check_slo``: {"ttft"/"tpot"/"e2el": seconds}, vLLM's --goodput): also the
+    per-request ``good`` (bool: every named metric <= its target, TPOT 0 for one-token requests)
+    and in the summary ``goodput`` (good requests / duration, requests/s) and ``slo_attainment``
+    (good requests / requests); without it neither, and nothing else changes. Every
     request's tokens reach its client its admission + wait later than the engine emits them;
     E2E adds host_completion. ``coefficients``: where the host latencies come from (default the
     deployment's, as built). jnp in, jnp out (differentiable in step_times and the coefficients;
     affine in step_times: the admission and completion latencies do not scale with them);
     NumPy in, NumPy out."""
     _check_step_times(sched, step_times, coefficients)
+    slo = check_slo(slo)
     xp = _xp(step_times)
     req = sched.requests
     end = step_end_times(sched, step_times)
@@ -1421,6 +1507,11 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None) -> dict:
     summary["output_tps_per_user"] = (1.0 / summary["tpot_mean"]) if multi.any() else xp.asarray(0.0)
     summary["requests_per_s"] = out_len.size / duration
     summary["duration"] = duration
+    if slo is not None:             # vLLM's request_goodput (check_slo), and the share of requests good
+        good = slo_good(m, out_len, slo)
+        m["good"] = good
+        summary["goodput"] = xp.sum(good) / duration
+        summary["slo_attainment"] = xp.sum(good) / max(out_len.size, 1)
     counts = schedule_counts(sched)
     summary.update(counts)
     m["summary"] = summary
@@ -1448,7 +1539,7 @@ def schedule_counts(sched: Schedule) -> dict:
 class ServingResult:
     """One simulated run. requests: per-request NumPy arrays (arrival, first_token, finish,
     input_len, output_len, ttft, tpot, e2e, admission, wait, preemptions; seconds / counts;
-    ``request_latencies``). steps: per-step
+    ``request_latencies``; with an SLO also good, bool: ``check_slo``). steps: per-step
     arrays (time, end, tokens, resident, prefill_tokens, kv_blocks). summary: see
     ``schedule_metrics``. assumptions: every engine/client setting -> (value, where from)."""
     requests: dict
@@ -1462,10 +1553,12 @@ class ServingResult:
         return {k: (v * 1e3 if k.split("_")[0] in ("ttft", "tpot", "itl", "e2e") else v) for k, v in self.summary.items()}
 
 
-def _result(sched: Schedule, step_times, estimate, coefficients=None):
+def _result(sched: Schedule, step_times, estimate, coefficients=None, slo=None):
     dt = np.asarray(step_times)
-    met = schedule_metrics(sched, dt, coefficients)
+    met = schedule_metrics(sched, dt, coefficients, slo=slo)
     req = {k: np.asarray(met[k]) for k in ("arrival", "ttft", "tpot", "e2e", "admission", "wait")}
+    if slo is not None:
+        req["good"] = np.asarray(met["good"])
     req["first_token"] = np.asarray(met["first_token"])
     req["finish"] = np.asarray(met["finish"])
     for k in ("input_len", "output_len", "preemptions", "rank", "first_step", "finish_step", "emits"):
@@ -1475,7 +1568,11 @@ def _result(sched: Schedule, step_times, estimate, coefficients=None):
              "resident": s["resident"].sum(axis=0), "prefill_tokens": s["prefill_tokens"].sum(axis=0),
              "kv_blocks": s["kv_blocks"].sum(axis=0), "preempted": s["preempted"].sum(axis=0)}
     summary = {k: (float(v) if not isinstance(v, int) else v) for k, v in met["summary"].items()}
-    return ServingResult(requests=req, steps=steps, summary=summary, assumptions=dict(sched.assumptions),
+    assumptions = dict(sched.assumptions)
+    if slo is not None:
+        assumptions["slo"] = (", ".join(f"{k} <= {v * 1e3:g} ms" for k, v in slo.items()),
+                              "argument (vLLM's --goodput: good = every target met)")
+    return ServingResult(requests=req, steps=steps, summary=summary, assumptions=assumptions,
                          schedule=sched, estimate=estimate)
 
 
@@ -1493,27 +1590,34 @@ def _check_run(deployment, estimate, temperature, coefficients=None):
 
 
 def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap", coefficients=None,
-             acceptance=None, temperature=None) -> ServingResult:
+             acceptance=None, temperature=None, slo=None) -> ServingResult:
     """Simulate one benchmark run: the client's requests through vLLM v1's scheduler, every
-    step priced by the kernel (see the module docstring for the model and its assumptions)."""
+    step priced by the kernel (see the module docstring for the model and its assumptions).
+    ``slo``: service-level objectives, e.g. {"ttft": 0.5, "tpot": 0.05, "e2el": 10} (seconds, any
+    subset; vLLM's ``--goodput`` in seconds): the summary then carries ``goodput`` (requests
+    meeting every target per second of the run) and ``slo_attainment`` (their share), and
+    ``requests["good"]`` which ones (``check_slo`` has vLLM's definition and its source)."""
     _check_run(deployment, estimate, temperature, coefficients)
+    slo = check_slo(slo)
     coefs = deployment.coefficients if coefficients is None else coefficients
     sched = build_schedule(deployment, workload, client, engine=engine, acceptance=acceptance, coefficients=coefs,
                            estimate=estimate, temperature=temperature)
     dt = price_steps(sched, coefs, estimate=estimate, temperature=temperature)
-    res = _result(sched, dt, estimate, coefs)
+    res = _result(sched, dt, estimate, coefs, slo)
     res.assumptions["estimate"] = (estimate, "argument")
     return res
 
 
 def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate="no_overlap", coefficients=None,
-                   num_prompts=None, acceptance=None, temperature=None, callback=None) -> list:
+                   num_prompts=None, acceptance=None, temperature=None, callback=None, slo=None) -> list:
     """A closed-loop sweep: one ServingResult per concurrency level, the levels' schedules in
     shared vmapped scheduler calls (``build_schedules``) and all their steps in ONE vmapped
     pricing call. ``engine`` may
     be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran).
-    Each level once: one given twice is refused, as the CLI's --concurrency refuses it."""
+    Each level once: one given twice is refused, as the CLI's --concurrency refuses it. ``slo``:
+    as ``simulate``'s (every level's goodput and SLO attainment against the same targets)."""
     _check_run(deployment, estimate, temperature, coefficients)
+    slo = check_slo(slo)
     check_callback(callback)
     coefs = deployment.coefficients if coefficients is None else coefficients
     if isinstance(concurrencies, (str, bytes, Mapping)) or not hasattr(concurrencies, "__iter__"):
@@ -1578,7 +1682,7 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
         n = sc.dp * sc.steps
         dt = times[o:o + n].reshape(sc.dp, sc.steps).max(axis=0) if sc.steps else np.zeros(0)
         o += n
-        res = _result(sc, dt, estimate, coefs)
+        res = _result(sc, dt, estimate, coefs, slo)
         res.assumptions["estimate"] = (estimate, "argument")
         out.append(res)
     if callback:
