@@ -97,3 +97,18 @@ def test_only_vllm_raises_the_block():
         assert out["block_size"] == 16 and out["scheduler"] == eng
     same = resolve(dataclasses.replace(q.scenario, engine={**q.scenario.engine, "scheduler": "vllm"}), Registry())
     assert same.plan.memory["block_size"] == 1024
+
+
+def test_the_vllm_line_leaves_a_hybrid_block_to_vllm():
+    """size's `vllm serve` line for a model with recurrent layers states no --block-size (vLLM
+    raises the attention block itself; a stated 16 would be overridden) and says the block priced;
+    a model without them keeps its --block-size."""
+    q = jp.load_deployment(QWEN35)
+    lay = S.Layout(8, 1, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE")
+    assert S.hybrid_block_of(q) == 1024
+    line = S.launch_command(q.scenario, lay, q.graph, hybrid_block=S.hybrid_block_of(q))
+    assert "--block-size" not in line.split("    #")[0]
+    assert "# no --block-size: vLLM raises a hybrid model's attention block" in line and "(1024 tokens here" in line
+    d = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
+    assert S.hybrid_block_of(d) == 0
+    assert "--block-size 16 " in S.launch_command(d.scenario, lay, d.graph, hybrid_block=S.hybrid_block_of(d))

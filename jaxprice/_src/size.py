@@ -1085,14 +1085,16 @@ class SizeResult:
         if cand.layout.engine != "vllm":
             refuse(f"the search sized {cand.layout.engine} engines: launch_command() gives their line",
                    field="engine", value=cand.layout.engine)
-        return vllm_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas)
+        return vllm_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas,
+                            hybrid_block=hybrid_block_of(cand.deployment))
 
     def launch_command(self) -> str:
         """The chosen engine's launch line (``vllm serve ...`` or ``python -m sglang.launch_server ...``)."""
         if self.best is None:
             refuse("no layout meets the targets", field="targets")
         cand = self.best_candidate
-        return launch_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas)
+        return launch_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas,
+                              hybrid_block=hybrid_block_of(cand.deployment))
 
     def as_dict(self) -> dict:
         out = {"model": self.model, "chip": self.chip, "gpus": self.gpus,
@@ -1149,9 +1151,13 @@ def _model_repo(graph: ModelGraph | None):
     return repo
 
 
-def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
+def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
+                 hybrid_block: int = 0) -> str:
     """The ``vllm serve`` command line of one engine (run ``replicas`` of them, one per group of
-    tp x dp GPUs, behind a load balancer)."""
+    tp x dp GPUs, behind a load balancer). ``hybrid_block``: a model with recurrent layers, the
+    attention block its plan was priced at (resolve.hybrid_block_size): ``--block-size`` is then
+    left to vLLM, which raises the block to hold one layer's state itself (a stated 16 would be
+    overridden, and a stated raised value would outlive a vLLM whose rule differs)."""
     repo = _model_repo(graph)
     e = scen.engine
     parts = ["vllm serve", repo or scen.model, f"--tensor-parallel-size {layout.tp}"]
@@ -1161,8 +1167,9 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
         parts.append("--enable-expert-parallel")
     parts += _format_flags(e, graph)
     parts += [f"--max-num-seqs {e['max_num_seqs']}", f"--max-num-batched-tokens {e['max_num_batched_tokens']}",
-              f"--max-model-len {e['max_model_len']}", f"--block-size {e['block_size']}",
-              f"--gpu-memory-utilization {e['gpu_memory_utilization']}",
+              f"--max-model-len {e['max_model_len']}"]
+    parts += [] if hybrid_block else [f"--block-size {e['block_size']}"]
+    parts += [f"--gpu-memory-utilization {e['gpu_memory_utilization']}",
               "--compilation-config '{\"cudagraph_mode\": \"%s\"}'" % e["cudagraph_mode"],
               "--no-enable-prefix-caching"]
     if e.get("speculative"):      # the model's own MTP layers as the drafter (vLLM's speculative config)
@@ -1172,6 +1179,9 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
     if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
         cmd += (f"    # {e['quantization']}: vLLM does not quantize to it online: serve a published "
                 f"{e['quantization']} checkpoint of this model in its place (ModelOpt's, e.g. nvidia/...-FP4)")
+    if hybrid_block:
+        cmd += (f"    # no --block-size: vLLM raises a hybrid model's attention block to hold one recurrent state "
+                f"({hybrid_block} tokens here, as priced)")
     if scen.nodes > 1:
         cmd += _multi_node_launch(scen, layout)
     if replicas > 1:
@@ -1231,10 +1241,20 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
     return cmd
 
 
-def launch_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
-    """The engine's launch line: ``vllm serve ...`` or ``python -m sglang.launch_server ...``."""
-    fn = sglang_command if layout.engine == "sglang" else vllm_command
-    return fn(scen, layout, graph, replicas=replicas)
+def launch_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
+                   hybrid_block: int = 0) -> str:
+    """The engine's launch line: ``vllm serve ...`` or ``python -m sglang.launch_server ...``
+    (``hybrid_block``: vLLM's, ``vllm_command``)."""
+    if layout.engine == "sglang":
+        return sglang_command(scen, layout, graph, replicas=replicas)
+    return vllm_command(scen, layout, graph, replicas=replicas, hybrid_block=hybrid_block)
+
+
+def hybrid_block_of(dep) -> int:
+    """The attention block a deployment's plan raised for its recurrent layers (vLLM's hybrid
+    block, resolve.hybrid_block_size), 0 where none was raised or needed."""
+    mem = dep.plan.memory
+    return int(mem["block_size"]) if mem.get("hybrid_block_minimum", 0) else 0
 
 
 def _multi_node_launch(scen: Scenario, layout: Layout) -> str:
