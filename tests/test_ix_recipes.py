@@ -177,3 +177,19 @@ def test_the_mtp_scripts_draft_counts_agree_between_the_two_tables():
             assert A.spec_recipe_for(p)[0] == mtp, (sched, model, chips, dtype, dp, isl, c)
             checked += 1
     assert checked >= 16
+
+
+def test_a_trt_points_fixed_memory_comes_from_its_registry(points, tmp_path):
+    """TensorRT-LLM's free fraction becomes a gmu from the deployment's fixed memory, resolved with
+    the registry the point is priced with (Point.registry): a caller's deepseek-v3 graph with a
+    vocabulary ten times larger holds more weights, so the same fraction gives a larger gmu."""
+    from jaxprice._src.formats import Registry, default_registry_root
+    src = (default_registry_root() / "models" / "deepseek-v3.yaml").read_text()
+    assert src.count("n: 129280") == 1           # the lm_head (the embedding reads rows, not the vocabulary)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "deepseek-v3.yaml").write_text(src.replace("n: 129280", "n: 1292800"))
+    p = points[("deepseek-v3-b200-fp4-trt-tp4", 8192, 64)]
+    q = A.with_registry([p], Registry([tmp_path, default_registry_root()]))[0]
+    (fixed, hbm), (fixed_q, hbm_q) = R._fixed_bytes(p), R._fixed_bytes(q)
+    assert hbm_q == hbm and fixed_q > fixed
+    assert R.trt_gmu(q, 0.8)[0] > R.trt_gmu(p, 0.8)[0]

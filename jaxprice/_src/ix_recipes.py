@@ -451,12 +451,13 @@ _FIXED: dict = {}
 
 def _fixed_bytes(p) -> tuple:
     """(fixed bytes per GPU, HBM bytes) of the point's deployment as the harness resolves it
-    (bundled registry and scenarios): weights, activations, CUDA graphs and communication
-    buffers (plan.memory); kept per deployment."""
-    key = (p.deployment, p.model, p.hardware, p.dtype, p.engine, p.tp, p.ep, p.dp, p.spec_decode)
+    (the point's registry, ``Point.registry``, else the bundled one, and the bundled scenarios):
+    weights, activations, CUDA graphs and communication buffers (plan.memory); kept per
+    deployment and registry."""
+    key = (p.registry, p.deployment, p.model, p.hardware, p.dtype, p.engine, p.tp, p.ep, p.dp, p.spec_decode)
     if key not in _FIXED:
         from .accuracy import build_deployment
-        dep, _ = build_deployment(p)
+        dep, _ = build_deployment(p, registry=p.registry)
         m = dep.plan.memory
         fixed = sum(float(m.get(k, 0.0)) for k in ("weights_bytes", "activation_bytes", "cudagraph_bytes",
                                                     "comm_buffer_bytes"))
