@@ -241,6 +241,24 @@ def test_random_workloads_match_reference_and_invariants(dep, case):
         assert sc.requests["preemptions"].sum() > 0                         # the KV cases do preempt
 
 
+def test_a_request_preempted_after_its_last_token_matches_reference(dep):
+    """Async scheduling under KV pressure: a request that finished in step s still sits in the
+    batch while step s + 1 is scheduled, and may be the one preempted; it leaves the waiting queue
+    when its output is processed (vLLM's update_from_output drops a stopped preempted request), not
+    recomputed. The reference scheduler crashed on it (it looked for the request in the batch)."""
+    eng = dict(max_num_batched_tokens=48, kv_capacity_tokens=256, async_scheduling=True, reserve_full_isl=False,
+               max_num_seqs=5)
+    w = jp.Workload(73, 33, 0.5, seed=31)
+    sc = jp.build_schedule(dep, w, jp.ClosedLoop(4, 24), engine=eng)
+    ins, outs = w.lengths(24)
+    ref = _reference(sc, ins, outs, 4)
+    assert ref["preempted_finished"] > 0                                  # the case is exercised
+    np.testing.assert_array_equal(sc.requests["finish_step"], ref["finish"])
+    np.testing.assert_array_equal(sc.requests["preemptions"], ref["preemptions"])
+    np.testing.assert_array_equal(sc.sums["tokens"][0], [sum(r[1] for r in rows) for rows in ref["steps"]][:sc.steps])
+    np.testing.assert_array_equal(sc.requests["emits"], outs)
+
+
 def test_speculative_decoding_matches_reference(dep):
     """1 + k tokens per decode row, acceptance 1.6 tokens per step (the G(s) pattern)."""
     eng = dict(num_spec_tokens=2, lookahead=2, decode_threshold=3, **SYNC)

@@ -701,129 +701,175 @@ def reference_schedule(plen, olen, *, concurrency=None, arrival_steps=None, max_
     every decode row, with no budget (needs ``reserve_to_completion``: its growth is reserved).
 
     Returns dict: steps (list per step of [(request, scheduled, computed)] in batch order),
-    first, finish (step per request), preemptions (per request), preempted (per step)."""
-    n_req = len(plen)
+    first, finish (step per request), preemptions (per request), preempted (per step),
+    preempted_finished (requests preempted after their last token, under async scheduling)."""
+    ref = _ReferenceEngine(plen, olen, max_num_seqs=max_num_seqs, budget=budget, block_size=block_size,
+                           kv_blocks=kv_blocks, max_model_len=max_model_len, k=k, lookahead=lookahead,
+                           reserve_full_isl=reserve_full_isl, watermark_blocks=watermark_blocks,
+                           reserve_to_completion=reserve_to_completion, prefill_first=prefill_first)
     acc = int(round(acceptance * ACC_DEN))
-    ntok = [int(p) for p in plen]
-    comp = [0] * n_req
-    held = [0] * n_req
-    npre = [0] * n_req
-    first = [-1] * n_req
-    finish = [-1] * n_req
-    running, waiting, zombies = [], [], set()
-    nxt, done, s = 0, 0, 0
+    zombies, nxt, done, s = set(), 0, 0, 0
     steps, pre_steps = [], []
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
-    while done < n_req or zombies:
+    while done < ref.n or zombies:
         if s >= max_steps:
             if partial:
                 break
             raise RuntimeError("reference schedule did not finish")
-        arrived = min(n_req, concurrency + done)
-        while nxt < arrived:
-            waiting.append(nxt)
+        while nxt < min(ref.n, concurrency + done):         # the closed loop: C in flight
+            ref.waiting.append(nxt)
             nxt += 1
-        free = kv_blocks - sum(held[r] for r in running)
-        B = budget
-        rows, preempted = [], False
-        is_dec = {}
-        # Phase A
-        i = 0
-        while i < len(running) and B > 0:
-            r = running[i]
-            if r in zombies:
-                i += 1
-                continue
-            dec = ntok[r] > plen[r] and comp[r] == ntok[r] - 1
-            is_dec[r] = dec
-            if dec and prefill_first:          # decodes wait for a step with no prefill work
-                i += 1
-                continue
-            n = (1 + k) if dec else ntok[r] - comp[r]
-            n = min(n, B, max_model_len - 1 - comp[r])
-            if n <= 0:
-                i += 1
-                continue
-            want = cdiv(min(comp[r] + n + lookahead, max_model_len), block_size)
-            need = max(want - held[r], 0)
-            victim_self = False
-            while need > free:
-                v = running.pop()
-                free += held[v]
-                held[v], comp[v] = 0, 0
-                npre[v] += 1
-                waiting.insert(0, v)
-                preempted = True
-                if v == r:
-                    victim_self = True
-                    break
-            if victim_self:
-                break
-            held[r] += need
-            free -= need
-            rows.append((r, n, comp[r]))
-            B -= n
-            i += 1
-        # Phase B
-        if not preempted:
-            while waiting and B > 0 and len(running) < max_num_seqs:
-                r = waiting[0]
-                t = ntok[r] - comp[r]
-                n = min(t, B)
-                b = cdiv(min(n + lookahead, max_model_len), block_size)
-                gate = (cdiv(min(t, max_model_len), block_size) + (watermark_blocks if running else 0)
-                        if reserve_full_isl else b)
-                if reserve_to_completion:
-                    full = lambda q: cdiv(min(plen[q] + olen[q] + lookahead, max_model_len), block_size)  # noqa: E731
-                    growth = sum(max(full(q) - held[q], 0) for q in running)
-                    if full(r) > free - growth:
-                        break
-                elif max(gate, b) > free:
-                    break
-                waiting.pop(0)
-                running.append(r)
-                comp[r] = 0
-                held[r] = b
-                free -= b
-                is_dec[r] = False
-                rows.append((r, n, 0))
-                B -= n
-        if prefill_first and not rows:         # no prefill work: every decode row, no budget
-            for r in running:
-                if r in zombies or not is_dec.get(r):
-                    continue
-                n = min(1 + k, max_model_len - 1 - comp[r])
-                if n <= 0:
-                    continue
-                held[r] = max(held[r], cdiv(min(comp[r] + n + lookahead, max_model_len), block_size))
-                rows.append((r, n, comp[r]))
+        rows, preempted = ref.step(zombies)
         steps.append(rows)
         pre_steps.append(preempted)
-        # outputs
-        g = (((s + 1) * acc) // ACC_DEN) - ((s * acc) // ACC_DEN)
+        finished = ref.emit(rows, (((s + 1) * acc) // ACC_DEN) - ((s * acc) // ACC_DEN), s)
+        # async scheduling: a request finishing in step s leaves the batch after step s + 1 was scheduled
+        leaving, zombies = (list(zombies), set(finished)) if async_scheduling else (finished, zombies)
+        done += ref.retire(leaving)
+        s += 1
+    return {"steps": steps, "first": ref.first, "finish": ref.finish, "preemptions": ref.npre, "preempted": pre_steps,
+            "preempted_finished": ref.preempted_finished}
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _ReferenceEngine:
+    """The state of ``reference_schedule``'s engine (per request: tokens known, computed, blocks
+    held, preemptions, first and finish steps; the running and waiting queues) and its stages,
+    each a paragraph of serving-reference.md §1: ``step`` (A: running requests, B: waiting ones,
+    SGLang's decode-only step), ``emit`` (the step's outputs), ``retire`` (finished requests)."""
+
+    def __init__(self, plen, olen, *, max_num_seqs, budget, block_size, kv_blocks, max_model_len, k, lookahead,
+                 reserve_full_isl, watermark_blocks, reserve_to_completion, prefill_first):
+        self.plen, self.olen, self.n = plen, olen, len(plen)
+        self.max_num_seqs, self.budget, self.block_size, self.kv_blocks = max_num_seqs, budget, block_size, kv_blocks
+        self.max_model_len, self.k, self.lookahead = max_model_len, k, lookahead
+        self.reserve_full_isl, self.watermark_blocks = reserve_full_isl, watermark_blocks
+        self.reserve_to_completion, self.prefill_first = reserve_to_completion, prefill_first
+        self.ntok = [int(p) for p in plen]
+        self.comp, self.held, self.npre = [0] * self.n, [0] * self.n, [0] * self.n
+        self.first, self.finish = [-1] * self.n, [-1] * self.n
+        self.running, self.waiting = [], []
+        self.is_dec = {}
+        self.preempted_finished = 0        # requests preempted after their last token (async scheduling)
+
+    def blocks(self, tokens):
+        return _ceil_div(min(tokens, self.max_model_len), self.block_size)
+
+    def step(self, zombies):
+        """One schedule() call: (rows [(request, scheduled, computed)] in batch order, preempted)."""
+        self.free = self.kv_blocks - sum(self.held[r] for r in self.running)
+        self.B, self.is_dec = self.budget, {}
+        rows = []
+        preempted = self._schedule_running(rows, zombies)
+        if not preempted:
+            self._admit_waiting(rows)
+        if self.prefill_first and not rows:          # no prefill work: every decode row, no budget
+            self._decode_only(rows, zombies)
+        return rows, preempted
+
+    def _schedule_running(self, rows, zombies) -> bool:
+        """Phase A: running requests in order while budget lasts, each growing its blocks;
+        preempting the latest-arrived running request (recompute) until it fits."""
+        preempted, i = False, 0
+        while i < len(self.running) and self.B > 0:
+            r = self.running[i]
+            i += 1
+            if r in zombies:
+                continue
+            dec = self.ntok[r] > self.plen[r] and self.comp[r] == self.ntok[r] - 1
+            self.is_dec[r] = dec
+            if dec and self.prefill_first:           # decodes wait for a step with no prefill work
+                continue
+            n = min((1 + self.k) if dec else self.ntok[r] - self.comp[r], self.B,
+                    self.max_model_len - 1 - self.comp[r])
+            if n <= 0:
+                continue
+            need = max(self.blocks(self.comp[r] + n + self.lookahead) - self.held[r], 0)
+            while need > self.free:
+                v = self._preempt_last()
+                preempted = True
+                if v == r:
+                    return preempted
+            self.held[r] += need
+            self.free -= need
+            rows.append((r, n, self.comp[r]))
+            self.B -= n
+        return preempted
+
+    def _preempt_last(self) -> int:
+        v = self.running.pop()
+        self.free += self.held[v]
+        self.held[v], self.comp[v] = 0, 0
+        self.npre[v] += 1
+        self.waiting.insert(0, v)
+        return v
+
+    def _admit_waiting(self, rows):
+        """Phase B: waiting requests in arrival order while budget, max_num_seqs and blocks allow."""
+        while self.waiting and self.B > 0 and len(self.running) < self.max_num_seqs:
+            r = self.waiting[0]
+            t = self.ntok[r] - self.comp[r]
+            n = min(t, self.B)
+            b = self.blocks(n + self.lookahead)
+            if not self._admits(r, t, b):
+                break
+            self.waiting.pop(0)
+            self.running.append(r)
+            self.comp[r], self.held[r] = 0, b
+            self.free -= b
+            self.is_dec[r] = False
+            rows.append((r, n, 0))
+            self.B -= n
+
+    def _admits(self, r, t, b) -> bool:
+        """Whether waiting request r (t tokens to compute, b blocks for its first chunk) is admitted."""
+        if self.reserve_to_completion:               # its full length beside every running request's growth
+            full = lambda q: self.blocks(self.plen[q] + self.olen[q] + self.lookahead)  # noqa: E731
+            growth = sum(max(full(q) - self.held[q], 0) for q in self.running)
+            return full(r) <= self.free - growth
+        gate = (self.blocks(t) + (self.watermark_blocks if self.running else 0)) if self.reserve_full_isl else b
+        return max(gate, b) <= self.free
+
+    def _decode_only(self, rows, zombies):
+        for r in self.running:
+            if r in zombies or not self.is_dec.get(r):
+                continue
+            n = min(1 + self.k, self.max_model_len - 1 - self.comp[r])
+            if n <= 0:
+                continue
+            self.held[r] = max(self.held[r], self.blocks(self.comp[r] + n + self.lookahead))
+            rows.append((r, n, self.comp[r]))
+
+    def emit(self, rows, g, s) -> list:
+        """The step's outputs: each request whose prompt is computed gains its tokens (``g``
+        accepted on a decode row, 1 otherwise); returns those that finished in step ``s``."""
         finished = []
         for r, n, c in rows:
-            comp[r] = c + n
-            if comp[r] >= ntok[r]:
-                out = ntok[r] - plen[r]
-                gen = min(g if is_dec.get(r) else 1, olen[r] - out)
-                if out == 0:
-                    first[r] = s
-                ntok[r] += gen
-                comp[r] = ntok[r] - 1
-                if ntok[r] - plen[r] >= olen[r]:
-                    finish[r] = s
-                    finished.append(r)
-        if async_scheduling:
-            for r in list(zombies):
-                running.remove(r)
-                held[r] = 0
-                done += 1
-            zombies = set(finished)
-        else:
-            for r in finished:
-                running.remove(r)
-                held[r] = 0
-                done += 1
-        s += 1
-    return {"steps": steps, "first": first, "finish": finish, "preemptions": npre, "preempted": pre_steps}
+            self.comp[r] = c + n
+            if self.comp[r] < self.ntok[r]:
+                continue
+            out = self.ntok[r] - self.plen[r]
+            gen = min(g if self.is_dec.get(r) else 1, self.olen[r] - out)
+            if out == 0:
+                self.first[r] = s
+            self.ntok[r] += gen
+            self.comp[r] = self.ntok[r] - 1
+            if self.ntok[r] - self.plen[r] >= self.olen[r]:
+                self.finish[r] = s
+                finished.append(r)
+        return finished
+
+    def retire(self, requests) -> int:
+        """Finished requests leave; one preempted after it finished (async scheduling: it still sat
+        in the batch while the next step was scheduled) leaves the waiting queue, as vLLM's
+        update_from_output drops a stopped preempted request (its blocks were freed already)."""
+        for r in requests:
+            if r in self.running:
+                self.running.remove(r)
+            else:
+                self.waiting.remove(r)
+                self.preempted_finished += 1
+            self.held[r] = 0
+        return len(requests)
