@@ -58,11 +58,13 @@ REPORT_MD = "accuracy.md"
 
 def add_parser(subparsers):
     p = subparsers.add_parser(
-        "accuracy", help="predicted mean TPOT against a CSV of measured serving latencies",
-        description="Score the kernel against measured mean TPOT (the column layout of "
-                    "shared/measured/inferencex_vllm_dev.csv): a batch of C decoding requests at context "
-                    "isl + osl/2 per point, TPOT = step estimate + host_output_token; shape error and "
-                    "TPOT MAPE per model and overall, for NoOverlap and Overlap.")
+        "accuracy", help="predicted mean TPOT and TTFT against a CSV of measured serving latencies",
+        description="Score the predictions against measured mean TPOT and mean TTFT (the column layout of "
+                    "shared/measured/inferencex_vllm_dev.csv): by default each point's closed-loop benchmark "
+                    "run is simulated (vLLM's scheduler step by step, every step priced by the kernel, the "
+                    "engine flags the run states or its recipe's); --batch-rule anchor|capped|interleaved "
+                    "prices one static step per point instead (TPOT only). Shape error and MAPE per model, "
+                    "chip, workload and concurrency bucket, for NoOverlap and Overlap.")
     p.add_argument("csv", metavar="CSV", help="measurement file (layout of inferencex_vllm_dev.csv)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help=f"write {POINTS_CSV} (one row per point) and {REPORT_MD} (the table) here")
