@@ -225,3 +225,22 @@ def test_cli_bad_goodput_exits_2_with_one_line(capsys, tokens, want):
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("jaxprice serve: error: ") and want in lines[0], lines[0]
+
+
+def test_plot_draws_the_targets_and_each_loads_share_good(dep, plain):
+    """serve --plot with --goodput: the TTFT and TPOT targets as lines across their panels, each
+    load's share of requests good beside its throughput point; without an SLO neither."""
+    from jaxprice._src.figures_serve import plot_serving_sweep
+    slo = {"ttft": 0.5, "tpot": 0.02}
+    res = jp.simulate(dep, *MIXED, engine=SYNC, slo=slo)
+    fig = plot_serving_sweep([res], [2.0], slo=slo, keep_open=True)
+    ttft_ax, tpot_ax, thr_ax = fig.axes
+    assert any(list(ln.get_ydata()) == [500.0, 500.0] for ln in ttft_ax.get_lines())
+    assert any(list(ln.get_ydata()) == [20.0, 20.0] for ln in tpot_ax.get_lines())
+    share = f"2 ({res.summary['slo_attainment'] * 100:.0f}% good)"
+    assert [t.get_text() for t in thr_ax.texts] == [share]
+    bare = plot_serving_sweep([plain], [2.0], keep_open=True)
+    assert all(len(a.get_lines()) == 2 for a in bare.axes[:2]) and [t.get_text() for t in bare.axes[2].texts] == ["2"]
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    plt.close(bare)

@@ -342,14 +342,15 @@ def _simulate_loads(dep, args, opts, label, loads) -> list:
 
 
 def _write_figures(dep, args, opts, label, loads, results) -> None:
-    """--plot (TTFT and TPOT against the load; throughput per GPU against tokens/s per user) and
-    --timeline (the last load's run, step by step)."""
+    """--plot (TTFT and TPOT against the load, with --goodput's targets; throughput per GPU against
+    tokens/s per user) and --timeline (the last load's run, step by step)."""
     if args.plot:
         from .figures_serve import plot_serving_sweep
         plot_serving_sweep(results, [float(x) if not isinstance(x, str) else i for i, x in enumerate(loads)],
                            load_label={"C": "concurrency", "rate": "rate (requests/s)"}.get(label, label),
                            path=args.plot, title=f"{dep.name}  " + (f"trace {loads[0]}" if label == "trace"
-                                                                   else f"isl {opts['isl']} osl {opts['osl']}"))
+                                                                   else f"isl {opts['isl']} osl {opts['osl']}"),
+                           slo=opts.get("slo"))
     if args.timeline:
         from .figures_serve import plot_serving_timeline
         plot_serving_timeline(results[-1], path=args.timeline,

@@ -8,9 +8,12 @@ import numpy as np
 from .figures import _pyplot, _save
 
 
-def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, title=None, keep_open=False, dpi=120):
+def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, title=None, keep_open=False, dpi=120,
+                       slo=None):
     """Three panels: TTFT (mean, p99) and TPOT (mean, p99) against the load, and output tokens/s
-    per GPU against output tokens/s per user (each point labelled with its load)."""
+    per GPU against output tokens/s per user (each point labelled with its load). ``slo``
+    ({"ttft"/"tpot": seconds}, serve.check_slo's): its TTFT and TPOT targets drawn across their
+    panels, each load's share of requests meeting every target beside its throughput point."""
     plt = _pyplot()
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.4))
     x = np.asarray(loads, float)
@@ -20,6 +23,8 @@ def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, t
         a.plot(x, [v[f"{q}_p99"] * 1e3 for v in s], "s--", label="p99", alpha=0.8)
         if x.size and (x > 0).all():     # a trace run's load is its index (0): a linear axis
             a.set_xscale("log", base=2)
+        if slo and q in slo:
+            a.axhline(slo[q] * 1e3, color="#d62728", ls=":", lw=1.5, label=f"SLO {slo[q] * 1e3:g} ms")
         a.set_xlabel(load_label)
         a.set_ylabel(f"{name} (ms)")
         a.set_title(f"{name} vs {load_label}")
@@ -30,8 +35,9 @@ def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, t
     u = [v["output_tps_per_user"] for v in s]
     g = [v["output_tps_per_gpu"] for v in s]
     ax[2].plot(u, g, "o-", color="#2ca02c")
-    for xi, ui, gi in zip(loads, u, g):
-        ax[2].annotate(f"{xi:g}", (ui, gi), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    for xi, ui, gi, v in zip(loads, u, g, s):
+        good = f" ({v['slo_attainment'] * 100:.0f}% good)" if slo and "slo_attainment" in v else ""
+        ax[2].annotate(f"{xi:g}{good}", (ui, gi), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax[2].set_xlabel("output tokens/s per user (1 / mean TPOT)")
     ax[2].set_ylabel("output tokens/s per GPU")
     ax[2].set_title("throughput vs interactivity")
