@@ -13,6 +13,7 @@ _jax.config.update("jax_enable_x64", True)
 
 from jaxprice._src.accuracy import AccuracyReport, evaluate_accuracy, read_measurements
 from jaxprice._src.batchfile import DEFAULT_DECODE_THRESHOLD, load_batch
+from jaxprice._src.benchfile import BenchImport, import_bench
 from jaxprice._src.errors import JaxpriceError
 from jaxprice._src.figures import plot_step_curve, plot_sweep_heatmaps
 from jaxprice._src.fit import (FitResult, Free, LawFit, Observations, fit_coefficients, fit_law,
@@ -41,6 +42,8 @@ __all__ = [
     "evaluate_accuracy",
     "AccuracyReport",
     "read_measurements",
+    "import_bench",
+    "BenchImport",
     "fit",
     "Free",
     "Observations",

@@ -21,7 +21,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
 
 
-COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy", "size", "import-model", "serve", "cache")
+COMMANDS = ("price", "sweep", "optimize", "fit", "accuracy", "size", "import-model", "import-bench", "serve",
+            "cache")
 # the commands that compile kernels: they keep them on disk across runs (compile_cache.py;
 # accuracy's --cache-dir names the folder for one run)
 COMPILING = ("price", "sweep", "optimize", "fit", "accuracy", "size", "serve")

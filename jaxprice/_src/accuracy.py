@@ -70,7 +70,9 @@ each request's TTFT also carries its admission latency and its wait for the next
 call, ``serve.request_latencies``)
 of the benchmark client's closed loop at the point's C, with the point's isl/osl, lengths drawn
 uniformly on [floor(0.8 L), L] (InferenceX's --random-range-ratio 0.8), 10 x C prompts (C where
-the recipe sends C), and the engine flags the point's own run states (``stated_settings``:
+the recipe sends C) -- or, where the CSV has them, the row's ``num_prompts`` (prompts the run sent)
+and ``range_ratio`` (lengths uniform on [floor(R L), L], ``client.Workload``; 1: fixed lengths)
+columns, as ``jaxprice import-bench`` writes them from vLLM benchmark results -- and the engine flags the point's own run states (``stated_settings``:
 the bundled table of InferenceX's runs, or ``--settings``), the published InferenceX recipe for
 the point's (model, chip, dtype) for the rest (``engine_assumptions``: max_num_seqs, max_num_batched_tokens,
 gpu_memory_utilization and so the KV capacity, KV-cache dtype, block size, max_model_len, each
@@ -119,6 +121,7 @@ import math
 import os
 import re
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import jax
@@ -157,7 +160,7 @@ BATCH_RULE_TEXT = {
                     "max_num_batched_tokens - R tokens"),
     "simulate": ("batch rule `simulate`: the serving simulation (vLLM v1's scheduler, step by step, every step "
                  "priced by the kernel) of the benchmark client's closed loop at the point's C, 10 x C prompts, "
-                 "lengths drawn on [0.8 L, L], with the engine flags the run states, else the published InferenceX recipe's "
+                 "lengths drawn on [0.8 L, L] (or the CSV's num_prompts and range_ratio columns), with the engine flags the run states, else the published InferenceX recipe's "
                  "(`engine_assumptions`); mean TPOT and mean TTFT over the requests, each request's TTFT with "
                  "its admission latency (registry host_admission_per_request + _per_token x prompt tokens) and "
                  "its wait for the next schedule() call (`serve.request_latencies`)"),
@@ -198,6 +201,10 @@ class Point:
     #                                      bundled table's (stated_settings)
     spec_decode: str = "none"            # the spec_decode column (where the file has it)
     acceptance: float | None = None      # --acceptance: mean tokens per decode row and step (speculating points)
+    # the client of the point's run where the file states it (columns num_prompts, range_ratio); None:
+    # InferenceX's (10 x C prompts, or C where its recipe sends C; lengths on [floor(0.8 L), L])
+    num_prompts: int | None = None       # prompts the run sent (requests)
+    range_ratio: float | None = None     # lengths uniform on [floor(R L), L] (client.Workload); 1: fixed lengths
     # the registry the point is priced with, where the caller gives one (its model's drafter is read
     # from it); None: the bundled one. Not part of the point's identity.
     registry: Registry | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -249,7 +256,9 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
     speculative decoding, e.g. ``mtp``, is simulated with its recipe's draft count and an assumed
     acceptance, ``speculation_assumptions``; one whose model graph has no drafter for the method
     is refused with that reason, ``_check_speculation``);
-    ``engine`` picks the serving simulation's scheduler (``ENGINE_SCHEDULER``).
+    ``engine`` picks the serving simulation's scheduler (``ENGINE_SCHEDULER``); ``num_prompts``
+    (requests the run sent, >= its concurrency) and ``range_ratio`` (in [0, 1]) describe the
+    point's client for the ``simulate`` rule (``_client_columns``; empty or absent: InferenceX's).
     """
     from .schema import check_measurement_file
     check_measurement_file(path)          # the declared schema: readable text CSV, ranges (schema.py)
@@ -355,7 +364,31 @@ def _row_point(r, line, where, seconds) -> Point:
         anchor_concurrency=_int(anchor, where=where, field="anchor_concurrency") if anchor else None,
         run_date=(r.get("source_run_date") or "").strip(),
         config_id=(r.get("source_config_id") or "").strip(),
-        spec_decode=(r.get("spec_decode") or "").strip().lower() or "none")
+        spec_decode=(r.get("spec_decode") or "").strip().lower() or "none",
+        **_client_columns(r, where, _int(r["concurrency"], where=where, field="concurrency")))
+
+
+def _client_columns(r, where, concurrency) -> dict:
+    """The optional client columns of a row: ``num_prompts`` (an integer >= the concurrency: the
+    benchmark sends num_prompts requests under a semaphore of C, so fewer never fill C) and
+    ``range_ratio`` (a number in [0, 1]); an empty or absent cell is the InferenceX default (None)."""
+    out = {}
+    n = (r.get("num_prompts") or "").strip()
+    if n:
+        out["num_prompts"] = _int(n, where=where, field="num_prompts", minimum=1)
+        if out["num_prompts"] < concurrency:
+            refuse(f"fewer prompts than the concurrency {concurrency}: only {n} clients would ever send",
+                   file=where, field="num_prompts", value=n)
+    rr = (r.get("range_ratio") or "").strip()
+    if rr:
+        try:
+            out["range_ratio"] = float(rr)
+        except ValueError:
+            refuse("expected a number in [0, 1]", file=where, field="range_ratio", value=rr)
+        if not 0 <= out["range_ratio"] <= 1:      # NaN fails too
+            refuse("expected a number in [0, 1] (lengths uniform on [floor(R L), L]; 1: fixed lengths)",
+                   file=where, field="range_ratio", value=rr)
+    return out
 
 
 def _label_mismatch(p) -> str | None:
@@ -1145,6 +1178,7 @@ def _run_settings(p: Point, rec, scheduler: str, C: int) -> dict:
     npr = 10 * C if rec["num_prompts"] == "10*C" else C
     out["num_prompts"] = (npr, ("10 x C (--num-prompts $((CONC * 10)))" if rec["num_prompts"] == "10*C"
                                 else "C (--num-prompts $CONC)") + f": {rec['source']}")
+    _client_stated(out, p)
     out["warmups"] = (2 * C, "--num-warmups 2 x C, finished before the timed run (serving-reference §4.2): "
                              "not simulated; the timed run starts from an empty engine")
     out["prefix_caching"] = (False, f"--no-enable-prefix-caching in the recipes ({REF5})")
@@ -1157,6 +1191,16 @@ def _run_settings(p: Point, rec, scheduler: str, C: int) -> dict:
     out["dp_spread"] = (int(p.dp), "each data-parallel rank its own scheduler, queue, max_num_seqs and budget "
                                    "(serving-reference §2.1); how requests are spread: the simulation's own")
     return out
+
+
+def _client_stated(out: dict, p: Point) -> None:
+    """Over ``out`` (in place), the client the point's row states (its num_prompts and range_ratio
+    columns, e.g. written by ``jaxprice import-bench``), said so; absent columns keep InferenceX's."""
+    if p.range_ratio is not None:
+        out["range_ratio"] = (p.range_ratio, f"the CSV's range_ratio column: lengths uniform on "
+                                             f"[floor({p.range_ratio:g} L), L] (client.Workload; 1: fixed lengths)")
+    if p.num_prompts is not None:
+        out["num_prompts"] = (p.num_prompts, "the CSV's num_prompts column (the prompts the run sent)")
 
 
 def _apply_stated(out: dict, p: Point, stated: dict) -> None:
@@ -1194,7 +1238,7 @@ def engine_assumptions(p: Point) -> dict:
     the recipe's, else vLLM's default FULL_AND_PIECEWISE; other engines keep the deployment's),
     ``max_model_len`` (isl + osl + 256; gpt-oss at 1k1k + 20), ``range_ratio`` 0.8 (uniform
     lengths on [floor(0.8 L), L]), ``num_prompts`` (10 x C, C where the recipe passes
-    --num-prompts $CONC), ``warmups`` (2 x C, finished before the timed run: the simulation starts
+    --num-prompts $CONC; both the CSV's own columns where it has them, ``_client_stated``), ``warmups`` (2 x C, finished before the timed run: the simulation starts
     from an empty engine), prefix caching off, async scheduling on, ``dp_spread`` (each
     data-parallel rank schedules its own requests; how the simulation spreads them is its own,
     reported in its assumptions). A point whose (model, chip, dtype) has no recipe gets its
@@ -1572,7 +1616,10 @@ def run_settings_key(p: Point) -> tuple:
     return (a["max_num_batched_tokens"][0], a["gpu_memory_utilization"][0], a["cache_dtype"][0], a["block_size"][0],
             a.get("cudagraph_mode", (None,))[0], a["max_model_len"][0],
             a["num_prompts"][0] // max(int(p.concurrency), 1), seqs if seqs < p.concurrency else None,
-            a.get("num_spec_tokens", (0,))[0], a.get("acceptance", (None,))[0])
+            a.get("num_spec_tokens", (0,))[0], a.get("acceptance", (None,))[0],
+            # a CSV's client columns: points of one run at one C share a schedule, so they must agree
+            None if p.num_prompts is None else Fraction(int(p.num_prompts), max(int(p.concurrency), 1)),
+            p.range_ratio)
 
 
 def _simulated_runs_of(points, refused, *, registry, scenario_dirs, extra_coefficient_files, source):
@@ -1625,9 +1672,10 @@ def simulated_runs(points, *, registry=None, scenario_dirs=None, extra_coefficie
         if run.dep is None:
             continue
         p0 = points[run.index[0]]
-        workload = Workload(isl=int(p0.isl), osl=int(p0.osl), range_ratio=RANGE_RATIO, seed=0)
+        ratio = RANGE_RATIO if p0.range_ratio is None else float(p0.range_ratio)    # one per run (run_settings_key)
+        workload = Workload(isl=int(p0.isl), osl=int(p0.osl), range_ratio=ratio, seed=0)
         concs = sorted({points[i].concurrency for i in run.index})
-        items = [(workload, serve.ClosedLoop(int(c), None if run.rule == "10*C" else int(c))) for c in concs]
+        items = [(workload, serve.ClosedLoop(int(c), _run_prompts(points, run, c))) for c in concs]
         jobs.append((run.dep, items, run.engine, run.acceptance))
         owners.append((run, concs))
     t0 = time.perf_counter()
@@ -1642,6 +1690,15 @@ def simulated_runs(points, *, registry=None, scenario_dirs=None, extra_coefficie
             else:
                 run.schedules[c] = sc
     return runs, refused
+
+
+def _run_prompts(points, run: SimulatedRun, c: int):
+    """The prompts a run at concurrency ``c`` sends: the CSV's num_prompts column of its points at
+    that C (they agree: ``run_settings_key``), else None (10 x C) or C, as the recipe sends."""
+    given = [points[i].num_prompts for i in run.index if points[i].concurrency == c]
+    if given and given[0] is not None:
+        return int(given[0])
+    return None if run.rule == "10*C" else int(c)
 
 
 def price_run(run: SimulatedRun, estimates=ESTIMATES, coefficients=None) -> dict:

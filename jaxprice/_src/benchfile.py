@@ -1,0 +1,321 @@
+"""vLLM benchmark results as measurement CSV rows (``jaxprice import-bench``).
+
+Reads the JSON that ``vllm bench serve --save-result`` writes, one per run, with the keys of
+vllm-project/vllm ``vllm/benchmarks/serve.py``@009e6d4a1cd6ba3fb2a9fc00f4ec06f5297232a1
+(``main_async``'s ``result_json``: ``num_prompts``, ``request_rate`` -- the string "inf" for a
+closed loop --, ``max_concurrency`` -- null when unset --, ``ramp_up_strategy`` where set; merged
+with ``benchmark``'s result: ``duration`` (s), ``completed``, ``failed``, ``total_input_tokens`` and
+``total_output_tokens`` (over completed requests, ``calculate_metrics``), ``mean_ttft_ms``,
+``mean_tpot_ms`` (ms; 0 where no request streamed, or none had more than one output token), and with
+``--save-detailed`` ``input_lens`` (every request) and ``output_lens`` (0 for a failed one)). The
+older ``benchmarks/benchmark_serving.py`` writes the same keys.
+
+Each run becomes two rows of the measurement CSV layout ``accuracy.read_measurements`` reads
+(``shared/measured/inferencex_vllm_dev.csv``): ``mean_tpot`` and ``mean_ttft`` in ms, at concurrency
+= ``max_concurrency``, with isl / osl the mean input / output tokens per completed request, rounded
+(from ``input_lens`` / ``output_lens`` over the requests with output where the file has them, else
+``total_*_tokens / completed``), ``num_prompts`` the run's, and ``range_ratio`` the given one
+(default 1: every request at the mean lengths). With R < 1, isl / osl are written as the upper
+length L the harness reads them as (InferenceX's isl is the top of its range), chosen so that
+lengths uniform on [floor(R L), L] keep the measured mean (``upper_length``). vLLM's own random dataset draws lengths on
+[L (1 - r), L (1 + r)] in newer versions (on [r L, L] in older ones), while the harness's ``range_ratio``
+R means [floor(R L), L] (``client.Workload``, InferenceX's): the MEAN carries over, the spread does
+not (KNOWN DIVERGENCE [bench-range-ratio], registry/EXTENSIONS.md), so fixed lengths at the mean
+are the default.
+
+The SCENARIO (a bundled name or a scenario file) gives the deployment columns as the harness
+resolves them back (``accuracy.build_deployment``: ``<deployment>.yaml`` in the bundled folder,
+or in the folders ``--scenarios`` names): deployment = the file's stem, model and hardware as the
+file states, dtype from its quantization (nvfp4/mxfp4 -> fp4, fp8 -> fp8, none -> bf16, int4 for
+an int4 checkpoint), engine from its engine.scheduler (else a -sglang-/-trt- token in its name,
+else vllm), and tp / ep / dp in InferenceX's convention (``accuracy.rank_tp``: tp = GPUs = rank tp
+x dp, ep = GPUs with expert parallelism, else 1). Runs of one workload label at different
+concurrencies form one sweep, anchored at its lowest C. Every bad input is refused in one line
+naming the file, field and value.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from datetime import datetime
+from pathlib import Path
+
+from .errors import refuse
+
+VLLM_SOURCE = "vllm-project/vllm vllm/benchmarks/serve.py@009e6d4a1cd6ba3fb2a9fc00f4ec06f5297232a1"
+NUMBERS = ("num_prompts", "duration", "completed", "total_input_tokens", "total_output_tokens", "mean_ttft_ms",
+           "mean_tpot_ms")
+COLUMNS = ("scenario", "deployment", "model", "hardware", "dtype", "engine", "tp", "ep", "dp", "spec_decode",
+           "workload", "isl", "osl", "concurrency", "quantity", "value", "unit", "anchor_concurrency",
+           "num_prompts", "range_ratio", "source_run_date", "source")
+QUANT_DTYPE = {"nvfp4": "fp4", "mxfp4": "fp4", "fp8": "fp8", "": "bf16", "bf16": "bf16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRun:
+    """One ``vllm bench serve`` result: its file, concurrency C (clients), prompts sent, completed
+    requests, mean input / output tokens per completed request (rounded), mean TPOT and TTFT (ms)
+    and its date (YYYY-MM-DD, or '')."""
+    path: str
+    concurrency: int
+    num_prompts: int
+    completed: int
+    isl: int
+    osl: int
+    tpot_ms: float
+    ttft_ms: float
+    date: str = ""
+
+
+@dataclasses.dataclass
+class BenchImport:
+    """The CSV rows of a set of runs (``rows``, ``COLUMNS`` keys), the scenario file they resolve
+    to (``scenario``), its deployment name, and the folder ``jaxprice accuracy --scenarios`` needs
+    (``scenario_dir``; None for a bundled scenario, found without it)."""
+    rows: list
+    runs: list
+    scenario: str
+    deployment: str
+    scenario_dir: str | None
+
+    def write(self, path) -> None:
+        """Write the rows as a measurement CSV (parent folders created)."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=COLUMNS)
+            w.writeheader()
+            w.writerows(self.rows)
+
+    def accuracy_command(self, csv_path) -> str:
+        """The ``jaxprice accuracy`` command that scores the written CSV against this scenario."""
+        extra = f" --scenarios {self.scenario_dir}" if self.scenario_dir is not None else ""
+        return f"jaxprice accuracy {csv_path}{extra} --batch-rule simulate"
+
+    def fit_command(self, csv_path) -> str:
+        """The ``jaxprice fit`` command (through the simulation) on the written CSV; add --free patterns."""
+        extra = f" --scenario-dir {self.scenario_dir}" if self.scenario_dir is not None else ""
+        return f"jaxprice fit {csv_path}{extra} --batch-rule simulate --target tpot,ttft"
+
+
+# ----------------------------------------------------------------------------- one result file
+
+
+def _load(path) -> dict:
+    """The JSON object of a result file (refused: unreadable, not JSON, not an object)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        refuse(f"cannot read the benchmark result ({type(err).__name__})", file=str(path))
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        refuse(f"not JSON ({err.msg} at line {err.lineno}); expected a `vllm bench serve --save-result` file",
+               file=str(path))
+    if not isinstance(doc, dict):
+        refuse("not a benchmark result: the JSON is not an object", file=str(path), field="(top level)",
+               value=type(doc).__name__)
+    return doc
+
+
+def _number(doc, key, path, *, integer=False) -> float:
+    """A finite number field (an integer where ``integer``); refused: missing, null, text, NaN, inf."""
+    if key not in doc:
+        refuse(f"missing field (`vllm bench serve --save-result` writes it; {VLLM_SOURCE})", file=str(path),
+               field=key)
+    v = doc[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        refuse("expected a finite number", file=str(path), field=key, value=v, has_value=True)
+    if integer and v != int(v):
+        refuse("expected an integer", file=str(path), field=key, value=v)
+    return int(v) if integer else float(v)
+
+
+def _check_closed_loop(doc, path) -> int:
+    """The run's concurrency C: a closed loop of C clients (request_rate 'inf', max_concurrency C,
+    no ramp-up); an open loop is refused, the harness simulates closed loops only."""
+    if "request_rate" not in doc:
+        refuse(f"missing field (`vllm bench serve --save-result` writes it; {VLLM_SOURCE})", file=str(path),
+               field="request_rate")
+    rate = doc["request_rate"]
+    if not (rate == "inf" or (isinstance(rate, float) and math.isinf(rate) and rate > 0)):
+        refuse("an open-loop run (requests arrive at this rate, Poisson or gamma): jaxprice's accuracy harness "
+               "simulates closed loops of C clients; rerun with --request-rate inf --max-concurrency C",
+               file=str(path), field="request_rate", value=rate, has_value=True)
+    if doc.get("ramp_up_strategy") is not None:
+        refuse("a ramp-up run (the request rate rises during the run): not a closed loop of C clients",
+               file=str(path), field="ramp_up_strategy", value=doc["ramp_up_strategy"])
+    if doc.get("max_concurrency") is None:
+        refuse("no max_concurrency: every prompt was sent at once, so the run has no client concurrency C; "
+               "rerun with --max-concurrency C", file=str(path), field="max_concurrency", value=None,
+               has_value=True)
+    c = _number(doc, "max_concurrency", path, integer=True)
+    if c < 1:
+        refuse("must be at least 1", file=str(path), field="max_concurrency", value=c)
+    return c
+
+
+def _mean_lengths(doc, path, completed) -> tuple[int, int]:
+    """(isl, osl): mean input / output tokens per completed request, rounded: from input_lens /
+    output_lens (--save-detailed) over the requests with output, else from the totals."""
+    ins, outs = doc.get("input_lens"), doc.get("output_lens")
+    if isinstance(ins, list) and isinstance(outs, list) and ins and len(ins) == len(outs):
+        for key, xs in (("input_lens", ins), ("output_lens", outs)):
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in xs):
+                refuse("expected a list of finite token counts", file=str(path), field=key)
+        done = [(i, o) for i, o in zip(ins, outs) if o > 0]
+        if done:
+            return (round(sum(i for i, _ in done) / len(done)), round(sum(o for _, o in done) / len(done)))
+    return (round(_number(doc, "total_input_tokens", path) / completed),
+            round(_number(doc, "total_output_tokens", path) / completed))
+
+
+def _run_date(doc) -> str:
+    """The run's date (vLLM's ``date``, %Y%m%d-%H%M%S) as YYYY-MM-DD, or ''."""
+    try:
+        return datetime.strptime(str(doc.get("date", "")), "%Y%m%d-%H%M%S").strftime("%Y-%m-%d")
+    except ValueError:
+        return ""
+
+
+def read_bench_result(path) -> BenchRun:
+    """One ``vllm bench serve --save-result`` JSON as a BenchRun (module docstring), refused in one
+    line where it is not a closed-loop run the harness can score."""
+    doc = _load(path)
+    for key in NUMBERS:
+        _number(doc, key, path, integer=key in ("num_prompts", "completed"))
+    c = _check_closed_loop(doc, path)
+    completed, n = int(doc["completed"]), int(doc["num_prompts"])
+    if completed < 1:
+        refuse("no request completed: nothing was measured", file=str(path), field="completed", value=completed)
+    if n < c:
+        refuse(f"fewer prompts than max_concurrency {c}: only {n} requests were ever in flight", file=str(path),
+               field="num_prompts", value=n)
+    for key, why in (("mean_tpot_ms", "0: no request had more than one output token"),
+                     ("mean_ttft_ms", "0: the endpoint did not stream"), ("duration", "")):
+        if doc[key] <= 0:
+            refuse(f"must be positive ({why or 'a run takes time'})", file=str(path), field=key, value=doc[key])
+    isl, osl = _mean_lengths(doc, path, completed)
+    if isl < 1 or osl < 2:
+        refuse(f"mean lengths isl {isl}, osl {osl}: a TPOT needs a prompt and at least 2 output tokens",
+               file=str(path), field="total_output_tokens" if isl >= 1 else "total_input_tokens",
+               value=doc.get("total_output_tokens" if isl >= 1 else "total_input_tokens"))
+    return BenchRun(path=str(path), concurrency=c, num_prompts=n, completed=completed, isl=isl, osl=osl,
+                    tpot_ms=float(doc["mean_tpot_ms"]), ttft_ms=float(doc["mean_ttft_ms"]), date=_run_date(doc))
+
+
+# ----------------------------------------------------------------------------- the scenario's columns
+
+
+def _engine_of(sc, path: Path) -> str:
+    """The engine column: the file's engine.scheduler, else a -sglang-/-trt- token in its name, else vllm."""
+    sched = str((sc.engine or {}).get("scheduler") or "")
+    if sched:
+        return sched
+    tokens = set(path.stem.lower().split("-"))
+    return next((e for e in ("sglang", "trt", "trtllm") if e in tokens), "vllm")
+
+
+def _dtype_of(dep) -> str:
+    """The dtype column of a resolved deployment: its quantization's name in the harness
+    (``accuracy.DTYPE_SCENARIO_QUANTIZATIONS``), int4 for an int4 checkpoint left as it is."""
+    quant = str((dep.scenario.engine or {}).get("quantization") or "")
+    if not quant and str(dep.graph.weight_dtype) == "int4":
+        return "int4"
+    if quant not in QUANT_DTYPE:
+        refuse(f"quantization {quant} has no dtype column the accuracy harness reads (known: "
+               f"{', '.join(q or 'none' for q in QUANT_DTYPE)})", file=dep.scenario.path, field="engine.quantization",
+               value=quant)
+    return QUANT_DTYPE[quant]
+
+
+def scenario_columns(scenario) -> tuple[dict, Path, str | None]:
+    """(columns, scenario file, folder for ``--scenarios`` or None where bundled) of a bundled
+    scenario name or a scenario file: the deployment columns a measurement row needs to resolve
+    back to that file (``accuracy.build_deployment`` and its column checks)."""
+    from .resolve import load_deployment, scenario_path, testdata_root
+    path = scenario_path(scenario)
+    if path.suffix != ".yaml":
+        refuse("the accuracy harness finds a scenario as <deployment>.yaml: name the file with the .yaml suffix",
+               file=str(path), field="SCENARIO", value=str(scenario))
+    dep = load_deployment(path)
+    sc, par = dep.scenario, dep.scenario.parallel or {}
+    tp, dp, ep_on = int(par.get("tp", 1) or 1), int(par.get("dp", 1) or 1), bool(par.get("enable_expert_parallel"))
+    if ep_on and tp * dp == 1:
+        refuse("expert parallelism over one GPU: the CSV's ep column cannot state it (ep 1 reads as off); set "
+               "enable_expert_parallel false", file=str(path), field="enable_expert_parallel", value=True)
+    spec = (sc.engine or {}).get("speculative") or {}
+    cols = {"deployment": path.stem, "scenario": f"{path.stem}.yaml", "model": sc.model, "hardware": sc.hardware,
+            "dtype": _dtype_of(dep), "engine": _engine_of(sc, path), "tp": tp * dp, "ep": tp * dp if ep_on else 1,
+            "dp": dp, "spec_decode": str(spec.get("method") or "none") if isinstance(spec, dict) else "none"}
+    bundled = path.resolve().parent == (testdata_root() / "aisimulate").resolve()
+    return cols, path, None if bundled else str(path.parent)
+
+
+# ----------------------------------------------------------------------------- the rows
+
+
+def _check_ratio(range_ratio) -> float:
+    if isinstance(range_ratio, bool) or not isinstance(range_ratio, (int, float)) or not 0 <= range_ratio <= 1:
+        refuse("expected a number in [0, 1] (lengths uniform on [floor(R L), L]; 1: fixed lengths)",
+               field="range_ratio", value=range_ratio, has_value=True)
+    return float(range_ratio)
+
+
+def _label_of(run: BenchRun, label) -> str:
+    if label is None:
+        return f"isl{run.isl}-osl{run.osl}"
+    if not isinstance(label, str) or not label.strip() or "," in label:
+        refuse("expected a non-empty workload label without commas", field="label", value=label, has_value=True)
+    return label.strip()
+
+
+def upper_length(mean: int, ratio: float) -> int:
+    """The length L (tokens) whose lengths uniform on [floor(R L), L] (``client.Workload``) have
+    the mean nearest ``mean``: ``mean`` itself at R = 1, about 2 mean / (1 + R) below."""
+    if ratio >= 1:
+        return int(mean)
+    guess = round(2 * mean / (1 + ratio))
+    cands = [n for n in range(max(guess - 2, 1), guess + 3)]
+    return min(cands, key=lambda n: (abs((max(int(n * ratio), 1) + n) / 2 - mean), n))
+
+
+def _run_rows(run: BenchRun, cols: dict, workload: str, anchor: int, ratio: float) -> list:
+    isl, osl = upper_length(run.isl, ratio), upper_length(run.osl, ratio)
+    base = {**cols, "workload": workload, "isl": isl, "osl": osl, "concurrency": run.concurrency,
+            "unit": "ms", "anchor_concurrency": anchor, "num_prompts": run.num_prompts, "range_ratio": repr(ratio),
+            "source_run_date": run.date, "source": f"vllm bench serve --save-result {Path(run.path).name}"}
+    return [{**base, "quantity": "mean_tpot", "value": repr(run.tpot_ms)},
+            {**base, "quantity": "mean_ttft", "value": repr(run.ttft_ms)}]
+
+
+def import_bench(results, scenario, *, range_ratio: float = 1.0, label: str | None = None) -> BenchImport:
+    """Measurement CSV rows (``BenchImport``) of ``vllm bench serve --save-result`` JSON files
+    (``results``: a path or a list of paths), against ``scenario`` (a bundled name or a scenario
+    file). ``range_ratio``: the lengths the simulation draws, uniform on [floor(R L), L] with L
+    chosen to keep each run's mean (``upper_length``; default 1: fixed at the mean; vLLM's newer
+    random dataset draws on [L(1-r), L(1+r)], so only the mean carries over). ``label``: the workload label of every run
+    (one sweep); default ``isl<I>-osl<O>`` per run. Runs of one label form a sweep anchored at its
+    lowest C; two at one C are refused."""
+    paths = [results] if isinstance(results, (str, Path)) else list(results)
+    if not paths:
+        refuse("no benchmark result files given", field="results", value=[], has_value=True)
+    ratio = _check_ratio(range_ratio)
+    cols, path, folder = scenario_columns(scenario)
+    runs = [read_bench_result(p) for p in paths]
+    labels = [_label_of(r, label) for r in runs]
+    seen: dict = {}
+    for r, w in zip(runs, labels):
+        if (w, r.concurrency) in seen:
+            refuse(f"a second run of workload {w} at concurrency {r.concurrency} (first: {seen[w, r.concurrency]}); "
+                   "give one run per concurrency, or separate them with --label", file=r.path,
+                   field="max_concurrency", value=r.concurrency)
+        seen[w, r.concurrency] = r.path
+    anchors = {w: min(r.concurrency for r, x in zip(runs, labels) if x == w) for w in labels}
+    order = sorted(range(len(runs)), key=lambda i: (labels[i], runs[i].concurrency))
+    rows = [row for i in order for row in _run_rows(runs[i], cols, labels[i], anchors[labels[i]], ratio)]
+    return BenchImport(rows=rows, runs=[runs[i] for i in order], scenario=str(path), deployment=cols["deployment"],
+                       scenario_dir=folder)

@@ -1,0 +1,76 @@
+"""`jaxprice import-bench RESULT.json ... --scenario SCENARIO --out measured.csv`: vLLM benchmark
+results as a measurement CSV that `jaxprice accuracy` and `jaxprice fit` read.
+
+    vllm bench serve ... --request-rate inf --max-concurrency 8 --save-result --result-filename c8.json
+    jaxprice import-bench c8.json c16.json c32.json --scenario my-deployment.yaml --out measured.csv
+    jaxprice accuracy measured.csv --scenarios . --batch-rule simulate
+
+Each RESULT.json (one closed-loop run: --request-rate inf and --max-concurrency C) gives a mean_tpot
+and a mean_ttft row at concurrency C, with the run's mean input / output tokens per completed request
+and its num_prompts; the runs of one workload form a sweep anchored at the lowest C. SCENARIO (a
+bundled name or a scenario .yaml) gives the deployment columns. --range-ratio R: the simulated
+lengths are uniform on [floor(R L), L], L chosen so that their mean is the run's (default 1: fixed at
+the mean; vLLM's newer random dataset samples [L(1-r), L(1+r)], so only the mean carries over).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def add_parser(sub):
+    p = sub.add_parser("import-bench", help="write vLLM benchmark results (vllm bench serve --save-result) as a "
+                                            "measurement CSV for accuracy and fit",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("results", metavar="RESULT.json", nargs="+",
+                   help="vllm bench serve --save-result files, one closed-loop run each (--request-rate inf, "
+                        "--max-concurrency C)")
+    p.add_argument("--scenario", metavar="SCENARIO", required=True,
+                   help="the deployment measured: a bundled scenario name or a scenario .yaml file")
+    p.add_argument("--out", metavar="measured.csv", required=True, help="the measurement CSV to write")
+    p.add_argument("--range-ratio", metavar="R", default="1.0",
+                   help="simulated lengths uniform on [floor(R L), L], L keeping each run's mean (default 1: "
+                        "fixed at the mean; vLLM's newer random dataset samples [L(1-r), L(1+r)]: only the mean "
+                        "carries "
+                        "over)")
+    p.add_argument("--label", metavar="NAME", default=None,
+                   help="the workload label of every run, one sweep (default isl<I>-osl<O> per run)")
+    return p
+
+
+def _ratio(text) -> float:
+    from .errors import refuse
+    try:
+        r = float(text)
+    except ValueError:
+        refuse("expected a number in [0, 1]", field="--range-ratio", value=text)
+    if not (math.isfinite(r) and 0 <= r <= 1):
+        refuse("expected a number in [0, 1] (lengths uniform on [floor(R L), L]; 1: fixed lengths)",
+               field="--range-ratio", value=text)
+    return r
+
+
+def run(args) -> int:
+    from .benchfile import import_bench
+    from .outputs import check_output_file
+    from .errors import refuse
+    check_output_file(args.out, flag="--out", what="measurement CSV", writes="CSV")
+    out = Path(args.out).expanduser().resolve()
+    if any(Path(r).expanduser().resolve() == out for r in args.results):
+        refuse("is one of the result files being imported; name another file for the CSV", field="--out",
+               value=args.out)
+    res = import_bench(args.results, args.scenario, range_ratio=_ratio(args.range_ratio), label=args.label)
+    res.write(args.out)
+    sweeps = sorted({r["workload"] for r in res.rows})
+    concs = ", ".join(str(r.concurrency) for r in res.runs)
+    print(f"wrote {len(res.rows)} rows ({len(res.runs)} runs at C = {concs}; workload {', '.join(sweeps)}) of "
+          f"deployment {res.deployment} ({res.scenario}) to {args.out}")
+    print(f"score it: {res.accuracy_command(args.out)}")
+    print(f"fit to it: {res.fit_command(args.out)} --free PATTERN ...")
+    print("note: the simulation takes the engine flags from the InferenceX recipe of the model, chip and dtype, "
+          "else vLLM's defaults; state your server's (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, "
+          "block_size, max_model_len) with --settings FILE.csv, the layout of "
+          "testdata/measured/inferencex_settings.csv, "
+          f"keyed by scenario {res.rows[0]['scenario']}, label and concurrency")
+    return 0
