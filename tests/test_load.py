@@ -424,3 +424,25 @@ def test_shared_deepseek_v3_numbers():
     assert dep.resolution["piecewise_segments"] == 62
     assert dep.plan.memory["kv_bytes_per_token"] == 35136
     assert round(dep.plan.memory["weights_bytes"] / 2 ** 30, 1) == 78.1
+
+
+def test_a_scenarios_model_may_be_a_graph_file(tmp_path):
+    """A scenario's model: a graph file `jaxprice import-model` wrote (absolute, or relative to the
+    scenario), resolved to the very plan its config.json gives; a .yaml reference naming no file
+    is refused as such (it was 'unknown model', as if a registry name)."""
+    from jaxprice._src.hf import graph_yaml, import_result
+    config = Path("testdata/hf/Qwen--Qwen3-8B/config.json").resolve()
+    (tmp_path / "qwen3-8b.yaml").write_text(graph_yaml(import_result(str(config), None)))
+    base = Path(scenario_path("llama-3.1-70b-instruct-b200-fp4-trt-tp2")).read_text()
+    assert "model: llama-3.1-70b-instruct\n" in base
+
+    def scen(name, model):
+        path = tmp_path / name
+        path.write_text(base.replace("model: llama-3.1-70b-instruct\n", f"model: {model}\n"))
+        return path
+    want = load_deployment(scen("by_config.yaml", config)).plan.digest
+    assert load_deployment(scen("by_graph.yaml", tmp_path / "qwen3-8b.yaml")).plan.digest == want
+    assert load_deployment(scen("relative.yaml", "qwen3-8b.yaml")).plan.digest == want
+    with pytest.raises(JaxpriceError, match="no such model graph file") as err:
+        load_deployment(scen("missing.yaml", "nothere.yaml"))
+    assert "nothere.yaml" in str(err.value) and "\n" not in str(err.value)

@@ -846,6 +846,9 @@ class Registry:
         ref = hf_config_ref(name, file, paths_only=True)   # a config.json path, or a folder holding one
         if ref is not None:
             return import_hf_config(ref)
+        graph = _graph_file_ref(name, file, field)           # a model graph file (jaxprice import-model's)
+        if graph is not None:
+            return load_model_graph(graph)
         for root in self.roots:          # root-major, so an earlier root wins in either layout
             for prefix in ("", "catalog", "registry"):
                 for cand in (root / prefix / "models" / f"{name}.yaml",
@@ -915,6 +918,24 @@ class Registry:
             return load_coefficient_set(p)
         refuse(f"unknown coefficient set (no file under {self._where()})", file=file, field=field,
                value=name)
+
+
+def _graph_file_ref(name, relative_to, field):
+    """The model graph file a model reference spelled as a YAML path names (as given, then next to
+    ``relative_to``, the scenario file naming it), or None for a reference not so spelled; one so
+    spelled that names no file is refused (it is no registry name either)."""
+    text = str(name)
+    if not text.lower().endswith((".yaml", ".yml")):
+        return None
+    cands = [Path(text)]
+    if relative_to and not Path(text).is_absolute():
+        cands.append(Path(str(relative_to)).parent / text)
+    for c in cands:
+        if c.is_file():
+            return c
+    refuse("no such model graph file" + (f" (looked for it as given and next to {relative_to})" if relative_to
+                                         and not Path(text).is_absolute() else ""),
+           file=relative_to, field=field or "model", value=text)
 
 
 def _lookup_name(name, what, file, field, paths=False) -> None:
