@@ -480,10 +480,24 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
     if result.runner_up is not None:
         n = result.point(result.runner_up)
         lines.append(f"  beats the next best, {n['label']} ({n['tokens_per_s_per_gpu']:.1f} tok/s per GPU at "
-                     f"C={n['concurrency_per_engine']}), by {result.margin:+.1%}")
+                     f"C={n['concurrency_per_engine']}), by {result.margin:+.1%}" + _close_margin_note(result.margin))
     lines += [_describe_verification(v) for v in result.verification]
     lines.append("  " + result.launch_command())
     return "\n".join(lines)
+
+
+# A margin below this is within what the measurements themselves repeat to: the same deployment's
+# runs differ by a median 3.3% in mean TPOT on the development set (accuracy.repeat_spread,
+# experiments/results/accuracy-simulate.md), so such a ranking is not one to act on alone.
+CLOSE_MARGIN = 0.02
+
+
+def _close_margin_note(margin) -> str:
+    """The caveat printed after a best layout's margin over the next best, '' where it is clear."""
+    if margin is None or not abs(margin) < CLOSE_MARGIN:
+        return ""
+    return (f" (under {CLOSE_MARGIN:.0%}: less than measured runs of one deployment differ by, so choose between "
+            "the two on other grounds)")
 
 
 def _admission_note(result) -> list:
