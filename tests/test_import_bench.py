@@ -126,9 +126,17 @@ def test_cli_writes_the_csv_and_prints_the_accuracy_command(tmp_path, capsys):
                      "--range-ratio", "0.5", "--label", "short"]) == 0
     text = capsys.readouterr().out
     assert "wrote 4 rows (2 runs at C = 1, 2; workload short) of deployment mine" in text
-    assert f"score it: jaxprice accuracy {out} --scenarios {folder} --batch-rule simulate" in text
-    assert f"fit to it: jaxprice fit {out} --scenario-dir {folder} --batch-rule simulate --target tpot,ttft" in text
+    settings = tmp_path / "m-settings.csv"                 # default: <out stem>-settings.csv beside --out
+    assert f"wrote 2 settings rows to {settings}: the engine of mine.yaml, taken as what the runs ran" in text
+    assert f"score it: jaxprice accuracy {out} --scenarios {folder} --batch-rule simulate --settings {settings}" in text
+    assert (f"fit to it: jaxprice fit {out} --scenario-dir {folder} --batch-rule simulate --target tpot,ttft "
+            f"--settings {settings}") in text
     assert {r["range_ratio"] for r in read_csv(out)} == {"0.5"}
+    assert [(r["label"], r["concurrency"], r["cache_dtype"]) for r in read_csv(settings)] == [
+        ("short", "1", "fp8"), ("short", "2", "fp8")]
+    other = tmp_path / "flags" / "f.csv"
+    assert cli_main(["import-bench", *files, "--scenario", GPT, "--out", str(out), "--settings-out", str(other)]) == 0
+    assert f"--settings {other}" in capsys.readouterr().out and len(read_csv(other)) == 2
 
 
 # ----------------------------------------------------------------------------- refusals
@@ -174,6 +182,9 @@ def test_two_runs_at_one_concurrency_and_bad_options_are_refused(tmp_path, capsy
     assert_refused(capsys, ["import-bench", a, "--scenario", GPT, "--out", str(tmp_path / "m.csv"), "--range-ratio",
                             "nan"], "field '--range-ratio'", "value 'nan'")
     assert_refused(capsys, ["import-bench", a, "--scenario", GPT, "--out", a], "field '--out'")
+    m = str(tmp_path / "m.csv")
+    assert_refused(capsys, ["import-bench", a, "--scenario", GPT, "--out", m, "--settings-out", m],
+                   "field '--settings-out'", "same file as --out")
     assert_refused(capsys, ["import-bench", str(tmp_path / "x.json"), "--scenario", GPT, "--out",
                             str(tmp_path / "m.csv")], "x.json", "cannot read the benchmark result")
 
@@ -191,6 +202,112 @@ def test_bad_client_columns_in_a_measurement_csv_are_refused(tmp_path):
                 *words)
 
 
+# ----------------------------------------------------------------------------- the scenario's engine as --settings
+
+
+def _my_scenario(folder: Path, **engine) -> Path:
+    """The bundled GPT scenario as a user's file, its engine lines replaced (None: the line removed;
+    a key it lacks: added at the end, the engine section)."""
+    folder.mkdir(exist_ok=True)
+    lines, seen = [], set()
+    for line in (data_root() / "aisimulate" / f"{GPT}.yaml").read_text().splitlines():
+        key = line.strip().split(":")[0]
+        if line.startswith("    ") and key in engine:
+            seen.add(key)
+            if engine[key] is None:
+                continue
+            line = f"    {key}: {engine[key]}"
+        lines.append(line)
+    lines += [f"    {k}: {v}" for k, v in engine.items() if k not in seen and v is not None]
+    path = folder / "mine.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_scenarios_engine_is_stated_for_each_run(tmp_path):
+    """The scenario is what the runs ran: one settings row per run, keyed as its measurement rows
+    (read_settings finds them), stating the scenario's engine; engine_assumptions then shows it with
+    the --settings source; max_model_len, unset in the scenario, is left empty: the recipe's applies."""
+    path = _my_scenario(tmp_path / "s", max_num_seqs=3, max_num_batched_tokens=2048, gpu_memory_utilization=0.85,
+                        block_size=32, cache_dtype="auto", cudagraph_mode="full_decode_only", max_model_len=None)
+    res = jp.import_bench([write_json(tmp_path / f"c{c}.json", bench_json(c)) for c in (2, 4)], path, label="mine")
+    res.write(tmp_path / "m.csv")
+    res.write_settings(tmp_path / "st.csv")
+    rows = read_csv(tmp_path / "st.csv")
+    assert list(rows[0]) == list(benchfile.SETTINGS_COLUMNS)
+    engine = {"max_num_seqs": "3", "max_num_batched_tokens": "2048", "gpu_memory_utilization": "0.85",
+              "block_size": "32", "max_model_len": "", "cache_dtype": "auto", "cudagraph_mode": "FULL_DECODE_ONLY",
+              "enable_prefix_caching": "false"}
+    assert [{k: r[k] for k in ("scenario", "label", "framework", "gpu", "source_run_date", "concurrency", *engine)}
+            for r in rows] == [{"scenario": "mine.yaml", "label": "mine", "framework": "vllm", "gpu": "h200",
+                                "source_run_date": "2026-12-07", "concurrency": str(c), **engine} for c in (2, 4)]
+    points = A.read_settings(acc.read_measurements(tmp_path / "m.csv")[0], tmp_path / "st.csv")
+    assert [p.concurrency for p in points] == [2, 4]
+    for p in points:
+        a = acc.engine_assumptions(p)
+        got = {k: a[k][0] for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization",
+                                    "block_size", "cache_dtype", "cudagraph_mode")}
+        assert got == {"max_num_seqs": 3, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.85,
+                       "block_size": 32, "cache_dtype": "auto", "cudagraph_mode": "FULL_DECODE_ONLY"}
+        assert {a[k][1] for k in got} == {"stated by the run (the --settings file)"}
+        assert a["max_model_len"] == (64 + 8 + 256, a["max_model_len"][1]) and "isl + osl + 256" in a["max_model_len"][1]
+    eager = jp.import_bench([write_json(tmp_path / "e.json", bench_json(2))],
+                            _my_scenario(tmp_path / "e", enforce_eager="true", cudagraph_mode=None))
+    assert eager.settings_rows[0]["cudagraph_mode"] == "NONE"      # enforce_eager runs without graphs
+
+
+def test_settings_the_scenario_leaves_unset_are_its_own_resolved_defaults(tmp_path):
+    """A user's scenario silent on max_num_seqs, the budget, gmu, the cache dtype and the graph
+    mode ran vLLM's defaults, as `jaxprice serve` resolves that very scenario (not the InferenceX
+    recipe for its model and chip, which states C sequences, fp8 and its own budget)."""
+    from jaxprice._src import serve
+    path = _my_scenario(tmp_path / "u", max_num_seqs=None, max_num_batched_tokens=None, gpu_memory_utilization=None,
+                        cache_dtype=None, cudagraph_mode=None, max_model_len=None)
+    dep = jp.load_deployment(path)
+    eng, _ = serve.engine_settings(dep, max_len=1)
+    row = jp.import_bench([write_json(tmp_path / "u2.json", bench_json(2))], path).settings_rows[0]
+    assert {k: row[k] for k in ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "cache_dtype",
+                                "cudagraph_mode", "max_model_len")} == {
+        "max_num_seqs": str(dep.resolution["max_num_seqs"]), "max_num_batched_tokens": str(eng["max_num_batched_tokens"]),
+        "gpu_memory_utilization": "0.9", "cache_dtype": dep.resolution["cache_dtype"],
+        "cudagraph_mode": dep.resolution["cudagraph_mode"], "max_model_len": ""}
+
+
+def test_a_stated_cache_dtype_and_graph_mode_reach_the_simulated_engine(tmp_path):
+    """The harness's simulated run (its stage 1, resolve only: no compile) sizes the KV cache by the
+    stated cache dtype (fp8 holds twice the tokens of the bf16 'auto' cache of gpt-oss) and runs the
+    stated graph mode (NONE: decode steps eager)."""
+    from jaxprice._src.formats import Registry
+    res = jp.import_bench([write_json(tmp_path / "c2.json", bench_json(2))], GPT)
+    res.write(tmp_path / "m.csv")
+    points, _ = acc.read_measurements(tmp_path / "m.csv")
+    kv, plans = {}, {}
+    for cache, mode in (("auto", "PIECEWISE"), ("fp8", "PIECEWISE"), ("fp8", "NONE")):
+        res.settings_rows = [{**r, "cache_dtype": cache, "cudagraph_mode": mode} for r in res.settings_rows]
+        res.write_settings(tmp_path / f"{cache}-{mode}.csv")
+        mine = A.read_settings(points, tmp_path / f"{cache}-{mode}.csv")
+        (run,) = A._simulated_runs_of(mine, [], registry=Registry(), scenario_dirs=None, extra_coefficient_files=(),
+                                      source="columns")
+        kv[cache, mode], plans[cache, mode] = run.kv, run.dep.plan
+        assert run.dep.resolution["cudagraph_mode"] == mode
+    assert kv["fp8", "PIECEWISE"] / kv["auto", "PIECEWISE"] == pytest.approx(2.0, rel=1e-12)
+    assert [plans[k].scalars["decode_mode"] for k in (("fp8", "PIECEWISE"), ("fp8", "NONE"))] == [1, 2]
+
+
+@pytest.mark.parametrize("col, val, words", [
+    ("cache_dtype", "bf16", ("not a vLLM KV cache dtype", "bfloat16", "fp8")),
+    ("cudagraph_mode", "FULLY", ("not a cudagraph mode", "FULL_AND_PIECEWISE")),
+])
+def test_a_bad_stated_cache_dtype_or_graph_mode_is_refused_in_one_line(tmp_path, col, val, words):
+    res = jp.import_bench([write_json(tmp_path / "c2.json", bench_json(2))], GPT)
+    res.write(tmp_path / "m.csv")
+    res.settings_rows = [{**r, col: val} for r in res.settings_rows]
+    res.write_settings(tmp_path / "bad.csv")
+    points, _ = acc.read_measurements(tmp_path / "m.csv")
+    refused(lambda: A.read_settings(points, tmp_path / "bad.csv"), "bad.csv:2", f"field '{col}'", f"value '{val}'",
+            *words)
+
+
 # ----------------------------------------------------------------------------- the harness without the columns
 
 
@@ -201,6 +318,10 @@ def test_a_file_without_the_client_columns_keeps_inferencex_client():
     assert a["range_ratio"][0] == 0.8 and a["range_ratio"][1].startswith("RANDOM_RANGE_RATIO 0.8 (InferenceX")
     assert a["num_prompts"][0] == 10 * p.concurrency and a["num_prompts"][1].startswith("10 x C (--num-prompts")
     assert A.run_settings_key(p)[-2:] == (None, None)
+    # the bundled table states no cache dtype or graph mode: the recipe's (none set: 'auto', vLLM's default)
+    assert not {"cache_dtype", "cudagraph_mode"} & set(acc.stated_settings(p))
+    assert a["cache_dtype"][0] == "auto" and "no kv-cache-dtype flag" in a["cache_dtype"][1]
+    assert a["cudagraph_mode"] == (A.VLLM_DEFAULT_CUDAGRAPH_MODE, A.VLLM_CUDAGRAPH_SOURCE)
 
 
 # ----------------------------------------------------------------------------- simulated

@@ -942,7 +942,12 @@ STATED_SETTINGS_FILE = "inferencex_settings.csv"
 STATED_SOURCE = ("stated by the run (InferenceX database, as transcribed in inference-sim/blis-latency-kernel "
                  "testdata/measurements/inferencex_direct_settings.json@a8e879e; "
                  "testdata/measured/inferencex_settings.csv)")
-STATED_FIELDS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+STATED_FIELDS = ("block_size", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                 "cache_dtype", "cudagraph_mode")
+# the stated flags that are names, not numbers: the KV cache dtype as a scenario's engine.cache_dtype
+# spells it (resolve.CACHE_DTYPES: auto, fp8, bfloat16, ...) and vLLM's cudagraph_mode
+# (resolve.GRAPH_MODES); the bundled table has neither column, a --settings file may
+STATED_NAME_FIELDS = ("cache_dtype", "cudagraph_mode")
 # settings chosen after looking at the development set's errors (reported as in sample), by
 # assumption name; none so far (a recipe variant read after an error says so in its own source)
 IN_SAMPLE_CHOICES: dict = {}
@@ -956,7 +961,8 @@ SETTINGS_RUN_COLUMNS = ("framework", "gpu", "source_run_date", "source_config_id
 def _stated_table(path: str) -> dict:
     """{(scenario, workload label, concurrency): row} of a stated-settings CSV (the layout of
     testdata/measured/inferencex_settings.csv: the key columns, any of the run columns and of
-    ``STATED_FIELDS`` and enable_prefix_caching; an empty field is unrecorded). A malformed file
+    ``STATED_FIELDS`` (cache_dtype and cudagraph_mode optional, absent from the bundled table)
+    and enable_prefix_caching; an empty field is unrecorded). A malformed file
     is refused naming file:line, the column and the value."""
     try:
         fh = open(path, newline="", encoding="utf-8-sig")       # a byte-order mark is not part of a column name
@@ -1010,7 +1016,17 @@ def _stated_rows(fh, path) -> dict:
 
 def _stated_value(k, text, where):
     """A stated flag's value: gpu_memory_utilization a fraction in (0, 1], acceptance a finite
-    number >= 1 (mean tokens emitted per decode row and step), the others integers >= 1."""
+    number >= 1 (mean tokens emitted per decode row and step), cache_dtype one of
+    resolve.CACHE_DTYPES, cudagraph_mode one of resolve.GRAPH_MODES (any case; upper-cased), the
+    others integers >= 1."""
+    if k in STATED_NAME_FIELDS:
+        from .resolve import CACHE_DTYPES, GRAPH_MODES
+        known = [c for c in CACHE_DTYPES if c] if k == "cache_dtype" else list(GRAPH_MODES)
+        v = text.strip() if k == "cache_dtype" else text.strip().upper()
+        if v not in known:
+            refuse(f"not a {'vLLM KV cache dtype' if k == 'cache_dtype' else 'cudagraph mode'} "
+                   f"(known: {', '.join(known)})", file=where, field=k, value=text)
+        return v
     if k == "acceptance":
         try:
             v = float(text)
@@ -1246,7 +1262,10 @@ def engine_assumptions(p: Point) -> dict:
 
     Over all of these, the flags the point's own run states (``stated_settings``: the bundled
     table of InferenceX's runs, or a ``--settings`` file): block_size, gpu_memory_utilization,
-    max_num_seqs, max_num_batched_tokens and max_model_len where the run records them; where
+    max_num_seqs, max_num_batched_tokens and max_model_len where the run records them, and
+    cache_dtype and cudagraph_mode where a ``--settings`` file states them (e.g. written by
+    ``jaxprice import-bench`` from the scenario the run ran; ``recipe_deployment`` then sizes the
+    KV cache and prices the host by them, for any engine); where
     they identify a version of the recipe (``recipe_variant``), that version's other flags too.
     None of these is tuned to the data; any that was chosen after looking at its errors says "in
     sample" in its source (``IN_SAMPLE_CHOICES``, or the variant's own source)."""

@@ -32,6 +32,16 @@ else vllm), and tp / ep / dp in InferenceX's convention (``accuracy.rank_tp``: t
 x dp, ep = GPUs with expert parallelism, else 1). Runs of one workload label at different
 concurrencies form one sweep, anchored at its lowest C. Every bad input is refused in one line
 naming the file, field and value.
+
+The SCENARIO is taken as what the runs ran: its engine settings become a settings CSV
+(``BenchImport.settings_rows``, the layout ``accuracy.read_settings`` reads for ``--settings``; one
+row per run, keyed by the measurement rows' scenario, workload label and concurrency, with their
+engine, chip and date as the run columns), stating its max_num_seqs, max_num_batched_tokens,
+gpu_memory_utilization, block_size, max_model_len, cache_dtype and cudagraph_mode (NONE where it
+sets enforce_eager), and enable_prefix_caching (false unless it says true). A setting the scenario
+leaves unset takes the value the scenario's own deployment resolves to (vLLM's default, as `jaxprice
+serve SCENARIO` runs it), not an InferenceX recipe's for its model and chip; only max_model_len, which
+no default fixes for a run, is left empty (the harness's isl + osl + 256).
 """
 
 from __future__ import annotations
@@ -52,6 +62,11 @@ COLUMNS = ("scenario", "deployment", "model", "hardware", "dtype", "engine", "tp
            "workload", "isl", "osl", "concurrency", "quantity", "value", "unit", "anchor_concurrency",
            "num_prompts", "range_ratio", "source_run_date", "source")
 QUANT_DTYPE = {"nvfp4": "fp4", "mxfp4": "fp4", "fp8": "fp8", "": "bf16", "bf16": "bf16"}
+# the engine settings a scenario states, written as the settings CSV's stated columns (accuracy.STATED_FIELDS)
+SETTINGS_ENGINE = ("max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "block_size", "max_model_len",
+                   "cache_dtype", "cudagraph_mode")
+SETTINGS_COLUMNS = ("scenario", "label", "framework", "gpu", "source_run_date", "concurrency") + SETTINGS_ENGINE + (
+    "enable_prefix_caching", "source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +89,14 @@ class BenchRun:
 class BenchImport:
     """The CSV rows of a set of runs (``rows``, ``COLUMNS`` keys), the scenario file they resolve
     to (``scenario``), its deployment name, and the folder ``jaxprice accuracy --scenarios`` needs
-    (``scenario_dir``; None for a bundled scenario, found without it)."""
+    (``scenario_dir``; None for a bundled scenario, found without it), and the settings CSV rows
+    stating the scenario's engine for each run (``settings_rows``, ``SETTINGS_COLUMNS`` keys)."""
     rows: list
     runs: list
     scenario: str
     deployment: str
     scenario_dir: str | None
+    settings_rows: list = dataclasses.field(default_factory=list)
 
     def write(self, path) -> None:
         """Write the rows as a measurement CSV (parent folders created)."""
@@ -90,15 +107,27 @@ class BenchImport:
             w.writeheader()
             w.writerows(self.rows)
 
-    def accuracy_command(self, csv_path) -> str:
-        """The ``jaxprice accuracy`` command that scores the written CSV against this scenario."""
-        extra = f" --scenarios {self.scenario_dir}" if self.scenario_dir is not None else ""
-        return f"jaxprice accuracy {csv_path}{extra} --batch-rule simulate"
+    def write_settings(self, path) -> None:
+        """Write the settings rows (the scenario's engine per run) as a settings CSV for ``--settings``."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "w", newline="", encoding="utf-8") as fh:
+            w = csv.DictWriter(fh, fieldnames=SETTINGS_COLUMNS)
+            w.writeheader()
+            w.writerows(self.settings_rows)
 
-    def fit_command(self, csv_path) -> str:
+    def accuracy_command(self, csv_path, settings_path=None) -> str:
+        """The ``jaxprice accuracy`` command that scores the written CSV against this scenario (with
+        ``--settings`` where the settings CSV was written to ``settings_path``)."""
+        extra = f" --scenarios {self.scenario_dir}" if self.scenario_dir is not None else ""
+        stated = f" --settings {settings_path}" if settings_path is not None else ""
+        return f"jaxprice accuracy {csv_path}{extra} --batch-rule simulate{stated}"
+
+    def fit_command(self, csv_path, settings_path=None) -> str:
         """The ``jaxprice fit`` command (through the simulation) on the written CSV; add --free patterns."""
         extra = f" --scenario-dir {self.scenario_dir}" if self.scenario_dir is not None else ""
-        return f"jaxprice fit {csv_path}{extra} --batch-rule simulate --target tpot,ttft"
+        stated = f" --settings {settings_path}" if settings_path is not None else ""
+        return f"jaxprice fit {csv_path}{extra} --batch-rule simulate --target tpot,ttft{stated}"
 
 
 # ----------------------------------------------------------------------------- one result file
@@ -236,6 +265,12 @@ def scenario_columns(scenario) -> tuple[dict, Path, str | None]:
     """(columns, scenario file, folder for ``--scenarios`` or None where bundled) of a bundled
     scenario name or a scenario file: the deployment columns a measurement row needs to resolve
     back to that file (``accuracy.build_deployment`` and its column checks)."""
+    cols, path, folder, _ = _scenario_of(scenario)
+    return cols, path, folder
+
+
+def _scenario_of(scenario):
+    """``scenario_columns``, and the resolved deployment."""
     from .resolve import load_deployment, scenario_path, testdata_root
     path = scenario_path(scenario)
     if path.suffix != ".yaml":
@@ -252,7 +287,43 @@ def scenario_columns(scenario) -> tuple[dict, Path, str | None]:
             "dtype": _dtype_of(dep), "engine": _engine_of(sc, path), "tp": tp * dp, "ep": tp * dp if ep_on else 1,
             "dp": dp, "spec_decode": str(spec.get("method") or "none") if isinstance(spec, dict) else "none"}
     bundled = path.resolve().parent == (testdata_root() / "aisimulate").resolve()
-    return cols, path, None if bundled else str(path.parent)
+    return cols, path, None if bundled else str(path.parent), dep
+
+
+def scenario_engine(scenario, dep=None) -> dict:
+    """{column: text} of the settings CSV's stated columns (``SETTINGS_ENGINE`` and
+    enable_prefix_caching) from a scenario's engine section, as the run ran it, cudagraph_mode
+    NONE where it sets enforce_eager, enable_prefix_caching false unless it says true. A setting the
+    scenario leaves unset takes the value its own deployment ``dep`` resolves to (vLLM's default, as
+    ``jaxprice serve SCENARIO`` runs it: ``resolved_engine``), not an InferenceX recipe's for the
+    model and chip; max_model_len, which no default fixes for a run, stays '' (the harness's
+    isl + osl + 256). Without ``dep`` unset settings stay ''."""
+    eng = {**(resolved_engine(dep) if dep is not None else {}), **{k: v for k, v in dict(scenario.engine or {}).items()
+                                                                     if v is not None and str(v).strip() != ""}}
+    out = {}
+    for k in SETTINGS_ENGINE:
+        v = eng.get(k)
+        out[k] = ("" if v is None or str(v).strip() == "" else repr(float(v)) if k == "gpu_memory_utilization" else
+                  str(int(v)) if k not in ("cache_dtype", "cudagraph_mode") else
+                  str(v).strip().upper() if k == "cudagraph_mode" else str(v).strip())
+    if eng.get("enforce_eager"):
+        out["cudagraph_mode"] = "NONE"           # resolve._host_modes: enforce_eager runs without graphs
+    out["enable_prefix_caching"] = "true" if eng.get("enable_prefix_caching") else "false"
+    return out
+
+
+def resolved_engine(dep) -> dict:
+    """The engine settings a deployment resolves to where its scenario is silent (vLLM's defaults
+    as jaxprice applies them): max_num_seqs, cache_dtype and cudagraph_mode from the resolution,
+    max_num_batched_tokens and block_size from the serving layer's engine settings,
+    gpu_memory_utilization the memory model's default."""
+    from .resolve import DEFAULT_GPU_MEMORY_UTILIZATION
+    from .serve import engine_settings
+    res = dep.resolution
+    eng, _ = engine_settings(dep, max_len=1)
+    return {"max_num_seqs": res["max_num_seqs"], "cache_dtype": res["cache_dtype"],
+            "cudagraph_mode": res["cudagraph_mode"], "max_num_batched_tokens": eng["max_num_batched_tokens"],
+            "block_size": eng["block_size"], "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION}
 
 
 # ----------------------------------------------------------------------------- the rows
@@ -304,7 +375,8 @@ def import_bench(results, scenario, *, range_ratio: float = 1.0, label: str | No
     if not paths:
         refuse("no benchmark result files given", field="results", value=[], has_value=True)
     ratio = _check_ratio(range_ratio)
-    cols, path, folder = scenario_columns(scenario)
+    cols, path, folder, dep = _scenario_of(scenario)
+    engine = scenario_engine(dep.scenario, dep)
     runs = [read_bench_result(p) for p in paths]
     labels = [_label_of(r, label) for r in runs]
     seen: dict = {}
@@ -317,5 +389,8 @@ def import_bench(results, scenario, *, range_ratio: float = 1.0, label: str | No
     anchors = {w: min(r.concurrency for r, x in zip(runs, labels) if x == w) for w in labels}
     order = sorted(range(len(runs)), key=lambda i: (labels[i], runs[i].concurrency))
     rows = [row for i in order for row in _run_rows(runs[i], cols, labels[i], anchors[labels[i]], ratio)]
+    stated = [{"scenario": cols["scenario"], "label": labels[i], "framework": cols["engine"], "gpu": cols["hardware"],
+               "source_run_date": runs[i].date, "concurrency": runs[i].concurrency, **engine,
+               "source": f"the engine of {path.name}, taken as what the run ran"} for i in order]
     return BenchImport(rows=rows, runs=[runs[i] for i in order], scenario=str(path), deployment=cols["deployment"],
-                       scenario_dir=folder)
+                       scenario_dir=folder, settings_rows=stated)

@@ -90,7 +90,8 @@ def add_parser(subparsers):
     p.add_argument("--settings", metavar="FILE.csv", default=None,
                    help="the engine flags each measured run passed, per scenario, workload and concurrency (the "
                         "layout of testdata/measured/inferencex_settings.csv; default: that bundled table of "
-                        "InferenceX's runs); a flag left empty falls back to the recipe's or vLLM's default")
+                        "InferenceX's runs; optional cache_dtype and cudagraph_mode columns too, as jaxprice import-bench "
+                        "writes); a flag left empty falls back to the recipe's or vLLM's default")
     p.add_argument("--acceptance", metavar="A", default=None,
                    help="speculative decoding: the mean tokens emitted per decode row and step assumed for every "
                         "point measured with it, at least 1, capped at 1 + k for a point drafting k (at most 1 + the "

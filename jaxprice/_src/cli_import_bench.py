@@ -3,7 +3,7 @@ results as a measurement CSV that `jaxprice accuracy` and `jaxprice fit` read.
 
     vllm bench serve ... --request-rate inf --max-concurrency 8 --save-result --result-filename c8.json
     jaxprice import-bench c8.json c16.json c32.json --scenario my-deployment.yaml --out measured.csv
-    jaxprice accuracy measured.csv --scenarios . --batch-rule simulate
+    jaxprice accuracy measured.csv --scenarios . --batch-rule simulate --settings measured-settings.csv
 
 Each RESULT.json (one closed-loop run: --request-rate inf and --max-concurrency C) gives a mean_tpot
 and a mean_ttft row at concurrency C, with the run's mean input / output tokens per completed request
@@ -11,6 +11,12 @@ and its num_prompts; the runs of one workload form a sweep anchored at the lowes
 bundled name or a scenario .yaml) gives the deployment columns. --range-ratio R: the simulated
 lengths are uniform on [floor(R L), L], L chosen so that their mean is the run's (default 1: fixed at
 the mean; vLLM's newer random dataset samples [L(1-r), L(1+r)], so only the mean carries over).
+
+The scenario is taken as what the runs ran: its engine settings (max_num_seqs, max_num_batched_tokens,
+gpu_memory_utilization, block_size, max_model_len, cache_dtype, cudagraph_mode, enable_prefix_caching)
+are written beside the CSV as a settings CSV (--settings-out, default <out stem>-settings.csv), one row
+per run, which the printed accuracy and fit commands pass as --settings; a setting the scenario leaves
+unset is left empty there, and the simulation takes the InferenceX recipe's value, else vLLM's default.
 """
 
 from __future__ import annotations
@@ -21,14 +27,20 @@ from pathlib import Path
 
 def add_parser(sub):
     p = sub.add_parser("import-bench", help="write vLLM benchmark results (vllm bench serve --save-result) as a "
-                                            "measurement CSV for accuracy and fit",
+                                            "measurement CSV for accuracy and fit, and the scenario's engine, "
+                                            "taken as what the runs ran, as their --settings CSV",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("results", metavar="RESULT.json", nargs="+",
                    help="vllm bench serve --save-result files, one closed-loop run each (--request-rate inf, "
                         "--max-concurrency C)")
     p.add_argument("--scenario", metavar="SCENARIO", required=True,
-                   help="the deployment measured: a bundled scenario name or a scenario .yaml file")
+                   help="the deployment measured: a bundled scenario name or a scenario .yaml file, taken as what "
+                        "the runs ran (its engine settings are written to --settings-out)")
     p.add_argument("--out", metavar="measured.csv", required=True, help="the measurement CSV to write")
+    p.add_argument("--settings-out", metavar="FILE.csv", default=None,
+                   help="the settings CSV to write: the scenario's engine settings, taken as what each run ran, "
+                        "for accuracy/fit --settings (default: <out stem>-settings.csv beside --out); a setting "
+                        "the scenario leaves unset stays empty (the recipe's or vLLM's default applies)")
     p.add_argument("--range-ratio", metavar="R", default="1.0",
                    help="simulated lengths uniform on [floor(R L), L], L keeping each run's mean (default 1: "
                         "fixed at the mean; vLLM's newer random dataset samples [L(1-r), L(1+r)]: only the mean "
@@ -52,7 +64,7 @@ def _ratio(text) -> float:
 
 
 def run(args) -> int:
-    from .benchfile import import_bench
+    from .benchfile import SETTINGS_ENGINE, import_bench
     from .outputs import check_output_file
     from .errors import refuse
     check_output_file(args.out, flag="--out", what="measurement CSV", writes="CSV")
@@ -60,17 +72,32 @@ def run(args) -> int:
     if any(Path(r).expanduser().resolve() == out for r in args.results):
         refuse("is one of the result files being imported; name another file for the CSV", field="--out",
                value=args.out)
+    settings = settings_path(args.out, args.settings_out)
+    check_output_file(settings, flag="--settings-out", what="settings CSV", writes="CSV")
+    for other, flag in ((out, "--out"), *((Path(r).expanduser().resolve(), "RESULT.json") for r in args.results)):
+        if Path(settings).expanduser().resolve() == other:
+            refuse(f"is the same file as {flag}; name another file for the settings CSV", field="--settings-out",
+                   value=str(settings))
     res = import_bench(args.results, args.scenario, range_ratio=_ratio(args.range_ratio), label=args.label)
     res.write(args.out)
+    res.write_settings(settings)
     sweeps = sorted({r["workload"] for r in res.rows})
     concs = ", ".join(str(r.concurrency) for r in res.runs)
     print(f"wrote {len(res.rows)} rows ({len(res.runs)} runs at C = {concs}; workload {', '.join(sweeps)}) of "
           f"deployment {res.deployment} ({res.scenario}) to {args.out}")
-    print(f"score it: {res.accuracy_command(args.out)}")
-    print(f"fit to it: {res.fit_command(args.out)} --free PATTERN ...")
-    print("note: the simulation takes the engine flags from the InferenceX recipe of the model, chip and dtype, "
-          "else vLLM's defaults; state your server's (max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, "
-          "block_size, max_model_len) with --settings FILE.csv, the layout of "
-          "testdata/measured/inferencex_settings.csv, "
-          f"keyed by scenario {res.rows[0]['scenario']}, label and concurrency")
+    stated = [k for k in SETTINGS_ENGINE if res.settings_rows[0][k] != ""]
+    unset = [k for k in SETTINGS_ENGINE if k not in stated]
+    print(f"wrote {len(res.settings_rows)} settings rows to {settings}: the engine of {Path(res.scenario).name}, "
+          f"taken as what the runs ran ({', '.join(stated) or 'nothing stated'}"
+          + (f"; unset there, so the InferenceX recipe's or vLLM's default: {', '.join(unset)})" if unset else ")"))
+    print(f"score it: {res.accuracy_command(args.out, settings)}")
+    print(f"fit to it: {res.fit_command(args.out, settings)} --free PATTERN ...")
     return 0
+
+
+def settings_path(out, given) -> str:
+    """The settings CSV's path: ``given``, else <out stem>-settings.csv beside ``out``."""
+    if given is not None:
+        return str(given)
+    p = Path(out)
+    return str(p.with_name(f"{p.stem}-settings.csv"))

@@ -55,6 +55,7 @@ from .formats import (DTYPE_BYTES, Chip, ModelGraph, Network, Registry, Scenario
 from .plan import Coefficients, Plan
 from .schema import SCALE_BYTES
 
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9      # vLLM's --gpu-memory-utilization default
 GRAPH_MODES = ("FULL", "PIECEWISE", "FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "NONE")
 # (mode for a uniform-decode batch, mode for any other batch)
 MODE_TABLE = {"PIECEWISE": ("piecewise", "piecewise"), "FULL": ("full", "full"),
@@ -1206,7 +1207,7 @@ def _memory(scenario: Scenario, docs: Documents, widths: Widths, stack: LayerSta
     # KV-cache tokens one rank holds: its share of HBM (gpu_memory_utilization) less every fixed term
     fixed = sum(memory.get(k, 0.0) for k in ("weights_bytes", "activation_bytes", "cudagraph_bytes",
                                              "comm_buffer_bytes"))
-    budget = chip.memory_gib * 2 ** 30 * float(eng.get("gpu_memory_utilization", 0.9))
+    budget = chip.memory_gib * 2 ** 30 * float(eng.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
     memory["kv_capacity_tokens"] = (max(budget - fixed, 0.0) / kv_bytes_per_token if kv_bytes_per_token > 0
                                     else math.inf)
     return memory
