@@ -37,7 +37,7 @@ def add_parser(subparsers):
                     "max_num_batched_tokens, graph mode) under a closed-loop concurrency sweep; print the "
                     "Pareto frontier of tokens/s per GPU against tokens/s per user and the best layout meeting "
                     "the targets. Lists take commas and '...' (1,2,4,...,512).")
-    p.add_argument("model", help="a registry model name (e.g. deepseek-v3) or a model graph file")
+    p.add_argument("model", help="a registry model name (e.g. deepseek-v3), a model graph file, or a Hugging Face config.json (or a folder holding one)")
     p.add_argument("--chip", required=True, help="a registry chip (e.g. h200)")
     p.add_argument("--gpus", required=True, help="GPUs to serve on (replicas = GPUs / (tp x dp))")
     p.add_argument("--gpus-per-node", default="8", help="GPUs per node (default 8)")
