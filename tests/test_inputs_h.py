@@ -237,3 +237,15 @@ def test_the_budget_rule_is_vllms_only(monkeypatch):
     with pytest.raises(Reached):            # past every check, to the simulation
         main(["serve", "deepseek-v3-h200-fp8-sglang-tp8", "--scheduler", "trtllm", "--max-num-seqs", "256",
               "--max-num-batched-tokens", "16", "--concurrency", "4"])
+
+
+def test_a_cache_folder_that_cannot_be_created_is_refused(capsys, monkeypatch, tmp_path):
+    """`jaxprice cache` listed a folder it could not create as an enabled, empty cache (exit 0)
+    while every command refused it (named) or skipped it (the default): it says so now."""
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("JAXPRICE_CACHE_DIR", str(tmp_path / "afile" / "sub"))
+    assert_refused(capsys, ["cache"], "'JAXPRICE_CACHE_DIR'", "cannot create it")
+    monkeypatch.delenv("JAXPRICE_CACHE_DIR")
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "afile"))
+    assert_refused(capsys, ["cache", "--json"], "field 'folder'", "cannot create it", "they skip it")

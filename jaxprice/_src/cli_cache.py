@@ -26,9 +26,10 @@ def run(args) -> int:
     import os
     from . import compile_cache as cc
     path, source = cc.cache_dir()
-    if path is not None and path.exists() and not path.is_dir():   # was listed as an enabled, empty cache
+    why = None if path is None else cc._usable(path)
+    if why is not None:      # was listed as an enabled, empty cache while every command refused or skipped it
         from .errors import refuse
-        refuse("is a file, not a folder: no command can keep compiled kernels there" + (
+        refuse(f"{why}: no command can keep compiled kernels there" + (
             "" if source != "default" else f" (they skip it; set {cc.ENV} to a folder, or to 'off')"),
             field=source if source != "default" else "folder", value=str(path))
     out = {"folder": None if path is None else str(path), "source": source, "enabled": path is not None}
