@@ -364,6 +364,8 @@ def test_cli_fits_a_tiny_tpot_csv(truth, tmp_path, capsys):
     assert "10 points in 2 deployment(s); train 1, held out 1" in text
     assert "loss before" in text and "MAPE after" in text
     assert "hbm_derate@hardware=h200" in text and "host_output_token@hardware=h200" in text
+    # the key freed @global is one multiplier, listed per chip as the written set scopes it: said so
+    assert "(host_output_token@global: one multiplier, listed per chip as the written set scopes it" in text
     lines = {ln.split()[0]: ln.split() for ln in text.splitlines() if ln.startswith(("train", "held out"))}
     assert float(lines["train"][4]) < float(lines["train"][3])   # loss after < loss before
     doc = yaml.safe_load(out.read_text())
@@ -781,6 +783,23 @@ def test_cli_cross_validates_by_deployment_and_scopes_the_written_set(truth, tmp
     assert doc["fit"]["engines"] == ["vllm"] and doc["fit"]["train_models"] == ["llama-3.1-70b-instruct"]
     assert all(e["scope"]["model"] == ["llama-3.1-70b-instruct"] for e in doc["entries"])
     assert "any other deployment loading it keeps the registry's values" in text
+
+
+def test_cli_cross_validation_at_a_fixed_prior_says_it_was_fixed(capsys):
+    """--prior 0 with --holdout model: every fold and the final fit at the prior the user fixed,
+    said so (the table claimed an inner cross-validation chose it, and that it was chosen among
+    priors that make no held-out group worse, when it made one 3.5 times worse)."""
+    from types import SimpleNamespace
+    from jaxprice._src.cli_fit import print_cv
+    cv = SimpleNamespace(by="model", folds=[1, 2, 3], rows=lambda: [], criterion={0.0: 1.221}, worst={0.0: 3.501},
+                         best_prior=0.0)
+    print_cv(cv, fixed_prior=0.0)
+    text = capsys.readouterr().out
+    assert "3 fold(s); prior 0 in every fold (--prior)" in text and "inner" not in text
+    assert "the final fit at 0, as --prior fixed it (it makes a held-out group worse" in text
+    assert "chosen" not in text
+    print_cv(cv)
+    assert "chosen by an inner cross-validation" in capsys.readouterr().out
 
 
 def test_cli_prior_inf_keeps_the_registry_and_says_so(truth, tmp_path, capsys):

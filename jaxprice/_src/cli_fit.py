@@ -376,11 +376,13 @@ def _pct(x):
     return "n/a" if not np.isfinite(x) else f"{x:.1%}"
 
 
-def print_cv(cv, what="TPOT"):
+def print_cv(cv, what="TPOT", fixed_prior=None):
     """The cross-validation table: per held-out group, registry -> fit on the held-out and the
-    training deployments."""
-    print(f"cross-validation by {cv.by}: {len(cv.folds)} fold(s); prior per fold chosen by an inner "
-          f"cross-validation on its training deployments")
+    training deployments. ``fixed_prior``: the strength --prior fixed (every fold and the final fit
+    at it), None where --prior cv chose it."""
+    how = ("prior per fold chosen by an inner cross-validation on its training deployments" if fixed_prior is None
+           else f"prior {fixed_prior:g} in every fold (--prior)")
+    print(f"cross-validation by {cv.by}: {len(cv.folds)} fold(s); {how}")
     print(f"{'held out':<24}{'deps':>5}{'points':>7}{'prior':>8}{'keys':>6}  {what + ' MAPE reg -> fit':<22}"
           f"{'shape reg -> fit':<20}{'in-sample MAPE':<18}{'in-sample shape':<18}")
     for r in cv.rows():
@@ -402,10 +404,15 @@ def print_cv(cv, what="TPOT"):
                   f"{_pct(tr['registry']['ttft_mape']) + ' -> ' + _pct(tr['fitted']['ttft_mape']):<22}"
                   f"{_pct(tr['registry']['ttft_shape_mean']) + ' -> ' + _pct(tr['fitted']['ttft_shape_mean']):<22}")
     print("(keys: fitted coefficients that reach the held-out deployments; the rest keep the registry's values)")
-    print("prior strength -> mean over folds of fit/registry error (TPOT MAPE and shape): " +
-          ", ".join(f"{p:g}: {c:.3f} (worst group x{cv.worst[p]:.3f})" for p, c in cv.criterion.items())
-          + "; chosen (lowest mean among the priors that make no held-out group worse) for the final fit: "
-          f"{cv.best_prior:g}")
+    scores = ", ".join(f"{p:g}: {c:.3f} (worst group x{cv.worst[p]:.3f})" for p, c in cv.criterion.items())
+    if fixed_prior is not None:
+        worse = cv.worst.get(fixed_prior, 0.0) > 1 + 1e-3      # fit._choose's "no group worse" tolerance
+        print(f"prior strength -> mean over folds of fit/registry error (TPOT MAPE and shape): {scores}; the final "
+              f"fit at {fixed_prior:g}, as --prior fixed it" + (" (it makes a held-out group worse than the registry: "
+                                                                 "--prior cv would choose among strengths)" if worse else ""))
+        return
+    print(f"prior strength -> mean over folds of fit/registry error (TPOT MAPE and shape): {scores}; chosen (lowest "
+          f"mean among the priors that make no held-out group worse) for the final fit: {cv.best_prior:g}")
 
 
 def print_fit(res, obs, target, args, seed):
@@ -452,6 +459,10 @@ def print_fit(res, obs, target, args, seed):
         f = si_factor(e["name"], e["units"])
         note = "  frozen" if e["frozen"] else ""
         print(f"{label:<56}{e['start'] / f:>12.6g}{e['value'] / f:>12.6g}{e['multiplier']:>8.3f}  {e['units']}{note}")
+    wider = sorted({e["key"] for e in res.entries() if "hardware=" not in e["key"] and "@" in e["key"]})
+    if wider:     # one multiplier each, listed (and written) per chip: a fitted set is scoped to its chips
+        print(f"({', '.join(wider)}: one multiplier{' each' if len(wider) > 1 else ''}, listed per chip as the "
+              "written set scopes it, to the chips it was fitted on)")
     for lab, why in res.frozen.items():
         print(f"frozen {lab}: {why}")
     for h in res.bound_hits():
@@ -470,7 +481,8 @@ def run(args) -> int:
             cv = F.cross_validate(obs, o["free"], by=o["cv"], priors=priors, seeds=o["cv_seeds"],
                                   callback=bars, **o["fit"])
             bars.close()
-            print_cv(cv, "TPOT" if target == "tpot" or target.startswith("simulate") else "step")
+            print_cv(cv, "TPOT" if target == "tpot" or target.startswith("simulate") else "step",
+                     fixed_prior=None if o["prior"] == "cv" else o["prior"])
             prior = cv.best_prior
         res = F.fit_coefficients(obs, o["free"], holdout=o["holdout"], seed=o["seed"], prior=prior, callback=bars,
                                  **o["fit"])

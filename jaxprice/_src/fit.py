@@ -1360,8 +1360,9 @@ class FitResult:
         return out
 
     def entries(self) -> list:
-        """Fitted values per registry entry: dicts name, scope ({dim: value}), start, value (SI),
-        units, multiplier, deployments, models. The scope is the key's own plus the chip,
+        """Fitted values per registry entry: dicts name, scope ({dim: value}), key (the fitted key's
+        label, e.g. host_output_token@global), start, value (SI), units, multiplier, deployments,
+        models. The scope is the key's own plus the chip,
         narrowed by model, tp, ep or nodes_spanned only where the training deployments started
         the same key from different values (a registry entry scoped more finely than the fit)."""
         groups: dict = {}
@@ -1384,7 +1385,8 @@ class FitResult:
             for vals, rs in parts.items():
                 base = rs[0]["base"]
                 out.append({"name": rs[0]["name"], "scope": {**scope, **dict(zip(split, vals))}, "start": base,
-                            "value": base * mult, "units": rs[0]["units"], "multiplier": mult,
+                            "key": key_label(self.layout.keys[k]), "value": base * mult, "units": rs[0]["units"],
+                            "multiplier": mult,
                             "deployments": sorted({r["deployment"] for r in rs}),
                             "models": sorted({r["dims"]["model"] for r in rs}),
                             "frozen": k in self.layout.frozen})
