@@ -355,3 +355,13 @@ def test_simulate_runs_the_csv_prompt_count_and_range(tmp_path):
     assert row["range_ratio"][1].startswith("the CSV's range_ratio column: lengths uniform on [floor(0.5 L), L]")
     for r in rep.records:
         assert r["status"] == "priced" and math.isfinite(r["no_overlap_tpot_us"]) and r["no_overlap_ttft_us"] > 0
+
+
+def test_the_report_shows_a_stated_prompt_count_as_it_is():
+    """The settings table showed 'C' for any prompt count not 10 x C, a CSV's 20 prompts at C = 2
+    too; the recipe's rules still read as rules."""
+    from jaxprice._src.accuracy import _settings_value
+    assert _settings_value({"num_prompts": (20, "the CSV's num_prompts column (the prompts the run sent)")},
+                           "num_prompts") == 20
+    assert _settings_value({"num_prompts": (40, "10 x C (--num-prompts $((CONC * 10))): x")}, "num_prompts") == "10 x C"
+    assert _settings_value({"num_prompts": (4, "C (--num-prompts $CONC): x")}, "num_prompts") == "C"

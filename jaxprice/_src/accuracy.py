@@ -1856,12 +1856,13 @@ SPEC_KEYS = ("spec_method", "num_spec_tokens", "acceptance")     # a speculating
 
 
 def _settings_value(a: dict, k: str):
-    """A setting as the report's table shows it: max_num_seqs 'C' where it is the concurrency."""
+    """A setting as the report's table shows it: max_num_seqs 'C' where it is the concurrency,
+    num_prompts as the recipe's rule (10 x C or C) or the count the CSV's column states."""
     v, src = a[k]
     if k == "max_num_seqs" and ("client concurrency" in src or v == a.get("concurrency", (None,))[0]):
         return "C"
-    if k == "num_prompts":
-        return "10 x C" if src.startswith("10 x C") else "C"
+    if k == "num_prompts":       # the recipe's rule; a count the CSV states is shown as it is
+        return "10 x C" if src.startswith("10 x C") else "C" if src.startswith("C (") else v
     return v
 
 
