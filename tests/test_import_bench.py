@@ -350,9 +350,11 @@ def test_simulate_runs_the_csv_prompt_count_and_range(tmp_path):
     assert {it[0] for it in items} == {jp.Workload(85, 11, 0.5, 0)}       # means 64 and 8 kept: [42, 85], [5, 11]
     r1, r2 = sorted(rep.records, key=lambda r: r["concurrency"])
     assert "range_ratio=0.5 prompts=3" in r1["assumptions"] and "range_ratio=0.5 prompts=5" in r2["assumptions"]
-    (row,) = rep.info["assumptions"]
-    assert row["num_prompts"][1].startswith("the CSV's num_prompts column")
-    assert row["range_ratio"][1].startswith("the CSV's range_ratio column: lengths uniform on [floor(0.5 L), L]")
+    rows = rep.info["assumptions"]          # one row per prompt count the CSV states (3 and 5)
+    assert sorted(row["num_prompts"][0] for row in rows) == [3, 5]
+    for row in rows:
+        assert row["num_prompts"][1].startswith("the CSV's num_prompts column")
+        assert row["range_ratio"][1].startswith("the CSV's range_ratio column: lengths uniform on [floor(0.5 L), L]")
     for r in rep.records:
         assert r["status"] == "priced" and math.isfinite(r["no_overlap_tpot_us"]) and r["no_overlap_ttft_us"] > 0
 
