@@ -202,6 +202,41 @@ def test_bad_client_columns_in_a_measurement_csv_are_refused(tmp_path):
                 *words)
 
 
+def sglang_record(c, *, tpot=5.5, ttft=70.0, n=None, isl=64, osl=8) -> dict:
+    """One line of SGLang's `python -m sglang.bench_serving --output-file` (its result keys; no
+    num_prompts, no date; a closed loop's request rate inf, which json writes as Infinity)."""
+    n = n or 10 * c
+    return {"backend": "sglang", "dataset_name": "random", "request_rate": float("inf"), "max_concurrency": c,
+            "random_input_len": isl, "random_output_len": osl, "random_range_ratio": 0.0, "duration": 9.5,
+            "completed": n, "total_input_tokens": n * isl, "total_output_tokens": n * osl, "mean_ttft_ms": ttft,
+            "mean_tpot_ms": tpot, "concurrency": c - 0.1, "accept_length": None}
+
+
+def test_sglang_json_lines_become_one_run_a_line(tmp_path):
+    """SGLang's bench_serving appends one JSON object a run to its output file: each line is a
+    run, its prompt count the completed count (it records none), its source file:line."""
+    path = tmp_path / "sglang.jsonl"
+    path.write_text("\n".join(json.dumps(sglang_record(c, n=n)) for c, n in ((4, 40), (2, 24))) + "\n\n")
+    assert "Infinity" in path.read_text()
+    runs = benchfile.read_bench_results(path)
+    assert [(r.concurrency, r.num_prompts, r.completed, r.isl, r.osl, r.date) for r in runs] == [
+        (4, 40, 40, 64, 8, ""), (2, 24, 24, 64, 8, "")]
+    assert [r.path for r in runs] == [f"{path}:1", f"{path}:2"]
+    res = jp.import_bench([path], GPT)
+    assert sorted({(row["concurrency"], row["num_prompts"]) for row in res.rows}) == [(2, 24), (4, 40)]
+    with pytest.raises(jp.JaxpriceError, match="holds 2 runs"):
+        benchfile.read_bench_result(path)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(sglang_record(2)) + "\n{oops\n")
+    with pytest.raises(jp.JaxpriceError, match=r"bad.jsonl:2.*not JSON") as err:
+        benchfile.read_bench_results(bad)
+    assert "\n" not in str(err.value)
+    rate = tmp_path / "rate.jsonl"
+    rate.write_text(json.dumps(sglang_record(2)) + "\n" + json.dumps({**sglang_record(4), "request_rate": 8.0}) + "\n")
+    with pytest.raises(jp.JaxpriceError, match=r"rate.jsonl:2.*open-loop"):
+        jp.import_bench([rate], GPT)
+
+
 # ----------------------------------------------------------------------------- the scenario's engine as --settings
 
 

@@ -8,7 +8,9 @@ with ``benchmark``'s result: ``duration`` (s), ``completed``, ``failed``, ``tota
 ``total_output_tokens`` (over completed requests, ``calculate_metrics``), ``mean_ttft_ms``,
 ``mean_tpot_ms`` (ms; 0 where no request streamed, or none had more than one output token), and with
 ``--save-detailed`` ``input_lens`` (every request) and ``output_lens`` (0 for a failed one)). The
-older ``benchmarks/benchmark_serving.py`` writes the same keys.
+older ``benchmarks/benchmark_serving.py`` writes the same keys. SGLang's ``python -m
+sglang.bench_serving --output-file F`` appends the same metric keys a run a line (JSON Lines; no
+num_prompts, the completed count stands for it; ``read_bench_results``).
 
 Each run becomes two rows of the measurement CSV layout ``accuracy.read_measurements`` reads
 (``shared/measured/inferencex_vllm_dev.csv``): ``mean_tpot`` and ``mean_ttft`` in ms, at concurrency
@@ -133,19 +135,35 @@ class BenchImport:
 # ----------------------------------------------------------------------------- one result file
 
 
-def _load(path) -> dict:
-    """The JSON object of a result file (refused: unreadable, not JSON, not an object)."""
+def _records(path) -> list:
+    """[(result object, where)] of a result file: vLLM's one JSON object (where = the file), or
+    SGLang's JSON Lines, one object a run appended per line (where = file:line); refused:
+    unreadable, neither, or a line that is not an object."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         refuse(f"cannot read the benchmark result ({type(err).__name__})", file=str(path))
     try:
-        doc = json.loads(text)
+        return [(_object(json.loads(text), str(path)), str(path))]
     except json.JSONDecodeError as err:
-        refuse(f"not JSON ({err.msg} at line {err.lineno}); expected a `vllm bench serve --save-result` file",
-               file=str(path))
+        whole = err
+    lines = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    if len(lines) < 2:                      # one line that is not JSON: not JSON Lines either
+        refuse(f"not JSON ({whole.msg} at line {whole.lineno}); expected a `vllm bench serve --save-result` file or "
+               "SGLang's bench_serving --output-file (JSON Lines)", file=str(path))
+    out = []
+    for i, line in lines:
+        where = f"{path}:{i}"
+        try:
+            out.append((_object(json.loads(line), where), where))
+        except json.JSONDecodeError as err:
+            refuse(f"not JSON ({err.msg}); a JSON Lines result file holds one JSON object a line", file=where)
+    return out
+
+
+def _object(doc, where: str) -> dict:
     if not isinstance(doc, dict):
-        refuse("not a benchmark result: the JSON is not an object", file=str(path), field="(top level)",
+        refuse("not a benchmark result: the JSON is not an object", file=where, field="(top level)",
                value=type(doc).__name__)
     return doc
 
@@ -210,10 +228,30 @@ def _run_date(doc) -> str:
         return ""
 
 
+def read_bench_results(path) -> list:
+    """The BenchRuns of one result file: a ``vllm bench serve --save-result`` JSON (one run) or
+    SGLang's ``python -m sglang.bench_serving --output-file`` JSON Lines (a run a line), each
+    refused in one line where it is not a closed-loop run the harness can score."""
+    return [_bench_run(doc, where) for doc, where in _records(path)]
+
+
 def read_bench_result(path) -> BenchRun:
-    """One ``vllm bench serve --save-result`` JSON as a BenchRun (module docstring), refused in one
-    line where it is not a closed-loop run the harness can score."""
-    doc = _load(path)
+    """One ``vllm bench serve --save-result`` JSON as a BenchRun (module docstring); a file of
+    several runs (JSON Lines) is refused: ``read_bench_results`` reads it."""
+    runs = read_bench_results(path)
+    if len(runs) != 1:
+        refuse(f"holds {len(runs)} runs (JSON Lines): read_bench_results reads them all", file=str(path))
+    return runs[0]
+
+
+def _bench_run(doc: dict, path: str) -> BenchRun:
+    """One result object (``where`` its file or file:line) as a BenchRun. SGLang's bench_serving
+    records no num_prompts (sgl-project/sglang python/sglang/bench_serving.py, ``benchmark``'s
+    ``result``: request_rate, max_concurrency, duration, completed, total_input_tokens,
+    total_output_tokens, mean_ttft_ms, mean_tpot_ms, ...; its request rate inf is written as
+    JSON's Infinity): there the completed count stands for it."""
+    if "num_prompts" not in doc and "completed" in doc:
+        doc = {**doc, "num_prompts": doc["completed"]}
     for key in NUMBERS:
         _number(doc, key, path, integer=key in ("num_prompts", "completed"))
     c = _check_closed_loop(doc, path)
@@ -377,7 +415,7 @@ def import_bench(results, scenario, *, range_ratio: float = 1.0, label: str | No
     ratio = _check_ratio(range_ratio)
     cols, path, folder, dep = _scenario_of(scenario)
     engine = scenario_engine(dep.scenario, dep)
-    runs = [read_bench_result(p) for p in paths]
+    runs = [run for p in paths for run in read_bench_results(p)]
     labels = [_label_of(r, label) for r in runs]
     seen: dict = {}
     for r, w in zip(runs, labels):

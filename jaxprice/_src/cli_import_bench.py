@@ -5,7 +5,8 @@ results as a measurement CSV that `jaxprice accuracy` and `jaxprice fit` read.
     jaxprice import-bench c8.json c16.json c32.json --scenario my-deployment.yaml --out measured.csv
     jaxprice accuracy measured.csv --scenarios . --batch-rule simulate --settings measured-settings.csv
 
-Each RESULT.json (one closed-loop run: --request-rate inf and --max-concurrency C) gives a mean_tpot
+SGLang's `python -m sglang.bench_serving ... --output-file runs.jsonl` (a run appended a line) is read
+too. Each RESULT.json (one closed-loop run: --request-rate inf and --max-concurrency C) gives a mean_tpot
 and a mean_ttft row at concurrency C, with the run's mean input / output tokens per completed request
 and its num_prompts; the runs of one workload form a sweep anchored at the lowest C. SCENARIO (a
 bundled name or a scenario .yaml) gives the deployment columns. --range-ratio R: the simulated
@@ -16,7 +17,9 @@ The scenario is taken as what the runs ran: its engine settings (max_num_seqs, m
 gpu_memory_utilization, block_size, max_model_len, cache_dtype, cudagraph_mode, enable_prefix_caching)
 are written beside the CSV as a settings CSV (--settings-out, default <out stem>-settings.csv), one row
 per run, which the printed accuracy and fit commands pass as --settings; a setting the scenario leaves
-unset is left empty there, and the simulation takes the InferenceX recipe's value, else vLLM's default.
+unset is written at the value the scenario resolves to (vLLM's default, as `jaxprice serve SCENARIO`
+runs it), not an InferenceX recipe's; only max_model_len, where the scenario does not state it, is
+left empty (the harness's isl + osl + 256).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ def add_parser(sub):
                        description=__doc__.split("\n\n")[0])
     p.add_argument("results", metavar="RESULT.json", nargs="+",
                    help="vllm bench serve --save-result files, one closed-loop run each (--request-rate inf, "
-                        "--max-concurrency C)")
+                        "--max-concurrency C), or SGLang's python -m sglang.bench_serving --output-file JSON Lines "
+                        "(a run a line)")
     p.add_argument("--scenario", metavar="SCENARIO", required=True,
                    help="the deployment measured: a bundled scenario name or a scenario .yaml file, taken as what "
                         "the runs ran (its engine settings are written to --settings-out)")
@@ -40,7 +44,8 @@ def add_parser(sub):
     p.add_argument("--settings-out", metavar="FILE.csv", default=None,
                    help="the settings CSV to write: the scenario's engine settings, taken as what each run ran, "
                         "for accuracy/fit --settings (default: <out stem>-settings.csv beside --out); a setting "
-                        "the scenario leaves unset stays empty (the recipe's or vLLM's default applies)")
+                        "the scenario leaves unset is written at the value it resolves to (vLLM's default), "
+                        "max_model_len left empty (the harness's isl + osl + 256)")
     p.add_argument("--range-ratio", metavar="R", default="1.0",
                    help="simulated lengths uniform on [floor(R L), L], L keeping each run's mean (default 1: "
                         "fixed at the mean; vLLM's newer random dataset samples [L(1-r), L(1+r)]: only the mean "
@@ -89,7 +94,7 @@ def run(args) -> int:
     unset = [k for k in SETTINGS_ENGINE if k not in stated]
     print(f"wrote {len(res.settings_rows)} settings rows to {settings}: the engine of {Path(res.scenario).name}, "
           f"taken as what the runs ran ({', '.join(stated) or 'nothing stated'}"
-          + (f"; unset there, so the InferenceX recipe's or vLLM's default: {', '.join(unset)})" if unset else ")"))
+          + (f"; left to the harness: {', '.join(unset)})" if unset else ")"))
     print(f"score it: {res.accuracy_command(args.out, settings)}")
     print(f"fit to it: {res.fit_command(args.out, settings)} --free PATTERN ...")
     return 0
