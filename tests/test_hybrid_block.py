@@ -112,3 +112,23 @@ def test_the_vllm_line_leaves_a_hybrid_block_to_vllm():
     d = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
     assert S.hybrid_block_of(d) == 0
     assert "--block-size 16 " in S.launch_command(d.scenario, lay, d.graph, hybrid_block=S.hybrid_block_of(d))
+
+
+def test_a_multi_node_line_keeps_its_flags_before_its_notes():
+    """A hybrid model's line spanning nodes: the multi-node flags (--data-parallel-address, the Ray
+    backend) come before the first '#', not after the no --block-size note, where a shell reads them
+    as comment; every note still follows."""
+    import dataclasses
+    q = jp.load_deployment(QWEN35)
+    two = dataclasses.replace(q.scenario, nodes=2)
+    for lay, flag in ((S.Layout(8, 2, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE"), "--data-parallel-address"),
+                      (S.Layout(16, 1, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE"), "--distributed-executor-backend")):
+        line = S.launch_command(two, lay, q.graph, replicas=2, hybrid_block=S.hybrid_block_of(q))
+        command, _, notes = line.partition("#")
+        assert flag in command and "--block-size" not in command
+        assert "no --block-size" in notes and "x 2 replicas" in notes and "2 nodes" in notes
+    # SGLang's line too, behind a four-bit checkpoint's note: --nnodes and --node-rank before the '#'
+    fp4 = dataclasses.replace(two, engine={**two.engine, "quantization": "nvfp4"})
+    lay = S.Layout(8, 2, False, "nvfp4", 256, 8192, "FULL_AND_PIECEWISE", engine="sglang")
+    command, _, notes = S.launch_command(fp4, lay, q.graph).partition("#")
+    assert "--nnodes 2 --node-rank 0" in command and "serve a published nvfp4 checkpoint" in notes

@@ -402,3 +402,12 @@ def test_the_report_shows_a_stated_prompt_count_as_it_is():
                            "num_prompts") == 20
     assert _settings_value({"num_prompts": (40, "10 x C (--num-prompts $((CONC * 10))): x")}, "num_prompts") == "10 x C"
     assert _settings_value({"num_prompts": (4, "C (--num-prompts $CONC): x")}, "num_prompts") == "C"
+
+
+def test_a_broken_multi_line_json_is_refused_as_a_broken_document(tmp_path):
+    """A `--save-result` file cut short (or pretty-printed, then cut): the document's own JSON error,
+    where in it, and both formats read; it was refused as a bad JSON Lines line 1, as if a run were there."""
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps(bench_json(2), indent=2)[:-40])
+    msg = refused(lambda: benchfile.read_bench_results(path), "not JSON", "vllm bench serve --save-result", "at line")
+    assert msg.startswith(f"{path}:") and not msg.startswith(f"{path}:1") and "JSON Lines result file holds" not in msg

@@ -148,16 +148,19 @@ def _records(path) -> list:
     except json.JSONDecodeError as err:
         whole = err
     lines = [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if ln.strip()]
-    if len(lines) < 2:                      # one line that is not JSON: not JSON Lines either
-        refuse(f"not JSON ({whole.msg} at line {whole.lineno}); expected a `vllm bench serve --save-result` file or "
-               "SGLang's bench_serving --output-file (JSON Lines)", file=str(path))
     out = []
     for i, line in lines:
         where = f"{path}:{i}"
         try:
             out.append((_object(json.loads(line), where), where))
         except json.JSONDecodeError as err:
+            if not out:         # its first line is not JSON either: a broken document, not JSON Lines
+                refuse(f"not JSON ({whole.msg} at line {whole.lineno}); expected a `vllm bench serve "
+                       "--save-result` file or SGLang's bench_serving --output-file (JSON Lines)", file=str(path))
             refuse(f"not JSON ({err.msg}); a JSON Lines result file holds one JSON object a line", file=where)
+    if not lines:                           # an empty file
+        refuse(f"not JSON ({whole.msg} at line {whole.lineno}); expected a `vllm bench serve --save-result` file or "
+               "SGLang's bench_serving --output-file (JSON Lines)", file=str(path))
     return out
 
 

@@ -1175,18 +1175,24 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
     if e.get("speculative"):      # the model's own MTP layers as the drafter (vLLM's speculative config)
         parts.append("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": %d}'"
                      % int(e["speculative"]["num_spec_tokens"]))
-    cmd = " ".join(parts)
+    notes = []          # comments, after every flag (a flag after a '#' would be commented out)
     if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
-        cmd += (f"    # {e['quantization']}: vLLM does not quantize to it online: serve a published "
-                f"{e['quantization']} checkpoint of this model in its place (ModelOpt's, e.g. nvidia/...-FP4)")
+        notes.append(f"{e['quantization']}: vLLM does not quantize to it online: serve a published "
+                     f"{e['quantization']} checkpoint of this model in its place (ModelOpt's, e.g. nvidia/...-FP4)")
     if hybrid_block:
-        cmd += (f"    # no --block-size: vLLM raises a hybrid model's attention block to hold one recurrent state "
-                f"({hybrid_block} tokens here, as priced)")
+        notes.append(f"no --block-size: vLLM raises a hybrid model's attention block to hold one recurrent state "
+                     f"({hybrid_block} tokens here, as priced)")
     if scen.nodes > 1:
-        cmd += _multi_node_launch(scen, layout)
+        flags, _, where = _multi_node_launch(scen, layout).partition(COMMENT)
+        parts.append(flags.strip())
+        notes.append(where)
     if replicas > 1:
-        cmd += f"    # x {replicas} replicas, one per {layout.width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer"
-    return cmd
+        notes.append(f"x {replicas} replicas, one per {layout.width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load "
+                     "balancer")
+    return " ".join(parts) + "".join(COMMENT + n for n in notes)
+
+
+COMMENT = "    # "      # a launch line's notes, each after all of its flags
 
 
 def _format_flags(e: dict, graph: ModelGraph | None, cache_names: dict | None = None) -> list:
@@ -1228,17 +1234,17 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
         k = int(e["speculative"]["num_spec_tokens"])
         parts += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
                   f"--speculative-num-draft-tokens {k + 1}"]
-    cmd = " ".join(parts)
+    notes = []          # comments, after every flag (a flag after a '#' would be commented out)
     if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
-        cmd += (f"    # {e['quantization']}: serve a published {e['quantization']} checkpoint of this model in its "
-                "place (ModelOpt's, e.g. nvidia/...-FP4); SGLang reads its quantization from the checkpoint")
+        notes.append(f"{e['quantization']}: serve a published {e['quantization']} checkpoint of this model in its "
+                     "place (ModelOpt's, e.g. nvidia/...-FP4); SGLang reads its quantization from the checkpoint")
     if scen.nodes > 1:
         others = "; ".join(f"node {k}: the same with --node-rank {k}" for k in range(1, scen.nodes))
-        cmd += (f" --nnodes {scen.nodes} --node-rank 0 --dist-init-addr HEAD_IP:5000    # on the head node "
-                f"({scen.fabric} between the {scen.nodes} nodes); {others}")
+        parts.append(f"--nnodes {scen.nodes} --node-rank 0 --dist-init-addr HEAD_IP:5000")
+        notes.append(f"on the head node ({scen.fabric} between the {scen.nodes} nodes); {others}")
     if replicas > 1:
-        cmd += f"    # x {replicas} replicas, one per {width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer"
-    return cmd
+        notes.append(f"x {replicas} replicas, one per {width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer")
+    return " ".join(parts) + "".join(COMMENT + n for n in notes)
 
 
 def launch_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
