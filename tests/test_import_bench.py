@@ -411,3 +411,17 @@ def test_a_broken_multi_line_json_is_refused_as_a_broken_document(tmp_path):
     path.write_text(json.dumps(bench_json(2), indent=2)[:-40])
     msg = refused(lambda: benchfile.read_bench_results(path), "not JSON", "vllm bench serve --save-result", "at line")
     assert msg.startswith(f"{path}:") and not msg.startswith(f"{path}:1") and "JSON Lines result file holds" not in msg
+
+
+def test_runs_of_one_workload_a_token_apart_stay_one_sweep(tmp_path):
+    """Without --ignore-eos a run's mean output length moves by a token or so with C: runs within
+    10% of each other are one workload (one sweep, one anchor), at their completed-weighted mean
+    lengths; a workload far apart is its own sweep."""
+    files = [write_json(tmp_path / f"c{c}-{isl}.json", bench_json(c, osl=osl, isl=isl))
+             for c, osl, isl in ((2, 8, 64), (4, 8, 64), (8, 9, 64), (2, 128, 1024))]
+    res = jp.import_bench(files, GPT)
+    sweeps = sorted({(r["workload"], r["isl"], r["osl"], r["anchor_concurrency"]) for r in res.rows})
+    # (8 x 20 + 8 x 40 + 9 x 80) / 140 = 8.57 -> 9
+    assert sweeps == [("isl1024-osl128", 1024, 128, 2), ("isl64-osl9", 64, 9, 2)]
+    one = jp.import_bench(files[:3], GPT, label="mine")
+    assert {(r["workload"], r["osl"]) for r in one.rows} == {("mine", 9)}

@@ -377,12 +377,44 @@ def _check_ratio(range_ratio) -> float:
     return float(range_ratio)
 
 
-def _label_of(run: BenchRun, label) -> str:
-    if label is None:
-        return f"isl{run.isl}-osl{run.osl}"
+# runs whose mean input and output lengths are within this of a workload's first run are one
+# workload: a run without --ignore-eos ends some requests early, so the same workload's runs at
+# different C differ by a token or so in mean output, and each apart would anchor its own sweep
+SAME_WORKLOAD = 0.10
+
+
+def _check_label(label) -> str:
     if not isinstance(label, str) or not label.strip() or "," in label:
         refuse("expected a non-empty workload label without commas", field="label", value=label, has_value=True)
     return label.strip()
+
+
+def _workloads(runs: list, label) -> list:
+    """Per run, (workload label, isl, osl) of the sweep it joins: with ``label`` every run in one;
+    else runs whose mean lengths are within ``SAME_WORKLOAD`` (and a token, the means being rounded)
+    of a workload's first run (in length order) join it. A workload's lengths are its runs' means weighted by completed requests (the
+    harness simulates one workload a sweep), its default label ``isl<I>-osl<O>``."""
+    if label is not None:
+        groups = [list(range(len(runs)))]
+    else:
+        groups = []
+        for i in sorted(range(len(runs)), key=lambda i: (runs[i].isl, runs[i].osl)):
+            first = runs[groups[-1][0]] if groups else None
+            near = first is not None and all(abs(getattr(runs[i], k) - getattr(first, k)) <= SAME_WORKLOAD
+                                             * getattr(first, k) + 1 for k in ("isl", "osl"))   # + 1: rounding
+            if near:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+    out = [None] * len(runs)
+    for g in groups:
+        n = sum(runs[i].completed for i in g)
+        isl = round(sum(runs[i].isl * runs[i].completed for i in g) / n)
+        osl = round(sum(runs[i].osl * runs[i].completed for i in g) / n)
+        name = _check_label(label) if label is not None else f"isl{isl}-osl{osl}"
+        for i in g:
+            out[i] = (name, isl, osl)
+    return out
 
 
 def upper_length(mean: int, ratio: float) -> int:
@@ -395,8 +427,9 @@ def upper_length(mean: int, ratio: float) -> int:
     return min(cands, key=lambda n: (abs((max(int(n * ratio), 1) + n) / 2 - mean), n))
 
 
-def _run_rows(run: BenchRun, cols: dict, workload: str, anchor: int, ratio: float) -> list:
-    isl, osl = upper_length(run.isl, ratio), upper_length(run.osl, ratio)
+def _run_rows(run: BenchRun, cols: dict, workload: tuple, anchor: int, ratio: float) -> list:
+    """The run's mean_tpot and mean_ttft rows, at its workload's (label, mean isl, mean osl)."""
+    workload, isl, osl = workload[0], upper_length(workload[1], ratio), upper_length(workload[2], ratio)
     base = {**cols, "workload": workload, "isl": isl, "osl": osl, "concurrency": run.concurrency,
             "unit": "ms", "anchor_concurrency": anchor, "num_prompts": run.num_prompts, "range_ratio": repr(ratio),
             "source_run_date": run.date, "source": f"vllm bench serve --save-result {Path(run.path).name}"}
@@ -410,8 +443,9 @@ def import_bench(results, scenario, *, range_ratio: float = 1.0, label: str | No
     file). ``range_ratio``: the lengths the simulation draws, uniform on [floor(R L), L] with L
     chosen to keep each run's mean (``upper_length``; default 1: fixed at the mean; vLLM's newer
     random dataset draws on [L(1-r), L(1+r)], so only the mean carries over). ``label``: the workload label of every run
-    (one sweep); default ``isl<I>-osl<O>`` per run. Runs of one label form a sweep anchored at its
-    lowest C; two at one C are refused."""
+    (one sweep); by default runs whose mean lengths are within 10% of each other are one workload
+    (``_workloads``), labelled ``isl<I>-osl<O>`` by their mean lengths, which its rows state. Runs of
+    one label form a sweep anchored at its lowest C; two at one C are refused."""
     paths = [results] if isinstance(results, (str, Path)) else list(results)
     if not paths:
         refuse("no benchmark result files given", field="results", value=[], has_value=True)
@@ -419,7 +453,8 @@ def import_bench(results, scenario, *, range_ratio: float = 1.0, label: str | No
     cols, path, folder, dep = _scenario_of(scenario)
     engine = scenario_engine(dep.scenario, dep)
     runs = [run for p in paths for run in read_bench_results(p)]
-    labels = [_label_of(r, label) for r in runs]
+    works = _workloads(runs, label)
+    labels = [w[0] for w in works]
     seen: dict = {}
     for r, w in zip(runs, labels):
         if (w, r.concurrency) in seen:
@@ -429,7 +464,7 @@ def import_bench(results, scenario, *, range_ratio: float = 1.0, label: str | No
         seen[w, r.concurrency] = r.path
     anchors = {w: min(r.concurrency for r, x in zip(runs, labels) if x == w) for w in labels}
     order = sorted(range(len(runs)), key=lambda i: (labels[i], runs[i].concurrency))
-    rows = [row for i in order for row in _run_rows(runs[i], cols, labels[i], anchors[labels[i]], ratio)]
+    rows = [row for i in order for row in _run_rows(runs[i], cols, works[i], anchors[labels[i]], ratio)]
     stated = [{"scenario": cols["scenario"], "label": labels[i], "framework": cols["engine"], "gpu": cols["hardware"],
                "source_run_date": runs[i].date, "concurrency": runs[i].concurrency, **engine,
                "source": f"the engine of {path.name}, taken as what the run ran"} for i in order]

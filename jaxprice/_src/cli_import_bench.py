@@ -8,7 +8,8 @@ results as a measurement CSV that `jaxprice accuracy` and `jaxprice fit` read.
 SGLang's `python -m sglang.bench_serving ... --output-file runs.jsonl` (a run appended a line) is read
 too. Each RESULT.json (one closed-loop run: --request-rate inf and --max-concurrency C) gives a mean_tpot
 and a mean_ttft row at concurrency C, with the run's mean input / output tokens per completed request
-and its num_prompts; the runs of one workload form a sweep anchored at the lowest C. SCENARIO (a
+and its num_prompts; the runs of one workload (mean lengths within 10% of each other, or all under
+--label) form a sweep anchored at the lowest C, at their mean lengths. SCENARIO (a
 bundled name or a scenario .yaml) gives the deployment columns. --range-ratio R: the simulated
 lengths are uniform on [floor(R L), L], L chosen so that their mean is the run's (default 1: fixed at
 the mean; vLLM's newer random dataset samples [L(1-r), L(1+r)], so only the mean carries over).
@@ -52,7 +53,8 @@ def add_parser(sub):
                         "carries "
                         "over)")
     p.add_argument("--label", metavar="NAME", default=None,
-                   help="the workload label of every run, one sweep (default isl<I>-osl<O> per run)")
+                   help="the workload label of every run, one sweep (default: runs whose mean lengths are within "
+                        "10%% of each other are one workload, isl<I>-osl<O> by their mean lengths)")
     return p
 
 
