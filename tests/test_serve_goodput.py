@@ -189,13 +189,13 @@ def test_cli_goodput_json_table_csv_and_the_highest_load(capsys, tmp_path, dep):
     with open(tmp_path / "r.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [r["good"] for r in rows] == ["1"] * 10 + ["0"] * 20
-    # no load meets it: none, and the closest
+    # no request good at any load: none, and no load named the closest (all are 0% good)
     rc, out, _ = run(capsys, "serve", DEP, *SMALL, "--concurrency", "1,2", "--goodput", "e2el:0.001")
     (line,) = [ln for ln in out.splitlines() if ln.startswith("highest load with")]
-    assert rc == 0 and ": none; the closest is concurrency 2 (0.0% good, goodput 0 req/s)" in line
+    assert rc == 0 and line.endswith(": none; no request meets every target at any load")
     doc = json.loads(run(capsys, "serve", DEP, *SMALL, "--concurrency", "1,2", "--goodput", "e2el:0.001",
                          "--json")[1])
-    assert doc["slo_highest_load"] is None and doc["slo_closest_load"] == 2
+    assert doc["slo_highest_load"] is None and doc["slo_closest_load"] is None
 
 
 def test_cli_without_goodput_has_no_slo_output(capsys, tmp_path):
@@ -244,3 +244,11 @@ def test_plot_draws_the_targets_and_each_loads_share_good(dep, plain):
     import matplotlib.pyplot as plt
     plt.close(fig)
     plt.close(bare)
+
+
+def test_the_closest_load_is_the_most_attaining_and_none_when_nothing_is_good():
+    from types import SimpleNamespace
+    res = lambda *att: [SimpleNamespace(summary={"slo_attainment": a}) for a in att]     # noqa: E731
+    assert cli_serve.slo_best_load([1, 2, 4], res(0.95, 0.9, 0.4)) == (2, 1)
+    assert cli_serve.slo_best_load([1, 2, 4], res(0.5, 0.8, 0.8)) == (None, 4)      # a tie: the higher load
+    assert cli_serve.slo_best_load([1, 2], res(0.0, 0.0)) == (None, None)

@@ -440,10 +440,11 @@ def _text_report(dep, args, opts, label, loads, results) -> str:
 
 def slo_best_load(loads, results):
     """(the highest load whose SLO attainment is >= SLO_ATTAINMENT_TARGET, or None; the load with the
-    highest attainment, the highest such load on a tie): the sizing answer of a --goodput sweep."""
+    highest attainment, the highest such load on a tie, None where no request is good at any load):
+    the sizing answer of a --goodput sweep."""
     att = [r.summary["slo_attainment"] for r in results]
     ok = [x for x, a in zip(loads, att) if a >= SLO_ATTAINMENT_TARGET]
-    closest = max(zip(att, loads))[1]
+    closest = max(zip(att, loads))[1] if max(att) > 0 else None
     return (max(ok) if ok else None, closest)
 
 
@@ -460,6 +461,8 @@ def slo_notes(label, loads, results, slo) -> list:
         r = results[list(loads).index(best)]
         return [f"highest load with {share}: {name} {best:g}{unit} ({r.summary['slo_attainment']:.1%} good, "
                 f"goodput {r.summary['goodput']:.3g} req/s)"]
+    if closest is None:
+        return [f"highest load with {share}: none; no request meets every target at any load"]
     r = results[list(loads).index(closest)]
     return [f"highest load with {share}: none; the closest is {name} {closest:g}{unit} "
             f"({r.summary['slo_attainment']:.1%} good, goodput {r.summary['goodput']:.3g} req/s)"]

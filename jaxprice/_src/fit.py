@@ -2331,8 +2331,8 @@ def observations_from_simulation(csv_path, *, targets=("tpot",), registry=None, 
                "target ttft to", file=str(csv_path), field="target", value="ttft")
     if settings is not None:
         points = A.read_settings(points, settings)
+    points = A.with_registry(points, registry)     # before the default: the bundled one is no caller's registry
     registry = registry or Registry()
-    points = A.with_registry(points, registry)
     extra = tuple(extra_coefficient_files)
     runs, refused = A.simulated_runs(points, registry=registry, scenario_dirs=scenario_dirs,
                                      extra_coefficient_files=extra, source=str(csv_path))
