@@ -102,21 +102,11 @@ class BenchImport:
 
     def write(self, path) -> None:
         """Write the rows as a measurement CSV (parent folders created)."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=COLUMNS)
-            w.writeheader()
-            w.writerows(self.rows)
+        _write_csv(path, COLUMNS, self.rows)
 
     def write_settings(self, path) -> None:
         """Write the settings rows (the scenario's engine per run) as a settings CSV for ``--settings``."""
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "w", newline="", encoding="utf-8") as fh:
-            w = csv.DictWriter(fh, fieldnames=SETTINGS_COLUMNS)
-            w.writeheader()
-            w.writerows(self.settings_rows)
+        _write_csv(path, SETTINGS_COLUMNS, self.settings_rows)
 
     def accuracy_command(self, csv_path, settings_path=None) -> str:
         """The ``jaxprice accuracy`` command that scores the written CSV against this scenario (with
@@ -130,6 +120,15 @@ class BenchImport:
         extra = f" --scenario-dir {self.scenario_dir}" if self.scenario_dir is not None else ""
         stated = f" --settings {settings_path}" if settings_path is not None else ""
         return f"jaxprice fit {csv_path}{extra} --batch-rule simulate --target tpot,ttft{stated}"
+
+
+def _write_csv(path, columns, rows) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=columns)
+        w.writeheader()
+        w.writerows(rows)
 
 
 # ----------------------------------------------------------------------------- one result file
