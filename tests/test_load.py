@@ -446,3 +446,22 @@ def test_a_scenarios_model_may_be_a_graph_file(tmp_path):
     with pytest.raises(JaxpriceError, match="no such model graph file") as err:
         load_deployment(scen("missing.yaml", "nothere.yaml"))
     assert "nothere.yaml" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_scenarios_coefficient_set_file_resolves_next_to_it(tmp_path, monkeypatch):
+    """A scenario's `coefficients:` entry spelled as a file (a fitted set beside it) is found next to
+    the scenario, as its model file is, not only from the working folder; one found nowhere is
+    refused naming both places."""
+    import shutil
+    shutil.copy(BUNDLED / "coefficients" / "cost-model-memory.yaml", tmp_path / "mem.yaml")
+    base = Path(scenario_path("llama-3.1-70b-instruct-b200-fp4-trt-tp2")).read_text()
+    assert "- cost-model-memory\n" in base
+    (tmp_path / "s.yaml").write_text(base.replace("- cost-model-memory\n", "- mem.yaml\n"))
+    (tmp_path / "bad.yaml").write_text(base.replace("- cost-model-memory\n", "- nothere.yaml\n"))
+    monkeypatch.chdir(tmp_path.parent)                      # not the scenario's folder
+    want, got = load_deployment("llama-3.1-70b-instruct-b200-fp4-trt-tp2"), load_deployment(tmp_path / "s.yaml")
+    assert got.plan.digest == want.plan.digest and got.coefficients.names == want.coefficients.names
+    np.testing.assert_array_equal(got.coefficients.values, want.coefficients.values)
+    with pytest.raises(JaxpriceError, match="nor nothere.yaml as given or next to") as err:
+        load_deployment(tmp_path / "bad.yaml")
+    assert "\n" not in str(err.value)

@@ -914,10 +914,13 @@ class Registry:
             if cand.exists():
                 return load_coefficient_set(cand)
         p = Path(name)
-        if p.suffix in (".yaml", ".yml") and p.exists():
-            return load_coefficient_set(p)
-        refuse(f"unknown coefficient set (no file under {self._where()})", file=file, field=field,
-               value=name)
+        if p.suffix in (".yaml", ".yml"):      # a file: as given, then next to the scenario naming it (as a model's)
+            for cand in [p] + ([Path(str(file)).parent / p] if file and not p.is_absolute() else []):
+                if cand.is_file():
+                    return load_coefficient_set(cand)
+        refuse(f"unknown coefficient set (no file under {self._where()}"
+               + (f", nor {name} as given or next to {file}" if p.suffix in (".yaml", ".yml") and file else "") + ")",
+               file=file, field=field, value=name)
 
 
 def _graph_file_ref(name, relative_to, field):
