@@ -21,7 +21,7 @@ sweeps (one panel per deployment). ``--batch-rule`` picks how a point is priced:
 (default: the serving simulation of the benchmark's closed loop with the engine flags each run
 states, from ``--settings FILE.csv`` or the bundled table of InferenceX's runs, the published
 recipe's or vLLM's defaults for the rest: TPOT and TTFT; the most accurate rule on the development set, and the
-slowest: about 1.5 minutes on the dev set, not seconds), or one of three static rules (one step price per point,
+slowest: about a minute on the dev set, not seconds), or one of three static rules (one step price per point,
 TPOT only, seconds): ``anchor`` (the anchor kernel's rule: C decode rows), ``capped`` (the
 engine's resident batch), ``interleaved`` (the resident batch and the prefill chunks that
 keep it full); the
