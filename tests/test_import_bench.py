@@ -134,9 +134,15 @@ def test_cli_writes_the_csv_and_prints_the_accuracy_command(tmp_path, capsys):
     assert {r["range_ratio"] for r in read_csv(out)} == {"0.5"}
     assert [(r["label"], r["concurrency"], r["cache_dtype"]) for r in read_csv(settings)] == [
         ("short", "1", "fp8"), ("short", "2", "fp8")]
+    assert "note:" not in text                               # every request completed
     other = tmp_path / "flags" / "f.csv"
     assert cli_main(["import-bench", *files, "--scenario", GPT, "--out", str(out), "--settings-out", str(other)]) == 0
     assert f"--settings {other}" in capsys.readouterr().out and len(read_csv(other)) == 2
+    # a run some of whose requests failed: said so (its means are over the completed ones)
+    lossy = write_json(tmp_path / "lossy.json", bench_json(4, completed=37, failed=3))
+    assert cli_main(["import-bench", lossy, "--scenario", GPT, "--out", str(tmp_path / "l.csv")]) == 0
+    assert (f"note: {lossy}: 3 of 40 requests failed: its means are over the 37 that completed, while the "
+            "simulation completes all 40") in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------------- refusals

@@ -74,8 +74,8 @@ SETTINGS_COLUMNS = ("scenario", "label", "framework", "gpu", "source_run_date", 
 @dataclasses.dataclass(frozen=True)
 class BenchRun:
     """One ``vllm bench serve`` result: its file, concurrency C (clients), prompts sent, completed
-    requests, mean input / output tokens per completed request (rounded), mean TPOT and TTFT (ms)
-    and its date (YYYY-MM-DD, or '')."""
+    requests, mean input / output tokens per completed request (rounded), mean TPOT and TTFT (ms),
+    its date (YYYY-MM-DD, or '') and the requests that failed."""
     path: str
     concurrency: int
     num_prompts: int
@@ -85,6 +85,14 @@ class BenchRun:
     tpot_ms: float
     ttft_ms: float
     date: str = ""
+    failed: int = 0          # prompts sent that did not complete (num_prompts - completed)
+
+    def failure_note(self) -> str:
+        """'' for a run whose every request completed, else what its failures mean for the scoring."""
+        if not self.failed:
+            return ""
+        return (f"{self.path}: {self.failed} of {self.num_prompts} requests failed: its means are over the "
+                f"{self.completed} that completed, while the simulation completes all {self.num_prompts}")
 
 
 @dataclasses.dataclass
@@ -273,7 +281,8 @@ def _bench_run(doc: dict, path: str) -> BenchRun:
                file=str(path), field="total_output_tokens" if isl >= 1 else "total_input_tokens",
                value=doc.get("total_output_tokens" if isl >= 1 else "total_input_tokens"))
     return BenchRun(path=str(path), concurrency=c, num_prompts=n, completed=completed, isl=isl, osl=osl,
-                    tpot_ms=float(doc["mean_tpot_ms"]), ttft_ms=float(doc["mean_ttft_ms"]), date=_run_date(doc))
+                    tpot_ms=float(doc["mean_tpot_ms"]), ttft_ms=float(doc["mean_ttft_ms"]), date=_run_date(doc),
+                    failed=max(n - completed, 0))
 
 
 # ----------------------------------------------------------------------------- the scenario's columns

@@ -92,6 +92,9 @@ def run(args) -> int:
     concs = ", ".join(str(r.concurrency) for r in res.runs)
     print(f"wrote {len(res.rows)} rows ({len(res.runs)} runs at C = {concs}; workload {', '.join(sweeps)}) of "
           f"deployment {res.deployment} ({res.scenario}) to {args.out}")
+    for run in res.runs:
+        if run.failure_note():
+            print(f"note: {run.failure_note()}")
     stated = [k for k in SETTINGS_ENGINE if res.settings_rows[0][k] != ""]
     unset = [k for k in SETTINGS_ENGINE if k not in stated]
     print(f"wrote {len(res.settings_rows)} settings rows to {settings}: the engine of {Path(res.scenario).name}, "
