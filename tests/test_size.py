@@ -707,3 +707,24 @@ def test_a_margin_within_the_measurements_own_spread_is_said_so():
     assert "choose between the two on other grounds" in _close_margin_note(0.0005)
     assert "under 2%" in _close_margin_note(-0.015)
     assert _close_margin_note(0.02) == _close_margin_note(0.19) == _close_margin_note(None) == ""
+
+
+def test_a_fitted_coefficient_set_reaches_every_candidate(result, tmp_path, capsys, monkeypatch):
+    """size --coefficients SET.yaml: every candidate lists the set after the six bundled ones (a
+    slower HBM here slows every TPOT), the written scenario names it, and a missing file is refused
+    before anything is resolved."""
+    slow = tmp_path / "slow-hbm.yaml"
+    slow.write_text("format: jaxprice-coefficients/1\nname: slow-hbm\nentries:\n"
+                    "  - {name: hbm_derate, value: 0.4, units: dimensionless, scope: {hardware: [h200]}}\n")
+    monkeypatch.chdir(tmp_path)
+    fitted = jp.size(MODEL, tpot_ms=40, coefficient_files=["slow-hbm.yaml"], **SMALL)
+    assert fitted.coefficient_sets[-1] == str(slow) and fitted.as_dict()["coefficient_sets"][-1] == str(slow)
+    assert [r.layout.label for r in fitted.results] == [r.layout.label for r in result.results]
+    for a, b in zip(fitted.results, result.results):
+        assert (a.tpot > b.tpot).all()
+    scen = fitted.candidates[fitted.results[0].index].deployment.scenario
+    assert scen.coefficient_sets[-1] == str(slow) and float(fitted.candidates[fitted.results[0].index]
+                                                            .deployment.coefficients["hbm_derate"]) == 0.4
+    assert f"- {slow}" in fitted.scenario_yaml()
+    with pytest.raises(jp.JaxpriceError, match="nothere.yaml"):
+        jp.size(MODEL, tpot_ms=40, coefficient_files=["nothere.yaml"], **SMALL)

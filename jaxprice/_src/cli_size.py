@@ -105,6 +105,9 @@ def add_parser(subparsers):
     p.add_argument("--plot", metavar="FILE.png", default=None, help="draw the frontier and every layout's curve")
     p.add_argument("--write-scenario", metavar="FILE.yaml", default=None,
                    help="write the chosen deployment as a scenario (jaxprice price / serve read it)")
+    p.add_argument("--coefficients", metavar="SET.yaml", nargs="+", action="extend", default=[],
+                   help="coefficient set files every candidate lists after the bundled sets, e.g. one jaxprice fit "
+                        "wrote (its entries apply where their scope reaches: the chips, models and engine fitted on)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(command="size")
 
@@ -211,6 +214,7 @@ def options(args) -> dict:
                 max_num_seqs=_ints(seqs_text, seqs_flag, minimum=1),
                 max_num_batched_tokens=_ints(tokens_text, tokens_flag, minimum=1),
                 cudagraph_modes=modes, range_ratio=rr, evaluator=args.evaluator,
+                coefficient_files=list(getattr(args, "coefficients", None) or ()),
                 **simulation, **speculation,
                 **({"engine": args.engine} if getattr(args, "engine", "vllm") != "vllm" else {}))
 
@@ -288,6 +292,7 @@ def describe_space(cands, ctx, show_rejected=False) -> str:
     lines = [f"{ctx['model']} ({ctx['model_source']}) on {ctx['gpus']} x {ctx['chip']}, ISL {w.isl} / OSL {w.osl} "
              f"(lengths uniform on [{w.range_ratio:g} L, L]); coefficient sets as every bundled scenario: "
              f"{', '.join(COEFFICIENT_SETS)}"
+             + "".join(f", then {f} (--coefficients)" for f in ctx.get("coefficient_sets", ())[len(COEFFICIENT_SETS):])
              + ("; engine SGLang (its scheduler: admission reserved to completion, prefill-only steps; decode "
                 "batches in CUDA graphs, prefill eager)" if sglang else ""),
              "candidate space: " + "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in axes.items())

@@ -192,7 +192,8 @@ def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
 
 def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights: str, graph: ModelGraph,
                   name: str, gpus_per_node: int = 8, gpu_memory_utilization: float = 0.9,
-                  path: str = "<jaxprice size>", fabric: str | None = None, searched: dict | None = None) -> Scenario:
+                  path: str = "<jaxprice size>", fabric: str | None = None, searched: dict | None = None,
+                  coefficient_sets=COEFFICIENT_SETS) -> Scenario:
     """A Scenario record for a parallel layout, with no scenario file: the six cost-model sets,
     nodes of ``gpus_per_node`` GPUs (as many as the engine needs), an FP8 KV cache unless the
     weights are served in 16 bits, block 16 (64 for sparse-MLA models), gpu_memory_utilization
@@ -200,7 +201,8 @@ def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights:
     engine settings size searches (max_num_batched_tokens, max_num_seqs, max_model_len,
     cudagraph_mode); None leaves them to vLLM's defaults. An engine wider than a node spans
     several, joined by ``fabric`` (a registry network; none: the scenario names none and resolve
-    refuses it)."""
+    refuses it). ``coefficient_sets``: the sets it lists (the six, and a fitted set's file after
+    them where size was given one)."""
     engine = {"quantization": weights} if weights in QUANT_FLAG else {}
     engine.update({"cache_dtype": "auto" if DTYPE_BYTES[weights] >= 2 else "fp8",
                    "block_size": 64 if _is_dsa(graph) else 16})
@@ -208,7 +210,7 @@ def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights:
     engine["gpu_memory_utilization"] = float(gpu_memory_utilization)
     nodes = max(1, math.ceil(tp * dp / gpus_per_node))
     return Scenario(name=name, model=model, hardware=chip, fabric=fabric if nodes > 1 else None,
-                    nodes=nodes, gpus_per_node=gpus_per_node, gpus_per_rack=0, coefficient_sets=COEFFICIENT_SETS,
+                    nodes=nodes, gpus_per_node=gpus_per_node, gpus_per_rack=0, coefficient_sets=tuple(coefficient_sets),
                     engine_version="", pool_nodes=nodes,
                     parallel={"tp": tp, "pp": 1, "dp": dp, "enable_expert_parallel": ep},
                     engine=engine, path=path)
@@ -216,7 +218,8 @@ def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights:
 
 def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int, graph: ModelGraph,
                    gpus_per_node: int = 8, name: str | None = None, gpu_memory_utilization: float = 0.9,
-                   path: str = "<jaxprice size>", fabric: str | None = None) -> Scenario:
+                   path: str = "<jaxprice size>", fabric: str | None = None,
+                   coefficient_sets=COEFFICIENT_SETS) -> Scenario:
     """One candidate's Scenario (base_scenario) with the layout's engine settings and
     max_model_len = ISL + OSL + 256 (capped at the model's own). An SGLang layout's engine block
     also names ``scheduler: sglang`` (the serving simulation follows it); its
@@ -236,7 +239,8 @@ def build_scenario(model: str, chip: str, layout: Layout, *, isl: int, osl: int,
                                    "method": str(graph.speculator["method"])}
     return base_scenario(model, chip, tp=layout.tp, dp=layout.dp, ep=layout.ep, weights=layout.weights, graph=graph,
                          name=name or scenario_name(model, chip, layout), gpus_per_node=gpus_per_node,
-                         gpu_memory_utilization=gpu_memory_utilization, path=path, fabric=fabric, searched=searched)
+                         gpu_memory_utilization=gpu_memory_utilization, path=path, fabric=fabric, searched=searched,
+                         coefficient_sets=coefficient_sets)
 
 
 def scenario_name(model: str, chip: str, layout: Layout) -> str:
@@ -389,7 +393,8 @@ def spans_nodes_reason(width: int, gpus_per_node: int, fabrics) -> str:
 
 
 def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, layouts, *, isl: int, osl: int,
-                     registry: Registry, gpus_per_node: int = 8, callback=None, fabric: str | None = None) -> list:
+                     registry: Registry, gpus_per_node: int = 8, callback=None, fabric: str | None = None,
+                     coefficient_sets=COEFFICIENT_SETS) -> list:
     """Resolve every layout and check its fit; returns Candidates in layout order. A layout wider
     than a node is rejected with its reason when no ``fabric`` joins the nodes."""
     need = max_model_len(isl, osl, graph.max_model_len)
@@ -415,7 +420,7 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
                                  "request needs a token per step)"))
             continue
         scen = build_scenario(model, chip_name, lay, isl=isl, osl=osl, graph=graph, gpus_per_node=gpus_per_node,
-                              fabric=fabric)
+                              fabric=fabric, coefficient_sets=coefficient_sets)
         try:
             dep = resolve(scen, registry)
         except JaxpriceError as err:

@@ -130,6 +130,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import time
 from pathlib import Path
 
@@ -1024,6 +1025,7 @@ class SizeResult:
     verification: list = dataclasses.field(default_factory=list)
     tied: list = dataclasses.field(default_factory=list)
     engine: str = "vllm"            # layouts.ENGINES
+    coefficient_sets: tuple = COEFFICIENT_SETS     # every candidate's: the six, and coefficient_files after them
 
     # -- selections
     def point(self, ref) -> dict:
@@ -1101,7 +1103,7 @@ class SizeResult:
                "workload": dataclasses.asdict(self.workload),
                "targets": {"ttft_ms": None if self.ttft_target is None else self.ttft_target * 1e3,
                            "tpot_ms": None if self.tpot_target is None else self.tpot_target * 1e3},
-               "coefficient_sets": list(COEFFICIENT_SETS), "info": self.info,
+               "coefficient_sets": list(self.coefficient_sets), "info": self.info,
                "best": None if self.best is None else self.point(self.best),
                "runner_up": None if self.runner_up is None else self.point(self.runner_up),
                "tied_with_best": [self.results[i].layout.label for i in self.tied],
@@ -1381,7 +1383,8 @@ def miss_message(results, ttft_t, tpot_t) -> str:
 # ----------------------------------------------------------------------------- the search
 
 
-def _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, template: Layout, gpus_per_node):
+def _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, template: Layout, gpus_per_node,
+                    coefficient_sets=COEFFICIENT_SETS):
     """Widths tp x dp (not dividing ``gpus``) at which some layout of the model fits: for the
     message when nothing that divides the GPU count fits."""
     out = []
@@ -1395,7 +1398,8 @@ def _fitting_widths(graph, chip_obj, chip, gpus, isl, osl, registry, template: L
             lay = dataclasses.replace(template, tp=t, dp=d, ep=e and w > 1)
             try:
                 dep = resolve(build_scenario(graph.name, chip, lay, isl=isl, osl=osl, graph=graph,
-                                             gpus_per_node=gpus_per_node), registry)
+                                             gpus_per_node=gpus_per_node, coefficient_sets=coefficient_sets),
+                              registry)
             except JaxpriceError:
                 continue
             if fits(dep, max_model_len(isl, osl, graph.max_model_len))[0]:
@@ -1701,12 +1705,13 @@ def _check_unused_widths(graph, gpus, layouts, *, tp, dp):
                    "needs tp x dp above 1", field=name, value=int(v))
 
 
-def _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node):
+def _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node,
+                      coefficient_sets=COEFFICIENT_SETS):
     """Refuse a search in which no layout fits, with an example layout's reason and the widths
     (or the fabric) that would let one fit."""
     sample = cands[-1]
     wider = _fitting_widths(graph, chip_obj, chip, gpus, workload.isl, workload.osl, registry, layouts[-1],
-                            gpus_per_node)
+                            gpus_per_node, coefficient_sets)
     hint = (f"; {gpus} GPUs is not a multiple of any width tp x dp the model fits at ({', '.join(map(str, wider))})"
             if wider else "")
     across = [c for c in cands if fabric is None and c.layout.width > gpus_per_node]
@@ -1837,9 +1842,25 @@ def _prompt_rules(num_prompts, search_prompts) -> tuple[str, str]:
     return (final if num_prompts is not None else f"serve ({search_prompts:g} x C prompts)"), final
 
 
+def _checked_coefficient_files(files) -> tuple:
+    """Coefficient set files as the absolute paths the candidates list (each read now: a missing
+    or malformed one is refused before anything is resolved)."""
+    from .formats import load_coefficient_set
+    if files is None or isinstance(files, (str, bytes, os.PathLike)):
+        files = () if files is None else (files,)
+    out = []
+    for f in files:
+        if not isinstance(f, (str, os.PathLike)) or not str(f).strip():
+            refuse("expected the path of a coefficient set file", field="coefficient_files", value=f,
+                   has_value=True)
+        load_coefficient_set(f)
+        out.append(str(Path(f).expanduser().resolve()))
+    return tuple(out)
+
+
 def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weights, max_num_seqs,
                      max_num_batched_tokens, cudagraph_modes, gpus_per_node, fabric, engine="vllm", spec_tokens=(0,),
-                     acceptance=None):
+                     acceptance=None, coefficient_sets=COEFFICIENT_SETS):
     """The model, chip and fabric looked up and the layouts resolved into candidates (each ok
     or rejected with its reason): (graph, registry, model source, chip, gpus_per_node, layouts,
     candidates); a workload past the model's length, axes the model or chip cannot take, or GPUs
@@ -1867,7 +1888,8 @@ def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weigh
         refuse(f"{gpus} GPUs is not a multiple of any width tp x dp in {widths}", field=field, value=value)
     _check_unused_widths(graph, gpus, layouts, tp=tp, dp=dp)
     cands = build_candidates(graph.name, graph, chip, gpus, layouts, isl=workload.isl, osl=workload.osl,
-                             registry=registry, gpus_per_node=gpus_per_node, fabric=fabric)
+                             registry=registry, gpus_per_node=gpus_per_node, fabric=fabric,
+                             coefficient_sets=coefficient_sets)
     return graph, registry, source, chip_obj, gpus_per_node, layouts, cands
 
 
@@ -1879,7 +1901,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
          registry: Registry | None = None, callback=None, on_candidates=None, workers: int = 2, stacked: bool = True,
          verify: int = 0,
          simulate: int | None = None, search_prompts=DEFAULT_SEARCH_PROMPTS, engine: str = "vllm",
-         spec_tokens=(0,), acceptance=None) -> SizeResult:
+         spec_tokens=(0,), acceptance=None, coefficient_files=()) -> SizeResult:
     """Search the layouts of ``model`` on ``gpus`` x ``chip`` for a workload of ``isl`` / ``osl``
     tokens (see the module docstring). engine: 'vllm' (default) or 'sglang' (SGLang engines:
     max_num_seqs and max_num_batched_tokens are its max_running_requests and
@@ -1907,7 +1929,10 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     searched (speculative decoding by the model graph's own drafter, its MTP layers; 0: none, the
     default; k > 0 refused for a graph without one and for SGLang engines); acceptance: the mean
     tokens a decode row emits per step assumed for every k > 0 (an ASSUMPTION, at most 1 + k;
-    None: serve.default_acceptance(k)), stated in ``info['speculation']``. Bad input raises JaxpriceError before anything is jitted."""
+    None: serve.default_acceptance(k)), stated in ``info['speculation']``. coefficient_files:
+    coefficient set files (e.g. one ``jaxprice fit`` wrote) every candidate lists after the six
+    bundled sets, overriding them by name where their scope reaches it, as a scenario listing them
+    would. Bad input raises JaxpriceError before anything is jitted."""
     t0 = time.perf_counter()
     _check_engine(engine, cudagraph_modes)
     spec_tokens, acceptance = _checked_speculation(spec_tokens, acceptance, engine)
@@ -1926,10 +1951,11 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     _check_size_args(chip=chip, registry=registry, callback=callback, on_candidates=on_candidates, workers=workers,
                      stacked=stacked, mesh=mesh)
     verify = _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_prompts, search_prompts)
+    sets = COEFFICIENT_SETS + _checked_coefficient_files(coefficient_files)
     space = _candidate_space(model, chip, gpus, workload, registry, tp=tp, dp=dp, ep=ep, weights=weights,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              cudagraph_modes=cudagraph_modes, gpus_per_node=gpus_per_node, fabric=fabric,
-                             engine=engine, spec_tokens=spec_tokens, acceptance=acceptance)
+                             engine=engine, spec_tokens=spec_tokens, acceptance=acceptance, coefficient_sets=sets)
     graph, registry, source, chip_obj, gpus_per_node, layouts, cands = space
     t_resolve = time.perf_counter() - t0
     _check_search_size(evaluator, requested, simulate, conc, num_prompts, search_prompts,
@@ -1937,10 +1963,10 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     if on_candidates is not None:
         on_candidates(cands, {"model": graph.name, "model_source": source, "chip": chip, "gpus": gpus,
                               "workload": workload, "fabric": fabric, "gpus_per_node": gpus_per_node,
-                              "engine": engine})
+                              "engine": engine, "coefficient_sets": sets})
     ok = [k for k, c in enumerate(cands) if c.status == "ok"]
     if not ok:
-        _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node)
+        _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node, sets)
     if callback is not None:
         callback(0, len(ok), layout="")
     if mesh is None and jax.device_count() > 1:
@@ -1976,7 +2002,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
                       tpot_target=tpot_t, candidates=cands, results=results, frontier=frontier, best=best,
                       runner_up=runner, margin=margin, miss=miss, info=info, graph=graph, registry=registry,
                       model_source=source, verification=verification,
-                      tied=tied_with_best(results, ttft_t, tpot_t), engine=engine)
+                      tied=tied_with_best(results, ttft_t, tpot_t), engine=engine, coefficient_sets=sets)
 
 
 # ----------------------------------------------------------------------------- figure
