@@ -88,3 +88,25 @@ def test_bad_values_are_one_line(capsys, argv, want):
     out, err = capsys.readouterr()
     lines = err.strip().splitlines()
     assert rc == 2 and out == "" and len(lines) == 1 and want in lines[0], err
+
+
+def test_coefficients_flag_applies_a_set_after_the_deployments_own(tmp_path):
+    """--coefficients SET.yaml (a fitted set): applied after the scenario's sets, as
+    load_deployment(extra_coefficient_files=) applies it, with --chip builds and engine overrides
+    too (the set's scope decides where it reaches); a missing file is refused."""
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("format: jaxprice-coefficients/1\nname: slow\nentries:\n"
+                    "  - {name: hbm_derate, value: 0.4, units: dimensionless, scope: {hardware: [h200]}}\n")
+    plain = cli_price.load_scenario_deployment(S, None, _args())
+    fitted = cli_price.load_scenario_deployment(S, None, _args(coefficients=[str(slow)]))
+    assert float(plain.coefficients["hbm_derate"]) == 0.8 and float(fitted.coefficients["hbm_derate"]) == 0.4
+    over = cli_price.load_scenario_deployment(S, None, _args(coefficients=[str(slow)], gpu_memory_utilization="0.95"))
+    assert float(over.coefficients["hbm_derate"]) == 0.4
+    built = cli_price.load_scenario_deployment("llama-3.1-8b-instruct", None,
+                                               _args(chip="h200", coefficients=[str(slow)]))
+    assert float(built.coefficients["hbm_derate"]) == 0.4 and built.scenario.coefficient_sets[-1] == str(slow)
+    other = cli_price.load_scenario_deployment("llama-3.1-8b-instruct", None,
+                                               _args(chip="h100", coefficients=[str(slow)]))
+    assert float(other.coefficients["hbm_derate"]) == 0.8          # scoped to h200: h100 keeps the registry's
+    with pytest.raises(jp.JaxpriceError, match="nothere.yaml"):
+        cli_price.load_scenario_deployment(S, None, _args(coefficients=[str(tmp_path / "nothere.yaml")]))

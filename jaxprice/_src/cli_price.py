@@ -189,6 +189,9 @@ def add_scenario_argument(p, help="a bundled scenario name (testdata/aisimulate/
                    help="the KV-cache dtype, as vLLM's --kv-cache-dtype (auto, fp8, fp8_e4m3, fp8_e5m2, bfloat16, ...)")
     e.add_argument("--cudagraph-mode", default=None, metavar="MODE",
                    help="vLLM's CUDA-graph mode (NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE)")
+    p.add_argument("--coefficients", metavar="SET.yaml", nargs="+", action="extend", default=None,
+                   help="coefficient set files applied after the deployment's own sets, e.g. one jaxprice fit wrote "
+                        "(its entries apply where their scope reaches: the chips, models and engine fitted on)")
 
 
 LAYOUT_FLAGS = ("tp", "dp", "ep", "weights", "gpus_per_node", "fabric")
@@ -217,16 +220,17 @@ def engine_overrides(args) -> dict:
     return out
 
 
-def resolve_with_engine(scenario, registry, overrides: dict):
-    """``scenario`` resolved with its engine settings ``overrides`` (``engine_overrides``); a
-    value the resolver refuses is refused under its flag."""
+def resolve_with_engine(scenario, registry, overrides: dict, extra_sets=()):
+    """``scenario`` resolved with its engine settings ``overrides`` (``engine_overrides``) and the
+    coefficient sets ``extra_sets`` after its own; a value the resolver refuses is refused under
+    its flag."""
     import dataclasses
     from .errors import JaxpriceError
     from .resolve import resolve
     if overrides:
         scenario = dataclasses.replace(scenario, engine={**dict(scenario.engine or {}), **overrides})
     try:
-        return resolve(scenario, registry)
+        return resolve(scenario, registry, extra_sets=extra_sets)
     except JaxpriceError as err:
         key = next((k for k, _f in PLAN_ENGINE_FLAGS if k in overrides and str(err.field or "").endswith(f"engine.{k}")),
                    None)
@@ -262,19 +266,32 @@ def load_scenario_deployment(name, pool=None, args=None):
                    field=flag, value=None if value is True else value)
     index = None if pool is None else parse_int(pool, flag="--pool", minimum=0)
     overrides = engine_overrides(args)
+    files = coefficient_files(args)
     from .errors import JaxpriceError
     try:
-        dep = load_deployment(find_scenario(name), pool_index=index)
+        dep = load_deployment(find_scenario(name), pool_index=index, extra_coefficient_files=files)
     except JaxpriceError:
         if not _names_a_model(name):
             raise
     else:
         if not overrides:
             return dep
-        from .formats import Registry
-        return resolve_with_engine(dep.scenario, Registry(), overrides)   # as load_deployment resolves
+        from .formats import Registry, load_coefficient_set
+        return resolve_with_engine(dep.scenario, Registry(), overrides,    # as load_deployment resolves
+                                   [load_coefficient_set(f) for f in files])
     refuse("names a model, not a scenario: add --chip CHIP to build a deployment of it on a chip",
            field="SCENARIO", value=name)
+
+
+def coefficient_files(args) -> list:
+    """--coefficients as absolute paths (each read: a missing or malformed file is refused now)."""
+    from .formats import load_coefficient_set
+    files = list(getattr(args, "coefficients", None) or []) if args is not None else []
+    for f in files:
+        if not str(f).strip():
+            refuse("an empty coefficient set file name", field="--coefficients", value=f, has_value=True)
+        load_coefficient_set(f)
+    return [str(Path(f).expanduser().resolve()) for f in files]
 
 
 def _names_a_scenario(name) -> bool:
@@ -335,8 +352,10 @@ def model_deployment(model, args):
         refuse(f"tp x dp = {width}: " + spans_nodes_reason(width, per_node, registry.network_names()), field="--tp",
                value=tp)
     name = f"{graph.name}-{args.chip}-{weights}-tp{tp}" + (f"-dp{dp}" if dp > 1 else "") + ("-ep" if args.ep else "")
+    from .layouts import COEFFICIENT_SETS
     scen = base_scenario(graph.name, args.chip, tp=tp, dp=dp, ep=bool(args.ep), weights=weights, graph=graph,
-                         name=name, gpus_per_node=per_node, path=f"<{source} on {args.chip}>", fabric=args.fabric)
+                         name=name, gpus_per_node=per_node, path=f"<{source} on {args.chip}>", fabric=args.fabric,
+                         coefficient_sets=COEFFICIENT_SETS + tuple(coefficient_files(args)))
     return resolve_with_engine(scen, registry, engine_overrides(args))
 
 
