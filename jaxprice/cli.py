@@ -16,8 +16,16 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is ONE line naming the command and pointing at --help (exit 2),
     not the whole usage block. Subparsers inherit the class (add_subparsers' parser_class)."""
 
+    argv: list | None = None        # the words being parsed (main sets them): which options were given
+
     def error(self, message):
         text = " ".join(str(message).split())
+        given = set(_Parser.argv or ())
+        greedy = [a.option_strings[0] for a in self._actions if a.nargs in ("+", "*") and given & set(a.option_strings)]
+        if text.startswith("the following arguments are required") and greedy:
+            # `--coefficients f.yaml SCENARIO` reads SCENARIO as a second file: say how to write it
+            text += (f"; an option taking several values ({', '.join(greedy)}) takes every word after it, so give "
+                     "it after the positional arguments")
         self.exit(2, f"{self.prog}: error: {text} (see {self.prog} --help)\n")
 
 
@@ -51,6 +59,7 @@ def main(argv=None) -> int:
             continue
         mod.add_parser(sub)
         modules[name] = mod
+    _Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args, extra = parser.parse_known_args(argv)
     if extra:       # blamed on the command that was given, as its own parser would
         sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")

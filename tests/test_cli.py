@@ -437,3 +437,22 @@ def test_price_says_when_the_deployment_would_not_start(capsys):
     assert cli_price.fit_note(four, cli_price.build_batches(args, four, None)) == ""
     one = cli_price.load_scenario_deployment("llama-3.1-70b-instruct", None, ns("1"))
     assert cli_price.fit_note(one, cli_price.build_batches(args, one, None)) == doc["fit_note"]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["price", "--coefficients", "x.yaml", "deepseek-v3-h200-fp8-sglang-tp8"], "--coefficients"),
+    (["serve", "--goodput", "ttft:100", "deepseek-v3-h200-fp8-sglang-tp8"], "--goodput"),
+    (["accuracy", "--coefficients", "a.yaml", "b.csv"], "--coefficients"),
+])
+def test_an_option_of_several_values_before_the_positional_is_explained(capsys, argv, flag):
+    """`--coefficients f.yaml SCENARIO` reads SCENARIO as a second value: the missing-SCENARIO line
+    says why and how to write it; a missing positional with no such option given says only that."""
+    with pytest.raises(SystemExit) as code:
+        cli.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code.value.code == 2 and len(err.splitlines()) == 1
+    assert f"an option taking several values ({flag}) takes every word" in err
+    with pytest.raises(SystemExit):
+        cli.main(["price"])
+    bare = capsys.readouterr().err.strip()
+    assert bare.endswith("the following arguments are required: SCENARIO (see jaxprice price --help)")
