@@ -284,14 +284,10 @@ def load_scenario_deployment(name, pool=None, args=None):
 
 
 def coefficient_files(args) -> list:
-    """--coefficients as absolute paths (each read: a missing or malformed file is refused now)."""
-    from .formats import load_coefficient_set
-    files = list(getattr(args, "coefficients", None) or []) if args is not None else []
-    for f in files:
-        if not str(f).strip():
-            refuse("an empty coefficient set file name", field="--coefficients", value=f, has_value=True)
-        load_coefficient_set(f)
-    return [str(Path(f).expanduser().resolve()) for f in files]
+    """--coefficients as absolute paths (formats.coefficient_set_files: each read, refused now)."""
+    from .formats import coefficient_set_files
+    return list(coefficient_set_files(getattr(args, "coefficients", None) if args is not None else None,
+                                      field="--coefficients"))
 
 
 def _names_a_scenario(name) -> bool:

@@ -545,6 +545,22 @@ _PUBLIC_ENTRY_KEYS = {"value", "units", "method", "fitted", "scope", "ci95", "so
 _SET_CACHE: dict = {}
 
 
+def coefficient_set_files(files, *, field: str) -> tuple:
+    """Coefficient set files given to a command or a search, as absolute paths (so a scenario
+    listing them resolves them from any folder), each read now: an empty name, a missing or
+    malformed file is refused, naming ``field``, before anything is resolved. None: none; one path
+    alone: that one."""
+    if files is None or isinstance(files, (str, bytes, os.PathLike)):
+        files = () if files is None else (files,)
+    out = []
+    for f in files:
+        if not isinstance(f, (str, os.PathLike)) or not str(f).strip():
+            refuse("expected the path of a coefficient set file", field=field, value=f, has_value=True)
+        load_coefficient_set(f)
+        out.append(str(Path(f).expanduser().resolve()))
+    return tuple(out)
+
+
 def load_coefficient_set(path) -> CoefficientSet:
     """Read a coefficient set: project format or a public ``kind: CoefficientSet`` file.
 

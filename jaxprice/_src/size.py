@@ -130,7 +130,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import time
 from pathlib import Path
 
@@ -139,7 +138,7 @@ import numpy as np
 
 from .client import MAX_RUN_REQUESTS, MAX_SWEEP_REQUESTS, Workload
 from .errors import JaxpriceError, check_callback, refuse, shown
-from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario, check_registry
+from .formats import DTYPE_BYTES, ModelGraph, Registry, Scenario, check_registry, coefficient_set_files
 from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS, ENGINES,
                       PREQUANTIZED, QUANT_FLAG, WIDTHS, Candidate, Layout, build_candidates, build_scenario,
                       candidate_space, fits, is_moe, load_model, max_model_len, weight_formats, _is_hf, _kv_tokens)
@@ -1842,22 +1841,6 @@ def _prompt_rules(num_prompts, search_prompts) -> tuple[str, str]:
     return (final if num_prompts is not None else f"serve ({search_prompts:g} x C prompts)"), final
 
 
-def _checked_coefficient_files(files) -> tuple:
-    """Coefficient set files as the absolute paths the candidates list (each read now: a missing
-    or malformed one is refused before anything is resolved)."""
-    from .formats import load_coefficient_set
-    if files is None or isinstance(files, (str, bytes, os.PathLike)):
-        files = () if files is None else (files,)
-    out = []
-    for f in files:
-        if not isinstance(f, (str, os.PathLike)) or not str(f).strip():
-            refuse("expected the path of a coefficient set file", field="coefficient_files", value=f,
-                   has_value=True)
-        load_coefficient_set(f)
-        out.append(str(Path(f).expanduser().resolve()))
-    return tuple(out)
-
-
 def _candidate_space(model, chip, gpus, workload, registry, *, tp, dp, ep, weights, max_num_seqs,
                      max_num_batched_tokens, cudagraph_modes, gpus_per_node, fabric, engine="vllm", spec_tokens=(0,),
                      acceptance=None, coefficient_sets=COEFFICIENT_SETS):
@@ -1951,7 +1934,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     _check_size_args(chip=chip, registry=registry, callback=callback, on_candidates=on_candidates, workers=workers,
                      stacked=stacked, mesh=mesh)
     verify = _check_simulated_prompts(evaluator, requested, simulate, verify, conc, num_prompts, search_prompts)
-    sets = COEFFICIENT_SETS + _checked_coefficient_files(coefficient_files)
+    sets = COEFFICIENT_SETS + coefficient_set_files(coefficient_files, field="coefficient_files")
     space = _candidate_space(model, chip, gpus, workload, registry, tp=tp, dp=dp, ep=ep, weights=weights,
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              cudagraph_modes=cudagraph_modes, gpus_per_node=gpus_per_node, fabric=fabric,
