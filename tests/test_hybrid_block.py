@@ -12,6 +12,7 @@ import pytest
 
 import jaxprice as jp
 from jaxprice._src import cli_price, serve
+from jaxprice._src import launch
 from jaxprice._src import size as S
 from jaxprice._src.resolve import hybrid_block_size
 
@@ -105,13 +106,13 @@ def test_the_vllm_line_leaves_a_hybrid_block_to_vllm():
     a model without them keeps its --block-size."""
     q = jp.load_deployment(QWEN35)
     lay = S.Layout(8, 1, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE")
-    assert S.hybrid_block_of(q) == 1024
-    line = S.launch_command(q.scenario, lay, q.graph, hybrid_block=S.hybrid_block_of(q))
+    assert launch.hybrid_block_of(q) == 1024
+    line = launch.launch_command(q.scenario, lay, q.graph, hybrid_block=launch.hybrid_block_of(q))
     assert "--block-size" not in line.split("    #")[0]
     assert "# no --block-size: vLLM raises a hybrid model's attention block" in line and "(1024 tokens here" in line
     d = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
-    assert S.hybrid_block_of(d) == 0
-    assert "--block-size 16 " in S.launch_command(d.scenario, lay, d.graph, hybrid_block=S.hybrid_block_of(d))
+    assert launch.hybrid_block_of(d) == 0
+    assert "--block-size 16 " in launch.launch_command(d.scenario, lay, d.graph, hybrid_block=launch.hybrid_block_of(d))
 
 
 def test_a_multi_node_line_keeps_its_flags_before_its_notes():
@@ -123,12 +124,12 @@ def test_a_multi_node_line_keeps_its_flags_before_its_notes():
     two = dataclasses.replace(q.scenario, nodes=2)
     for lay, flag in ((S.Layout(8, 2, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE"), "--data-parallel-address"),
                       (S.Layout(16, 1, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE"), "--distributed-executor-backend")):
-        line = S.launch_command(two, lay, q.graph, replicas=2, hybrid_block=S.hybrid_block_of(q))
+        line = launch.launch_command(two, lay, q.graph, replicas=2, hybrid_block=launch.hybrid_block_of(q))
         command, _, notes = line.partition("#")
         assert flag in command and "--block-size" not in command
         assert "no --block-size" in notes and "x 2 replicas" in notes and "2 nodes" in notes
     # SGLang's line too, behind a four-bit checkpoint's note: --nnodes and --node-rank before the '#'
     fp4 = dataclasses.replace(two, engine={**two.engine, "quantization": "nvfp4"})
     lay = S.Layout(8, 2, False, "nvfp4", 256, 8192, "FULL_AND_PIECEWISE", engine="sglang")
-    command, _, notes = S.launch_command(fp4, lay, q.graph).partition("#")
+    command, _, notes = launch.launch_command(fp4, lay, q.graph).partition("#")
     assert "--nnodes 2 --node-rank 0" in command and "serve a published nvfp4 checkpoint" in notes

@@ -20,6 +20,7 @@ import pytest
 
 import jaxprice as jp
 from jaxprice import cli
+from jaxprice._src import launch
 from jaxprice._src import size as S
 from jaxprice._src.layouts import heads_reason, weight_formats
 
@@ -576,12 +577,12 @@ def test_layouts_wider_than_a_node_need_a_fabric_and_launch_per_node():
     assert (scen.nodes, scen.fabric) == (2, "ib-400g")
     assert tp16.deployment.plan.digest != S.build_candidates(MODEL, graph, "h200", 16, [base], fabric="roce-200g",
                                                               **kw)[0].deployment.plan.digest   # the network prices
-    text = S.vllm_command(scen, base, graph)
+    text = launch.vllm_command(scen, base, graph)
     assert "--tensor-parallel-size 16" in text and "--distributed-executor-backend ray" in text and "ib-400g" in text
-    text = S.vllm_command(dp8.deployment.scenario, wide_dp, graph)
+    text = launch.vllm_command(dp8.deployment.scenario, wide_dp, graph)
     assert ("--data-parallel-size 8 --" in text and "--data-parallel-size-local 4" in text
             and "node 1: the same with --headless --data-parallel-start-rank 4" in text)
-    doc = S.scenario_document(scen)
+    doc = launch.scenario_document(scen)
     assert "fabric: ib-400g" in doc
     single = S.build_scenario(MODEL, "h200", dataclasses.replace(base, tp=8), isl=1024, osl=256, graph=graph,
                               fabric="ib-400g")
@@ -603,10 +604,10 @@ def test_vllm_line_says_a_four_bit_format_needs_a_prequantized_checkpoint():
     graph = jp.Registry().model(MODEL)
     lay = S.Layout(tp=2, dp=1, ep=False, weights="nvfp4", max_num_seqs=64, max_num_batched_tokens=8192,
                    cudagraph_mode="PIECEWISE")
-    text = S.vllm_command(S.build_scenario(MODEL, "b200", lay, isl=1024, osl=256, graph=graph), lay, graph)
+    text = launch.vllm_command(S.build_scenario(MODEL, "b200", lay, isl=1024, osl=256, graph=graph), lay, graph)
     assert "--quantization modelopt_fp4" in text and "vLLM does not quantize to it online" in text
     fp8 = dataclasses.replace(lay, weights="fp8")
-    text = S.vllm_command(S.build_scenario(MODEL, "b200", fp8, isl=1024, osl=256, graph=graph), fp8, graph)
+    text = launch.vllm_command(S.build_scenario(MODEL, "b200", fp8, isl=1024, osl=256, graph=graph), fp8, graph)
     assert "--quantization fp8" in text and "online" not in text
 
 

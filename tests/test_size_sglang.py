@@ -20,6 +20,7 @@ import jaxprice as jp
 from jaxprice import cli
 from jaxprice._src import layouts as L
 from jaxprice._src import serve
+from jaxprice._src import launch
 from jaxprice._src import size as S
 
 MODEL = "llama-3.1-8b-instruct"
@@ -153,7 +154,7 @@ def test_launch_line_and_json(result, registry):
     refused(result.vllm_command, "sglang", "launch_command")
     moe = L.Layout(1, 8, True, "fp8", 256, 8192, L.SGLANG_GRAPH_MODE, "sglang")
     scen = L.build_scenario("deepseek-v3", "h200", moe, isl=1024, osl=1024, graph=registry.model("deepseek-v3"))
-    text = S.sglang_command(scen, moe, registry.model("deepseek-v3"), replicas=2)
+    text = launch.sglang_command(scen, moe, registry.model("deepseek-v3"), replicas=2)
     assert " --tp 8 --dp 8 --enable-dp-attention --ep-size 8 " in text and "--quantization" not in text
     assert "--max-running-requests 256 --chunked-prefill-size 8192" in text and "x 2 replicas" in text
 

@@ -15,6 +15,7 @@ import pytest
 
 import jaxprice as jp
 from jaxprice import cli
+from jaxprice._src import launch
 from jaxprice._src import size as S
 from jaxprice._src.layouts import Layout, build_scenario, load_model
 
@@ -145,7 +146,7 @@ def test_sglang_line_names_its_eagle_flags():
     graph, _reg, _src = load_model(MODEL)
     lay = Layout(1, 1, False, "bf16", 64, 4096, "FULL_DECODE_ONLY", "sglang", 2)
     scen = build_scenario(graph.name, "h100", lay, isl=256, osl=64, graph=graph)
-    line = S.sglang_command(scen, lay, graph)
+    line = launch.sglang_command(scen, lay, graph)
     assert ("--speculative-algorithm EAGLE --speculative-num-steps 2 --speculative-eagle-topk 1 "
             "--speculative-num-draft-tokens 3") in line
 

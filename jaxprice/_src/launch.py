@@ -1,0 +1,170 @@
+"""A sized layout as the engine would be launched: the ``vllm serve`` or ``python -m
+sglang.launch_server`` command line of one engine (flags only where the layout sets them, notes
+after every flag as comments) and the scenario document ``jaxprice serve`` and ``price`` accept.
+``size`` (size.py) chooses the layout; this module only writes it out."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .formats import ModelGraph, Scenario
+from .layouts import PREQUANTIZED, QUANT_FLAG, Layout
+
+def scenario_document(scen: Scenario, note: str = "") -> str:
+    import yaml
+    first = {"kind": "Scenario", "name": scen.name, "engine_version": scen.engine_version or "", "model": scen.model,
+             "coefficients": list(scen.coefficient_sets),
+             "cluster": {"hardware": scen.hardware, "nodes": scen.nodes, "gpus_per_node": scen.gpus_per_node}}
+    if scen.fabric:
+        first["cluster"]["fabric"] = scen.fabric
+    if not first["engine_version"]:
+        del first["engine_version"]
+    second = {"kind": "Deployment", "name": scen.name,
+              "pools": [{"role": "colocated", "nodes": scen.pool_nodes, "parallel": dict(scen.parallel),
+                         "engine": dict(scen.engine)}]}
+    head = "".join(f"# {line}\n" for line in note.splitlines()) if note else ""
+    return head + yaml.safe_dump_all([first, second], sort_keys=False, default_flow_style=False)
+
+
+def _model_repo(graph: ModelGraph | None):
+    """The Hugging Face repo id a launch line names for the model (None: unknown)."""
+    repo = None
+    if graph is not None:
+        try:    # the graph file's hf_repo; for an imported config.json, the repo its path or config names
+            import yaml
+            doc = yaml.safe_load(Path(graph.path).read_text())
+            repo = doc.get("hf_repo") if isinstance(doc, dict) else None
+            if repo is None and str(graph.path).endswith(".json"):
+                from .hf import _hf_repo
+                repo = _hf_repo(Path(graph.path), doc)
+        except Exception:  # noqa: BLE001 - a graph without a readable file just has no repo id
+            repo = None
+    return repo
+
+
+def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
+                 hybrid_block: int = 0) -> str:
+    """The ``vllm serve`` command line of one engine (run ``replicas`` of them, one per group of
+    tp x dp GPUs, behind a load balancer). ``hybrid_block``: a model with recurrent layers, the
+    attention block its plan was priced at (resolve.hybrid_block_size): ``--block-size`` is then
+    left to vLLM, which raises the block to hold one layer's state itself (a stated 16 would be
+    overridden, and a stated raised value would outlive a vLLM whose rule differs)."""
+    repo = _model_repo(graph)
+    e = scen.engine
+    parts = ["vllm serve", repo or scen.model, f"--tensor-parallel-size {layout.tp}"]
+    if layout.dp > 1:
+        parts.append(f"--data-parallel-size {layout.dp}")
+    if layout.ep:
+        parts.append("--enable-expert-parallel")
+    parts += _format_flags(e, graph)
+    parts += [f"--max-num-seqs {e['max_num_seqs']}", f"--max-num-batched-tokens {e['max_num_batched_tokens']}",
+              f"--max-model-len {e['max_model_len']}"]
+    parts += [] if hybrid_block else [f"--block-size {e['block_size']}"]
+    parts += [f"--gpu-memory-utilization {e['gpu_memory_utilization']}",
+              "--compilation-config '{\"cudagraph_mode\": \"%s\"}'" % e["cudagraph_mode"],
+              "--no-enable-prefix-caching"]
+    if e.get("speculative"):      # the model's own MTP layers as the drafter (vLLM's speculative config)
+        parts.append("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": %d}'"
+                     % int(e["speculative"]["num_spec_tokens"]))
+    notes = []          # comments, after every flag (a flag after a '#' would be commented out)
+    if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
+        notes.append(f"{e['quantization']}: vLLM does not quantize to it online: serve a published "
+                     f"{e['quantization']} checkpoint of this model in its place (ModelOpt's, e.g. nvidia/...-FP4)")
+    if hybrid_block:
+        notes.append(f"no --block-size: vLLM raises a hybrid model's attention block to hold one recurrent state "
+                     f"({hybrid_block} tokens here, as priced)")
+    if scen.nodes > 1:
+        flags, _, where = _multi_node_launch(scen, layout).partition(COMMENT)
+        parts.append(flags.strip())
+        notes.append(where)
+    if replicas > 1:
+        notes.append(f"x {replicas} replicas, one per {layout.width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load "
+                     "balancer")
+    return " ".join(parts) + "".join(COMMENT + n for n in notes)
+
+
+COMMENT = "    # "      # a launch line's notes, each after all of its flags
+
+
+def _format_flags(e: dict, graph: ModelGraph | None, cache_names: dict | None = None) -> list:
+    """A launch line's --quantization (an online format other than the checkpoint's) and
+    --kv-cache-dtype (a cache dtype other than auto, as the engine spells it: ``cache_names``)."""
+    out = []
+    if "quantization" in e and graph is not None and e["quantization"] != graph.weight_dtype:
+        out.append(f"--quantization {QUANT_FLAG.get(e['quantization'], e['quantization'])}")
+    if e.get("cache_dtype", "auto") != "auto":
+        out.append(f"--kv-cache-dtype {(cache_names or {}).get(e['cache_dtype'], e['cache_dtype'])}")
+    return out
+
+
+SGLANG_KV_CACHE_DTYPE = {"fp8": "fp8_e4m3"}   # SGLang's --kv-cache-dtype choices: auto, fp8_e5m2, fp8_e4m3, ...
+
+
+def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
+    """The ``python -m sglang.launch_server`` command line of one SGLang engine (flags as
+    sgl-project/sglang python/sglang/srt/server_args.py spells them; only those the layout
+    sets). SGLang's --tp is every GPU of the engine: a layout of dp > 1 (an MoE model's
+    data-parallel attention) is ``--tp tp x dp --dp dp --enable-dp-attention`` (attention
+    data-parallel over dp ranks of tp GPUs each, the experts over all tp x dp), expert
+    parallelism ``--ep-size tp x dp``; max_num_seqs is --max-running-requests, the token budget
+    --chunked-prefill-size; the radix (prefix) cache off, as the benchmark's prompts never share
+    a prefix. Run ``replicas`` of them behind a load balancer."""
+    repo = _model_repo(graph)
+    e = scen.engine
+    width = layout.tp * layout.dp
+    parts = ["python -m sglang.launch_server", f"--model-path {repo or scen.model}", f"--tp {width}"]
+    if layout.dp > 1:
+        parts += [f"--dp {layout.dp}", "--enable-dp-attention"]
+    if layout.ep:
+        parts.append(f"--ep-size {width}")
+    parts += _format_flags(e, graph, SGLANG_KV_CACHE_DTYPE)
+    parts += [f"--max-running-requests {e['max_num_seqs']}", f"--chunked-prefill-size {e['max_num_batched_tokens']}",
+              f"--context-length {e['max_model_len']}", f"--mem-fraction-static {e['gpu_memory_utilization']}",
+              "--disable-radix-cache"]
+    if e.get("speculative"):      # EAGLE over the model's own MTP layers: k draft steps, 1 + k verified a row
+        k = int(e["speculative"]["num_spec_tokens"])
+        parts += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
+                  f"--speculative-num-draft-tokens {k + 1}"]
+    notes = []          # comments, after every flag (a flag after a '#' would be commented out)
+    if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
+        notes.append(f"{e['quantization']}: serve a published {e['quantization']} checkpoint of this model in its "
+                     "place (ModelOpt's, e.g. nvidia/...-FP4); SGLang reads its quantization from the checkpoint")
+    if scen.nodes > 1:
+        others = "; ".join(f"node {k}: the same with --node-rank {k}" for k in range(1, scen.nodes))
+        parts.append(f"--nnodes {scen.nodes} --node-rank 0 --dist-init-addr HEAD_IP:5000")
+        notes.append(f"on the head node ({scen.fabric} between the {scen.nodes} nodes); {others}")
+    if replicas > 1:
+        notes.append(f"x {replicas} replicas, one per {width} GPU(s) (CUDA_VISIBLE_DEVICES), behind a load balancer")
+    return " ".join(parts) + "".join(COMMENT + n for n in notes)
+
+
+def launch_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
+                   hybrid_block: int = 0) -> str:
+    """The engine's launch line: ``vllm serve ...`` or ``python -m sglang.launch_server ...``
+    (``hybrid_block``: vLLM's, ``vllm_command``)."""
+    if layout.engine == "sglang":
+        return sglang_command(scen, layout, graph, replicas=replicas)
+    return vllm_command(scen, layout, graph, replicas=replicas, hybrid_block=hybrid_block)
+
+
+def hybrid_block_of(dep) -> int:
+    """The attention block a deployment's plan raised for its recurrent layers (vLLM's hybrid
+    block, resolve.hybrid_block_size), 0 where none was raised or needed."""
+    mem = dep.plan.memory
+    return int(mem["block_size"]) if mem.get("hybrid_block_minimum", 0) else 0
+
+
+def _multi_node_launch(scen: Scenario, layout: Layout) -> str:
+    """The flags and the per-node lines of an engine spanning ``scen.nodes`` nodes, as vLLM
+    launches one: data-parallel ranks spread over the nodes (the head serves the API, the others
+    run --headless from their first rank), or a tensor-parallel group wider than a node over a
+    Ray cluster (distributed executor backend ray)."""
+    nodes = scen.nodes
+    if layout.tp <= scen.gpus_per_node and layout.dp % nodes == 0:
+        local = layout.dp // nodes
+        head = (f" --data-parallel-size-local {local} --data-parallel-address HEAD_IP"
+                " --data-parallel-rpc-port 13345")
+        others = "; ".join(f"node {k}: the same with --headless --data-parallel-start-rank {k * local}"
+                           for k in range(1, nodes))
+        return f"{head}    # on the head node ({scen.fabric} between the {nodes} nodes); {others}"
+    return (f" --distributed-executor-backend ray    # on the head of a Ray cluster of {nodes} nodes "
+            f"({scen.fabric} between them; ray start --head, then ray start --address HEAD_IP:6379 on the others)")
