@@ -729,3 +729,23 @@ def test_a_fitted_coefficient_set_reaches_every_candidate(result, tmp_path, caps
     assert f"- {slow}" in fitted.scenario_yaml()
     with pytest.raises(jp.JaxpriceError, match="nothere.yaml"):
         jp.size(MODEL, tpot_ms=40, coefficient_files=["nothere.yaml"], **SMALL)
+
+
+def test_load_notes_say_when_the_best_load_only_queues():
+    """Clients beyond max_num_seqs x dp per engine only wait: the note says so (and, with no TTFT
+    target, that nothing bounds the wait) instead of suggesting a larger --concurrency."""
+    from types import SimpleNamespace
+    from jaxprice._src.cli_size import _load_notes
+    lay = SimpleNamespace(max_num_seqs=256, dp=2)
+    res = lambda ttft: SimpleNamespace(best_result=SimpleNamespace(layout=lay, concurrency=np.array([64, 512, 1024])),
+                                       ttft_target=ttft)
+    (note,) = _load_notes(res(None), {"concurrency_per_engine": 1024})
+    assert "more than the 512 requests it holds at once (max_num_seqs 256 x dp 2): the other 512 queue" in note
+    assert "give one to size for a TTFT" in note and "larger --concurrency" not in note
+    (note,) = _load_notes(res(2.0), {"concurrency_per_engine": 1024})
+    assert "--ttft-ms" not in note
+    # 512 = held: not beyond; not the sweep's largest either (1024 is): nothing to say
+    assert _load_notes(res(None), {"concurrency_per_engine": 512}) == []
+    lay.dp = 4       # 1024 held: the largest level within what the engine holds
+    assert _load_notes(res(None), {"concurrency_per_engine": 1024}) == [
+        "  (at the sweep's largest concurrency: a larger --concurrency may find more)"]

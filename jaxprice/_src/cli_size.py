@@ -467,8 +467,7 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
                  f"engine ({b['concurrency_total']} in all): {b['tokens_per_s_per_gpu']:.1f} tok/s per GPU "
                  f"({b['tokens_per_s_total']:.0f} tok/s in all), {b['tokens_per_s_per_user']:.1f} tok/s per user, "
                  f"TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms")
-    if b["concurrency_per_engine"] == int(result.best_result.concurrency.max()):
-        lines.append("  (at the sweep's largest concurrency: a larger --concurrency may find more)")
+    lines += _load_notes(result, b)
     if result.tied:
         names = [result.results[i].layout.label for i in result.tied]
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
@@ -489,6 +488,25 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
     lines += [_describe_verification(v) for v in result.verification]
     lines.append("  " + result.launch_command())
     return "\n".join(lines)
+
+
+def _load_notes(result, b) -> list:
+    """What the best point's load means: clients beyond the requests an engine holds at once
+    (max_num_seqs per data-parallel rank) only queue, keeping every step full while their wait
+    adds to TTFT, so a larger --concurrency finds no more there; below it, the sweep's largest
+    level may be short of the layout's best."""
+    layout, c = result.best_result.layout, b["concurrency_per_engine"]
+    held = layout.max_num_seqs * layout.dp
+    if c > held:
+        note = (f"  ({c} clients per engine is more than the {held} requests it holds at once (max_num_seqs "
+                f"{layout.max_num_seqs}{f' x dp {layout.dp}' if layout.dp > 1 else ''}): the other {c - held} "
+                "queue, keeping every step full while their wait adds to TTFT")
+        if result.ttft_target is None:
+            note += "; with no --ttft-ms target nothing bounds that wait: give one to size for a TTFT"
+        return [note + ")"]
+    if c == int(result.best_result.concurrency.max()):
+        return ["  (at the sweep's largest concurrency: a larger --concurrency may find more)"]
+    return []
 
 
 # A margin below this is within what the measurements themselves repeat to: the same deployment's
