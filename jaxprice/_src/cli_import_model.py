@@ -91,6 +91,24 @@ def run(args) -> int:
     except OSError as err:
         refuse(f"cannot write the graph ({err.strerror})", file=str(out))
     layers = len(graph_from_doc(res.doc, res.config_path).expanded_stack())
-    print(f"{out}: {res.doc['name']} ({res.architecture}, {layers} layers, weights {res.doc['weight_dtype']}); "
+    print(f"{out}: {res.doc['name']} ({res.architecture}, {layers} layers, {weights_summary(res.doc)}); "
           f"{len(res.inferred)} inferred notes as comments", file=sys.stderr)
     return 0
+
+
+def weights_summary(doc: dict) -> str:
+    """The weight formats in words: the graph's weight_dtype is the format of most non-expert weights
+    (the default of every node that states none), so an NVFP4 checkpoint that keeps attention at bf16
+    reads 'weights nvfp4 for experts, bf16 for the rest', not 'weights bf16'."""
+    glob = doc["weight_dtype"]
+    other = {}
+    for nodes in [*doc["layer_kinds"].values(), doc["head"]]:
+        for n in nodes:
+            if n.get("op") in ("GEMM", "GroupedGEMM") and n.get("weight_dtype", glob) != glob:
+                other.setdefault(n["weight_dtype"], {})[n.get("role", n["op"])] = None
+    if not other:
+        return f"weights {glob}"
+    def roles(names):
+        names = list(names)
+        return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    return "weights " + "; ".join(f"{fmt} for {roles(r)}" for fmt, r in other.items()) + f"; {glob} for the rest"

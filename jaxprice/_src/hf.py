@@ -21,7 +21,8 @@ interleave_moe_layer_step past the layer count, mlp_only_layers outside the laye
 moe_layers that differs from the layers its interleave_moe_layer_step makes MoE, more Qwen3-VL
 DeepStack levels than layers, a config naming routed experts that leaves no layer MoE, a
 Nemotron-H layer pattern of another length than num_hidden_layers or with an unknown layer type), a
-multimodal Qwen3-VL / Llama 4 config without its text_config, an unsupported quantization, an
+multimodal Qwen3-VL / Llama 4 config without its text_config, an unsupported quantization (a ModelOpt
+MIXED_PRECISION file without its per-module quantized_layers, or naming an unknown quant_algo), an
 ``Infinity`` / ``NaN`` literal in a key the importer reads (elsewhere it is parsed and left alone). An
 all-dense stack (first_k_dense_replace equal to num_hidden_layers) is imported only where the
 config names no routed experts (null or absent).
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import hashlib
 import json
 import re
@@ -96,7 +98,7 @@ _MOE = {
     "experts": _k("experts", "num_local_experts", "num_experts", "n_routed_experts"),
     "top_k": _k("top_k", "num_experts_per_tok", "experts_per_token", "num_experts_per_token"),
     "moe_intermediate_size": _k("moe_intermediate_size", "moe_intermediate_size",
-                                default=lambda v: v.get("intermediate_size") or _need(v, "intermediate_size")),
+                                default=lambda v: _moe_width_default(v)),
     "shared_experts": _k("shared_experts", "n_shared_experts", "num_shared_experts", minimum=0,
                          default=0, nullable=True),
     "shared_intermediate_size": _k("shared_intermediate_size", "shared_expert_intermediate_size",
@@ -152,6 +154,10 @@ MAPPINGS = {
                                                      for i in range(v["num_layers"])],
                                   cite=_TF.format("GptOss") + ": alternating, sliding first")},
     "minimax_m3": {**_CORE, **_MOE,
+                   # vLLM's MiniMaxM3MoE (vllm/models/minimax_m3/nvidia/model.py @0443308a) builds the routed
+                   # experts config.intermediate_size wide: the NVFP4 checkpoint's text_config states no
+                   # moe_intermediate_size (the original's equals its intermediate_size)
+                   "moe_intermediate_size": _k("moe_intermediate_size", "moe_intermediate_size", "intermediate_size"),
                    "dense_intermediate_size": _k("dense_intermediate_size"),
                    "first_k_dense_replace": _k("first_k_dense_replace", minimum=0, maximum=10_000, default=None, nullable=True),
                    "moe_layer_freq": _k("moe_layer_freq", type="list"),
@@ -261,6 +267,84 @@ MAPPINGS["nemotron_h"] = {
     "mtp_layers_block_type": _k("mtp_layers_block_type", type="list", default=None, nullable=True),
 }
 
+# Gemma 4 (vLLM gemma4.py; transformers Gemma4TextConfig): sliding layers head_dim wide with
+# num_key_value_heads, full layers global_head_dim wide with num_global_key_value_heads where
+# attention_k_eq_v; a dense MLP in every layer and, with enable_moe_block, routed experts beside it
+MAPPINGS["gemma4"] = {
+    **_CORE, **_DENSE_MLP, "n_kv": _k("n_kv", "num_key_value_heads"), "d_h": _k("d_h", "head_dim"),
+    "sliding_window": _k("sliding_window"), "layer_types": _k("layer_types", type="list"),
+    "global_head_dim": _k("global_head_dim", nullable=True, default=lambda v: v["d_h"],
+                          cite="vLLM gemma4.py: head_dim where global_head_dim is absent"),
+    "attention_k_eq_v": _k("attention_k_eq_v", type="bool", default=False, nullable=True),
+    "num_global_key_value_heads": _k("num_global_key_value_heads", nullable=True, default=lambda v: v["n_kv"],
+                                     cite="vLLM gemma4.py: num_key_value_heads where absent"),
+    "enable_moe_block": _k("enable_moe_block", type="bool", default=False, nullable=True),
+    "experts": _k("experts", "num_experts"),
+    "top_k": _k("top_k", "top_k_experts", "num_experts_per_tok"),
+    "moe_intermediate_size": _k("moe_intermediate_size", "moe_intermediate_size", "expert_intermediate_size"),
+    "num_kv_shared_layers": _k("num_kv_shared_layers", minimum=0, default=0, nullable=True),
+    "hidden_size_per_layer_input": _k("hidden_size_per_layer_input", minimum=0, default=0, nullable=True),
+    "use_double_wide_mlp": _k("use_double_wide_mlp", type="bool", default=False, nullable=True),
+}
+# MiMo-V2-Flash (vLLM mimo_v2_flash.py): hybrid_layer_pattern 1 = sliding-window layer with its own
+# swa_* heads, 0 = full attention; K head_dim wide, V v_head_dim wide; moe_layer_freq one flag per layer
+MAPPINGS["mimo_v2"] = {
+    **_CORE, **_DENSE_MLP, **_MOE, "n_kv": _k("n_kv", "num_key_value_heads"), "d_h": _k("d_h", "head_dim"),
+    "v_head_dim": _k("v_head_dim", nullable=True, default=lambda v: v["d_h"], cite="vLLM mimo_v2_flash.py: head_dim"),
+    "swa_num_attention_heads": _k("swa_num_attention_heads"),
+    "swa_num_key_value_heads": _k("swa_num_key_value_heads"),
+    "swa_head_dim": _k("swa_head_dim"),
+    "swa_v_head_dim": _k("swa_v_head_dim", nullable=True, default=lambda v: v["swa_head_dim"],
+                         cite="vLLM mimo_v2_flash.py: swa_head_dim"),
+    "sliding_window": _k("sliding_window", "sliding_window_size", "sliding_window"),
+    "hybrid_layer_pattern": _k("hybrid_layer_pattern", type="list"),
+    "moe_layer_freq": _k("moe_layer_freq", type="list"),
+}
+# Step-3.5 / 3.7-Flash (vLLM step3p5.py Step3p5DecoderLayer / FusedMoEBlock): GQA with sliding-window
+# layers by layer_types, one shared expert (share_expert_dim) beside the routed ones
+MAPPINGS["step3p5"] = {
+    **_CORE, **_DENSE_MLP, **_SWA,
+    "n_kv": _k("n_kv", "num_attention_groups", "num_key_value_heads"),
+    "sliding_window": _k("sliding_window", default=None, nullable=True, cite="none stated: full attention"),
+    "layer_types": _k("layer_types", type="list", nullable=True,
+                      default=lambda v: ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                         for i in range(v["num_layers"])],
+                      cite="vLLM step3p5.py: even layers sliding"),
+    "experts": _k("experts", "moe_num_experts", "num_experts"),
+    "top_k": _k("top_k", "moe_top_k", "num_experts_per_tok"),
+    "moe_intermediate_size": _k("moe_intermediate_size"),
+    "shared_intermediate_size": _k("shared_intermediate_size", "share_expert_dim"),
+    "moe_layers_enum": _k("moe_layers_enum", type="str", default=None, nullable=True),
+    "first_k_dense_replace": _k("first_k_dense_replace", minimum=0, maximum=10_000, default=None, nullable=True),
+    "use_head_wise_attn_gate": _k("use_head_wise_attn_gate", type="bool", default=False, nullable=True),
+    "attention_other_setting": _k("attention_other_setting", type="dict", default=None, nullable=True),
+}
+
+# DeciLM / Llama-Nemotron NAS (vLLM nemotron_nas.py): Llama layers whose attention and FFN each
+# block_configs entry shapes (n_heads_in_group, ffn_mult) or removes (no_op)
+MAPPINGS["nemotron_nas"] = {**_CORE, "block_configs": _k("block_configs", type="list"),
+                           # the KV heads are per block (n_heads_in_group); the top level's is not read
+                           "n_kv": _k("n_kv", "num_key_value_heads", default=lambda v: v["n_q"], nullable=True)}
+
+# Kimi-K3's text decoder (SGLang kimi_k3.py KimiK3DecoderLayer; the KimiLinear layout of vLLM's
+# kimi_linear.py): KDA and MLA layers by linear_attn_config, dense-first MoE with shared experts, the
+# routed experts on a routed_expert_hidden_size latent, attention residuals every attn_res_block_size
+MAPPINGS["kimi_k3"] = {
+    **_CORE, **_DENSE_MLP, **_MOE, **{k: _MLA[k] for k in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                                          "v_head_dim", "mtp_layers")},
+    "q_lora_rank": _k("q_lora_rank", default=0, minimum=0, nullable=True, cite="KimiLinearConfig: none"),
+    "first_k_dense_replace": _k("first_k_dense_replace", default=0, minimum=0, maximum=10_000,
+                                cite="KimiLinearConfig default"),
+    "moe_layer_freq": _k("moe_layer_freq", default=1, cite="KimiLinearConfig default"),
+    "linear_attn_config": _k("linear_attn_config", type="dict"),
+    "routed_expert_hidden_size": _k("routed_expert_hidden_size", default=None, nullable=True),
+    "latent_moe_use_norm": _k("latent_moe_use_norm", type="bool", default=False, nullable=True),
+    "mla_use_output_gate": _k("mla_use_output_gate", type="bool", default=False, nullable=True),
+    "attn_res_block_size": _k("attn_res_block_size", default=None, nullable=True),
+    "mamba_ssm_dtype": _k("mamba_ssm_dtype", type="str", default="float32",
+                          cite="the KDA state at fp32 unless stated (vLLM / SGLang mamba_ssm_cache_dtype auto)"),
+}
+
 # architecture -> (family, MTP drafter method)
 ARCHITECTURES = {
     "LlamaForCausalLM": ("dense", None),
@@ -292,11 +376,19 @@ ARCHITECTURES = {
     "Llama4ForCausalLM": ("llama4", None),
     "MiMoForCausalLM": ("mimo", "mimo_mtp"),
     "NemotronHForCausalLM": ("nemotron_h", "nemotron_h_mtp"),
+    "Gemma4ForConditionalGeneration": ("gemma4", None),
+    "Gemma4ForCausalLM": ("gemma4", None),
+    "MiMoV2FlashForCausalLM": ("mimo_v2", None),
+    "Step3p5ForCausalLM": ("step3p5", None),
+    "Step3p7FlashForCausalLM": ("step3p5", None),
+    "DeciLMForCausalLM": ("nemotron_nas", None),
+    "KimiK3ForConditionalGeneration": ("kimi_k3", None),
 }
 
 # architectures whose text decoder's keys are only read from ``text_config`` (none at the top level)
 NESTED_TEXT = ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-               "Llama4ForConditionalGeneration")
+               "Llama4ForConditionalGeneration", "Gemma4ForConditionalGeneration",
+               "KimiK3ForConditionalGeneration")
 
 DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
           "float32": "bf16", "fp32": "bf16", "float": "bf16"}   # fp32 checkpoints are served at bf16
@@ -438,6 +530,15 @@ def _need(r, field):
     return r(field)
 
 
+def _moe_width_default(r):
+    """moe_intermediate_size where a config states none: its intermediate_size where the family
+    reads one (transformers' Mixtral / Qwen2-MoE use it for the experts), else the key is required."""
+    if "intermediate_size" not in r.table:
+        refuse("required key is missing (the graph's moe_intermediate_size)", file=r.file,
+               field=r.where + "moe_intermediate_size")
+    return r("intermediate_size")
+
+
 def _short(v):
     s = json.dumps(v)
     return s if len(s) <= 60 else s[:57] + "..."
@@ -452,6 +553,7 @@ class Quant:
     excluded: tuple = ()       # module patterns left unquantized: (kind, pattern)
     source: str = ""           # file and key it came from
     _match: Any = None         # the compiled predicate (_matcher)
+    layers: dict | None = None  # ModelOpt MIXED_PRECISION: module name (and each dotted prefix) -> graph dtype
 
 
 QUANT_ALGOS = {"FP8": "fp8", "FP8_PB_WO": "fp8", "FP8_BLOCK_SCALES": "fp8",
@@ -513,12 +615,85 @@ def _modelopt_quant(block: dict, file: str, where: str, excl: tuple = ()) -> Qua
     """The Quant of a ModelOpt block (``where`` in ``file``): its quant_algo's format, and ``excl``
     followed by its exclude_modules globs left unquantized; an unknown quant_algo is refused."""
     algo = block.get("quant_algo")
+    if str(algo).upper() == "MIXED_PRECISION":
+        return _mixed_quant(block, file, where, excl + _patterns(block.get("exclude_modules"), "glob", file,
+                                                                 f"{where}.exclude_modules"))
     fmt = QUANT_ALGOS.get(str(algo).upper())
     if fmt is None:
-        refuse(f"unsupported quantization (supported quant_algo: {', '.join(QUANT_ALGOS)})",
+        refuse(f"unsupported quantization (supported quant_algo: {', '.join(QUANT_ALGOS)}, MIXED_PRECISION)",
                file=file, field=f"{where}.quant_algo", value=algo)
     return Quant(fmt, f"ModelOpt {algo}", excl + _patterns(block.get("exclude_modules"), "glob", file,
                                                            f"{where}.exclude_modules"), f"{file} {where}")
+
+
+# ModelOpt MIXED_PRECISION (vLLM ModelOptMixedPrecisionConfig, vllm-project/vllm
+# vllm/model_executor/layers/quantization/modelopt.py @00155cdecca722d98e34234c3d172725b7720b7d): the
+# checkpoint lists each quantized module in ``quantized_layers`` (module name -> {quant_algo,
+# group_size}); get_quant_method first leaves exclude_modules unquantized, then resolves a layer's
+# algorithm by its name (a fused layer by its shards' names, a routed-experts layer by any listed name
+# under it, ``language_model.model.`` and ``model.language_model.`` spellings alike), and serves a
+# linear layer the file does not list unquantized. There vLLM serves FP8, NVFP4 and W4A16_NVFP4 per
+# layer; the importer prices every listed algorithm it knows (QUANT_ALGOS) at its stored format (the
+# MiniMax-M3 NVFP4 checkpoint lists MXFP8 attention, which its vLLM model file loads as ModelOpt MXFP8).
+_MIXED_PREFIX = re.compile(r"^(?:model\.language_model\.|language_model\.model\.|model\.|backbone\.)(?=layers\.)")
+
+
+def _mixed_name(name: str) -> str:
+    """A module name as the mixed-precision lookup keys it: the decoder layers as ``layers.<i>...``
+    whatever the checkpoint's prefix, an lm_head under a language model as ``lm_head``."""
+    return "lm_head" if name.endswith(".lm_head") else _MIXED_PREFIX.sub("", name)
+
+
+def _mixed_quant(block: dict, file: str, where: str, excl: tuple) -> Quant:
+    """The Quant of a ModelOpt MIXED_PRECISION block: each ``quantized_layers`` entry's algorithm as a
+    graph dtype (an unknown or missing one refused naming the module), ``excl`` left unquantized."""
+    ql = block.get("quantized_layers")
+    field = f"{where}.quantized_layers"
+    if not isinstance(ql, dict) or not ql:
+        refuse("MIXED_PRECISION needs a non-empty mapping of module name -> {quant_algo, ...} (as vLLM's "
+               "ModelOpt loader)", file=file, field=field, value=_short(ql) if isinstance(ql, (dict, list)) else ql,
+               has_value=True)
+    layers, counts = {}, {}
+    for name, info in ql.items():
+        algo = info.get("quant_algo") if isinstance(info, dict) else None
+        fmt = QUANT_ALGOS.get(str(algo).upper()) if isinstance(algo, str) else None
+        if fmt is None:
+            bad = algo if isinstance(info, dict) else info
+            refuse(f"unsupported quantization (supported quant_algo: {', '.join(QUANT_ALGOS)})" if isinstance(algo, str)
+                   else "expected a mapping with a quant_algo name", file=file, field=f"{field}.{name}.quant_algo"
+                   if isinstance(info, dict) else f"{field}.{name}",
+                   value=_short(bad) if isinstance(bad, (dict, list)) else bad, has_value=True)
+        counts[fmt] = counts.get(fmt, 0) + 1
+        parts = _mixed_name(str(name)).split(".")
+        for j in range(len(parts), 0, -1):      # the module, then each module above it (routed experts)
+            layers.setdefault(".".join(parts[:j]), fmt)
+    main = max(counts, key=lambda f: (counts[f], f))
+    listed = ", ".join(f"{n} {f}" for f, n in sorted(counts.items(), key=lambda x: -x[1]))
+    return Quant(main, f"ModelOpt MIXED_PRECISION ({len(ql)} modules listed: {listed})", excl, f"{file} {where}",
+                 layers=layers)
+
+
+def _mixed_format(quant: Quant, role: str, layer: int | None) -> str | None:
+    """The format quantized_layers lists for a node's module (its representative names, MODULES), or
+    None where it lists none of them."""
+    for n in MODULES.get(role, ()):
+        if "{L}" in n and layer is None:
+            continue
+        fmt = quant.layers.get(n.replace("{L}", f"layers.{layer}"))
+        if fmt is not None:
+            return fmt
+    return None
+
+
+def _node_format(quant: Quant, role: str, layer: int | None, base: str) -> str:
+    """The stored format of one weight node's module: the base where the checkpoint leaves it
+    unquantized (its exclusion list; under MIXED_PRECISION also every module quantized_layers does not
+    list), else the quantized format (MIXED_PRECISION: the listed one)."""
+    if quant.fmt is None or _excluded(quant, role, layer):
+        return base
+    if quant.layers is None:
+        return quant.fmt
+    return _mixed_format(quant, role, layer) or base
 
 
 def _quant_method(qc: dict) -> str:
@@ -650,17 +825,30 @@ MODULES = {
     "mixer_in_proj": ("{L}.mixer.in_proj",),
     "mlp_up": ("{L}.mixer.up_proj",),
     "shared_expert_up": ("{L}.mixer.shared_experts.up_proj",),
-    "shared_expert_down": ("{L}.mixer.shared_experts.down_proj",),
+    "shared_expert_down": ("{L}.mixer.shared_experts.down_proj", "{L}.mlp.shared_experts.down_proj"),
     "moe_latent_in": ("{L}.mixer.fc1_latent_proj",),
     "moe_latent_out": ("{L}.mixer.fc2_latent_proj",),
     "mlp_gate_up": ("{L}.mlp.gate_proj", "{L}.mlp.up_proj", "{L}.feed_forward.gate_proj", "{L}.feed_forward.up_proj"),
     "mlp_down": ("{L}.mlp.down_proj", "{L}.feed_forward.down_proj", "{L}.mixer.down_proj"),
     "experts": ("{L}.mlp.experts.0.gate_proj", "{L}.block_sparse_moe.experts.0.w1", "{L}.mlp.experts",
-                "{L}.mlp.experts.0.w1", "{L}.feed_forward.experts", "{L}.mixer.experts.0.up_proj"),
-    "shared_experts": ("{L}.mlp.shared_experts.gate_proj", "{L}.mlp.shared_expert.gate_proj",
+                "{L}.mlp.experts.0.w1", "{L}.feed_forward.experts", "{L}.mixer.experts.0.up_proj",
+                "{L}.ffn.experts"),     # DeepSeek-V4's own names (layers.<i>.ffn.experts)
+    "shared_experts": ("{L}.mlp.shared_experts.gate_proj", "{L}.mlp.shared_expert.gate_proj", "{L}.ffn.shared_experts.w1",
                        "{L}.block_sparse_moe.shared_experts.gate_proj", "{L}.feed_forward.shared_expert.gate_proj",
                        "{L}.mixer.shared_experts.up_proj"),
     "lm_head": ("lm_head",),
+    # Gemma 4's routed experts (a role of their own: its exclusion lists glob the dense MLP as
+    # ``layers.<i>.mlp*``, which would match the other families' ``mlp.experts`` spelling)
+    "moe_experts": ("{L}.experts", "{L}.moe.experts"),
+    # Kimi-K3 (SGLang kimi_k3.py): KDA projections and the MLA output gate under self_attn, the
+    # shared experts as one gated MLP under mlp.shared_experts
+    "kda_qkv_proj": ("{L}.self_attn.q_proj", "{L}.self_attn.k_proj", "{L}.self_attn.v_proj"),
+    "kda_g_proj": ("{L}.self_attn.g_proj", "{L}.self_attn.g_a_proj", "{L}.self_attn.g_b_proj"),
+    "kda_b_proj": ("{L}.self_attn.b_proj",),
+    "kda_f_a_proj": ("{L}.self_attn.f_a_proj",),
+    "kda_f_b_proj": ("{L}.self_attn.f_b_proj",),
+    "attn_gate_proj": ("{L}.self_attn.g_proj",),
+    "shared_expert_gate_up": ("{L}.mlp.shared_experts.gate_proj", "{L}.mlp.shared_experts.up_proj"),
 }
 _PREFIXES = ("model.layers.{i}", "model.language_model.layers.{i}", "language_model.model.layers.{i}",
              "backbone.layers.{i}")      # Nemotron-H checkpoints (vLLM maps backbone -> model)
@@ -670,11 +858,17 @@ def _matcher(quant: Quant):
     """One predicate over module names for the quantization's unquantized-module list: literal
     names match a whole run of dotted components (transformers' modules_to_not_convert and
     compressed-tensors' plain names), globs match the module or anything under it, ``re:``
-    entries match from the start (compressed-tensors). Built once per import."""
-    if quant._match is not None:
-        return quant._match
+    entries match from the start (compressed-tensors). Built once per list (a config imported again,
+    or fuzzed, reuses it and the names it has matched)."""
+    if quant._match is None:
+        quant._match = _list_matcher(quant.excluded)
+    return quant._match
+
+
+@functools.lru_cache(maxsize=16)
+def _list_matcher(excluded: tuple):
     literal, regexes = set(), []
-    for kind, pat in quant.excluded:
+    for kind, pat in excluded:
         if kind == "re":
             regexes.append(f"(?:{pat})")
         elif any(c in pat for c in "*?["):
@@ -683,13 +877,24 @@ def _matcher(quant: Quant):
         else:
             literal.add(pat)
     rx = re.compile("|".join(regexes)) if regexes else None
+    by_last = {}        # the literals by their last component: a run ending at a component holding one
+    for x in literal:
+        by_last.setdefault(x.rsplit(".", 1)[-1], []).append("." + x)
+    seen = {}
+
+    def literal_run(parts):
+        for b, part in enumerate(parts, 1):
+            ends = by_last.get(part)
+            if ends:
+                head = "." + ".".join(parts[:b])
+                if any(head.endswith(x) for x in ends):
+                    return True
+        return False
 
     def match(name):
-        if rx is not None and rx.match(name):
-            return True
-        parts = name.split(".")
-        return any(".".join(parts[a:b]) in literal for a in range(len(parts)) for b in range(a + 1, len(parts) + 1))
-    quant._match = match
+        if name not in seen:
+            seen[name] = bool((rx is not None and rx.match(name)) or literal_run(name.split(".")))
+        return seen[name]
     return match
 
 
@@ -1270,7 +1475,7 @@ def _nemotron_pattern(r) -> str:
                field=r.where + "layers_block_type", value=types)
     names = {v: k for k, v in _NEMOTRON_LAYERS.items()}
     for i, t in enumerate(types):
-        if t not in names:
+        if not isinstance(t, str) or t not in names:        # a list or mapping is not hashable either
             refuse(f"unknown layer type at layer {i} (known: {', '.join(names)})", file=r.file,
                    field=r.where + "layers_block_type", value=str(t))
     return "".join(names[t] for t in types)
@@ -1343,23 +1548,29 @@ def _split_by_exclusion(r, kinds, seq, quant: Quant):
     and out_proj at bf16): the layers whose weight nodes are all left unquantized become their own
     kind ``<kind>_unquantized`` (any other mixture ``<kind>_mixed<j>``), so every layer is priced
     at its own format (every family; no other bundled config's exclusions differ by layer).
-    ``kinds`` gains the new kinds (copies of the nodes)."""
-    if quant.fmt is None or not quant.excluded:
+    ``kinds`` gains the new kinds (copies of the nodes). A MIXED_PRECISION checkpoint's layers are
+    split alike where quantized_layers stores their modules at different formats."""
+    if quant.fmt is None or (not quant.excluded and quant.layers is None):
         return seq
+    base = r.values.get("_base", "bf16")
     out = list(seq)
     for kid in list(kinds):
         roles = [n.get("role", "") for n in kinds[kid] if n["op"] in ("GEMM", "GroupedGEMM")]
-        sigs = {i: tuple(_excluded(quant, role, i) for role in roles) for i, k in enumerate(seq) if k == kid}
-        common = max(set(sigs.values()), key=lambda g: (list(sigs.values()).count(g), not any(g)))
-        others = sorted({g for g in sigs.values() if g != common}, key=lambda g: (not all(g), g))
+        sigs = {i: tuple(_node_format(quant, role, i, base) for role in roles) for i, k in enumerate(seq) if k == kid}
+        kept = {g: tuple(f == base for f in g) for g in sigs.values()}       # left unquantized, per node
+        common = max(set(sigs.values()), key=lambda g: (list(sigs.values()).count(g), not any(kept[g])))
+        others = sorted({g for g in sigs.values() if g != common}, key=lambda g: (not all(kept[g]), kept[g], g))
         for j, sig in enumerate(others):
-            new = f"{kid}_unquantized" if all(sig) else f"{kid}_mixed{j}"
+            new = f"{kid}_unquantized" if all(kept[sig]) else f"{kid}_mixed{j}"
             kinds[new] = [dict(n) for n in kinds[kid]]
             layers = [i for i, g in sigs.items() if g == sig]
             for i in layers:
                 out[i] = new
-            r.inferred.append(f"{kid}: layers {_short(layers)} keep {'all' if all(sig) else 'some'} of their weights "
-                              f"unquantized ({quant.source}): priced as their own kind {new}")
+            what = (f"keep {'all' if all(kept[sig]) else 'some'} of their weights unquantized"
+                    if quant.layers is None or all(kept[sig]) else
+                    "store their weights at other formats (" + ", ".join(
+                        f"{role} {f}" for role, f, c in zip(roles, sig, common) if f != c) + ")")
+            r.inferred.append(f"{kid}: layers {_short(layers)} {what} ({quant.source}): priced as their own kind {new}")
     return out
 
 
@@ -1390,6 +1601,343 @@ def _nemotron_moe(r, h):
     return nodes
 
 
+def _attn_nodes(h, nq, nkv, dk, kind="gqa", window=None, dv=None, gate=False):
+    """A GQA attention block of explicit shapes: input norm, the fused qkv projection (q and k ``dk``
+    wide per head, v ``dv``), an optional head-wise gate projection (hidden -> one logit per head),
+    the attention, o_proj and its all-reduce. K and V of different widths (MiMo-V2-Flash: 192 and
+    128) are one Attention node at d_h = (dk + dv) / 2: the KV bytes per token, 2 n_kv d_h, and the
+    FLOPs per (query, key) pair and head, 2 dk + 2 dv = 4 d_h, are then exact (rounded up where
+    dk + dv is odd)."""
+    dv = dv or dk
+    attn = _n("Attention", kind=kind, n_q=nq, n_kv=nkv, d_h=-(-(dk + dv) // 2))
+    if kind == "swa":
+        attn["window"] = int(window)
+    nodes = [_n("Elementwise", "input_norm"), _gemm("qkv_proj", nq * dk + nkv * (dk + dv), h)]
+    if gate:
+        nodes.append(_gemm("attn_gate_proj", nq, h))
+    return nodes + [attn, _gemm("o_proj", h, nq * dv), dict(AR_ATTN)]
+
+
+def _check_heads(r, nq, nkv, field):
+    if nq % nkv:
+        refuse(f"impossible value: {nq} query heads are not a multiple of it", file=r.file,
+               field=r.where + field, value=nkv)
+
+
+def _fam_gemma4(r, arch, act):
+    """Gemma 4's text decoder (vLLM gemma4.py Gemma4DecoderLayer / Gemma4Attention / Gemma4MoE, read
+    at vllm-project/vllm@001cabc1be16a59a70d720ed61a13b678c060a18). Per layer_types entry a sliding
+    layer (window sliding_window, head_dim, num_key_value_heads) or a full-attention layer
+    (global_head_dim, and num_global_key_value_heads where attention_k_eq_v). A k = v layer has no
+    v_proj, but vLLM builds the same QKVParallelLinear, loads the k_proj weights into its V slot and
+    caches K and V (v_norm'd, unrotated): priced as GQA with that V. Four RMSNorms per layer (input,
+    post-attention, pre- and post-feedforward). Every layer runs the dense gated-GELU MLP
+    (intermediate_size); with enable_moe_block the routed experts (num_experts, top_k_experts,
+    moe_intermediate_size, gated GELU, no shared expert) run beside it on the residual, behind their
+    own router norm and pre-norm, each branch post-normed and all-reduced (reduce_results on both).
+    Per-layer embeddings (hidden_size_per_layer_input) and KV-shared layers (num_kv_shared_layers:
+    Gemma 4's small models) are refused."""
+    h, nq = r("hidden_size"), r("n_q")
+    for field, what in (("num_kv_shared_layers", "KV-shared (YOCO) layers"),
+                        ("hidden_size_per_layer_input", "per-layer embeddings")):
+        if r(field):
+            refuse(f"unsupported Gemma 4 variant: {what} are not in the graph format", file=r.file,
+                   field=r.where + field, value=r(field))
+    types = _layer_types(r, ("sliding_attention", "full_attention"))
+    win, nkv, dh = r("sliding_window"), r("n_kv"), r("d_h")
+    k_eq_v = r("attention_k_eq_v")
+    gkv, gd = (r("num_global_key_value_heads") if k_eq_v else nkv), r("global_head_dim")
+    _check_heads(r, nq, gkv, "num_global_key_value_heads")
+    moe, ffn = r("enable_moe_block"), r("intermediate_size")
+    mlp = [_n("Elementwise", "pre_ffn_norm"), _gemm("mlp_gate_up", 2 * ffn, h), _gemm("mlp_down", h, ffn),
+           dict(AR_MLP, emit="tensor_parallel") if moe else dict(AR_MLP)]
+    if moe:
+        mlp += [_n("Elementwise", "post_mlp_norm"), _n("Elementwise", "router_norm"), _n("Elementwise", "pre_moe_norm"),
+                _n("GroupedGEMM", "moe_experts", n=r("moe_intermediate_size"), k=h, experts=r("experts"),
+                   top_k=r("top_k")),
+                dict(A2A), dict(AR_MLP, role="moe_out"), _n("Elementwise", "post_moe_norm")]
+    mlp.append(_n("Elementwise", "post_ffn_norm"))
+    tail = "_moe" if moe else "_dense"
+    kinds = {"swa" + tail: _attn_nodes(h, nq, nkv, dh, "swa", win) + [_n("Elementwise", "post_attn_norm")] + mlp,
+             "full" + tail: _attn_nodes(h, nq, gkv, gd) + [_n("Elementwise", "post_attn_norm")] + mlp}
+    seq = [("swa" if t == "sliding_attention" else "full") + tail for t in types]
+    kinds = {k: [dict(x) for x in v] for k, v in kinds.items() if k in seq}
+    r.inferred.append(f"{seq.count('full' + tail)} full-attention layers (head_dim {gd}, {gkv} KV heads"
+                      + (", k = v: vLLM loads k_proj into qkv_proj's V slot and caches both, priced as GQA"
+                         if k_eq_v else "") + f"), {seq.count('swa' + tail)} sliding (window {win}, head_dim {dh}, "
+                      f"{nkv} KV heads)")
+    if moe:
+        r.inferred.append("routed experts beside the dense MLP in every layer (Gemma4MoE, no shared expert), each "
+                          "branch all-reduced; the router (GateLinear) not emitted, as the other families' routers")
+    r.inferred.append("q/k/v norms, layer_scalar and final_logit_softcapping: elementwise, not emitted")
+    return kinds, seq
+
+
+def _fam_mimo_v2(r, arch, act):
+    """MiMo-V2-Flash (vLLM mimo_v2_flash.py MiMoV2FlashDecoderLayer / MiMoV2Attention / MiMoV2MoE, read
+    at vllm-project/vllm@01ed47b4166b26251895a9c298352fcdb2385149): hybrid_layer_pattern 1 is a
+    sliding-window layer (swa_num_attention_heads, swa_num_key_value_heads, swa_head_dim /
+    swa_v_head_dim, window sliding_window_size, attention sinks), 0 full attention (the top-level
+    heads, head_dim / v_head_dim); K and V of different widths (the DiffKV backend). A layer whose
+    moe_layer_freq entry is 1 is MoE (n_routed_experts, sigmoid top-k, no shared expert), else a
+    dense MLP intermediate_size wide."""
+    h, n = r("hidden_size"), r("num_layers")
+    pat, freq = r("hybrid_layer_pattern"), r("moe_layer_freq")
+    for key, vec in (("hybrid_layer_pattern", pat), ("moe_layer_freq", freq)):
+        if len(vec) != n:
+            refuse(f"has {len(vec)} entries for {n} layers (num_hidden_layers)", file=r.file, field=r.where + key,
+                   value=len(vec))
+        for x in vec:
+            if x not in (0, 1) or isinstance(x, float):
+                refuse("expected 0 or 1 per layer", file=r.file, field=r.where + key, value=x, has_value=True)
+    moe = [x == 1 for x in freq]
+    _some_moe(r, moe, "moe_layer_freq")
+    snq, snkv = r("swa_num_attention_heads"), r("swa_num_key_value_heads")
+    _check_heads(r, snq, snkv, "swa_num_key_value_heads")
+    attn = {0: _attn_nodes(h, r("n_q"), r("n_kv"), r("d_h"), dv=r("v_head_dim")),
+            1: _attn_nodes(h, snq, snkv, r("swa_head_dim"), "swa", r("sliding_window"), dv=r("swa_v_head_dim"))}
+    kinds, seq = {}, []
+    for p, m in zip(pat, moe):
+        kid = ("swa" if p else "full") + ("_moe" if m else "_dense")
+        if kid not in kinds:
+            kinds[kid] = [dict(x) for x in attn[p]] + (_moe(r) if m else _dense_mlp(h, r("intermediate_size")))
+        seq.append(kid)
+    r.inferred.append(f"K {r('d_h')} / V {r('v_head_dim')} wide (sliding: {r('swa_head_dim')} / {r('swa_v_head_dim')}): "
+                      "one Attention node at d_h = (K + V) / 2, exact in KV bytes and FLOPs")
+    r.inferred.append("attention sinks (sliding layers) and attention_value_scale: not priced (no GEMM, no KV)")
+    return _order(kinds, ["full_dense", "swa_dense", "full_moe", "swa_moe"]), seq
+
+
+def _fam_step3p5(r, arch, act):
+    """Step-3.5 / Step-3.7-Flash (vLLM step3p5.py Step3p5DecoderLayer / Step3p5Attention /
+    FusedMoEBlock, read at vllm-project/vllm@01b50b9e8fbe085cdba0ace33dfb6e862ab9b627): GQA with
+    q/k norms, a sliding window on layer_types' sliding layers (vLLM: the even layers where none is
+    stated), the heads of attention_other_setting on the layers of its attention_type, a head-wise
+    output gate (g_proj) where use_head_wise_attn_gate; MoE on moe_layers_enum's layers (vLLM's
+    default: every layer but the first), each with one shared expert share_expert_dim wide beside
+    moe_num_experts routed ones; the other layers a dense MLP intermediate_size wide."""
+    h, n = r("hidden_size"), r("num_layers")
+    types = _layer_types(r, ("full_attention", "sliding_attention"))
+    win = r("sliding_window")
+    enum, first = r("moe_layers_enum"), r("first_k_dense_replace")
+    if enum is not None:
+        try:
+            listed = [int(x) for x in enum.strip().split(",")]
+        except ValueError:
+            refuse("expected comma-separated layer indices", file=r.file, field=r.where + "moe_layers_enum", value=enum)
+        moe_set = _layer_list(r, "moe_layers_enum", listed)
+    elif first is not None:
+        if first > n:
+            refuse(f"impossible value: more than the model's {n} layers (num_hidden_layers)", file=r.file,
+                   field=r.where + "first_k_dense_replace", value=first)
+        moe_set = set(range(first, n))
+        r.inferred.append(f"moe_layers_enum absent: MoE from layer first_k_dense_replace {first} on (vLLM's default "
+                          "without either: every layer but the first)")
+    else:
+        moe_set = set(range(1, n))
+        r.inferred.append("moe_layers_enum absent: every layer but the first MoE (vLLM step3p5.py)")
+    moe = [i in moe_set for i in range(n)]
+    _some_moe(r, moe, "moe_layers_enum" if enum is not None else "first_k_dense_replace")
+    other = r("attention_other_setting") or {}
+    heads = {"": (r("n_q"), r("n_kv"), r("d_h"))}
+    if other:
+        sub = _Reader(other, "step3p5", r.file, r.where + "attention_other_setting.")
+        sub.table = {"attention_type": _k("attention_type", type="str"),
+                     **{k: _k(k) for k in ("num_attention_heads", "num_attention_groups", "head_dim")}}
+        heads[sub("attention_type")] = tuple(sub(k) for k in ("num_attention_heads", "num_attention_groups", "head_dim"))
+    for nq_, nkv_, _ in heads.values():
+        _check_heads(r, nq_, nkv_, "attention_other_setting.num_attention_groups" if (nq_, nkv_) != heads[""][:2]
+                     else r.table["n_kv"].keys[0])
+    gate = r("use_head_wise_attn_gate")
+    r.values.update(shared_experts=1)      # FusedMoEBlock always builds its share_expert
+    kinds, seq = {}, []
+    for t, m in zip(types, moe):
+        sliding = t == "sliding_attention" and win is not None
+        kid = ("swa" if sliding else "attn") + ("_moe" if m else "_dense")
+        nq_, nkv_, dh_ = heads.get(t, heads[""])
+        if kid not in kinds:
+            kinds[kid] = _attn_nodes(h, nq_, nkv_, dh_, "swa" if sliding else "gqa", win, gate=gate) + (
+                _moe(r) if m else _dense_mlp(h, r("intermediate_size")))
+        seq.append(kid)
+    if r.cfg.get("num_nextn_predict_layers"):
+        # COVERAGE LIMIT [step-mtp-drafter]: Step-3.5's MTP layers are not emitted as a drafter
+        r.inferred.append("num_nextn_predict_layers: no MTP drafter emitted (vLLM step3p5_mtp.py builds each MTP "
+                          "layer by the layer_types / moe_layers_enum entries past num_hidden_layers, which are "
+                          "not stated here)")
+    r.inferred.append("q/k norms and the fp32 router (and its bias): not emitted, as the other families'")
+    return _order(kinds, ["attn_dense", "swa_dense", "attn_moe", "swa_moe"]), seq
+
+
+def _fam_nemotron_nas(r, arch, act):
+    """DeciLM / Llama-3.3-Nemotron-Super (vLLM nemotron_nas.py DeciLMDecoderLayer, read at
+    vllm-project/vllm@00bd1493b3e82d6c13c68ee8a0e1c5a96707e190): per block_configs entry, Llama
+    attention with num_attention_heads // attention.n_heads_in_group KV heads behind its input norm,
+    unless attention.no_op; a gated Llama MLP behind its post-attention norm, ffn.intermediate_size
+    wide or, from ffn.ffn_mult, the multiple of 256 at or above int(2 ffn_mult hidden / 3), unless
+    ffn.no_op. A layer kind per distinct (KV heads, MLP width); a layer with both no-op runs nothing
+    and is left out. Linear replacements (replace_with_linear), which vLLM does not build, are refused."""
+    h, n, nq, dh = r("hidden_size"), r("num_layers"), r("n_q"), r("d_h")
+    blocks = r("block_configs")
+    if len(blocks) != n:
+        refuse(f"has {len(blocks)} entries for {n} layers (num_hidden_layers)", file=r.file,
+               field=r.where + "block_configs", value=len(blocks))
+    kinds, seq, skipped = {}, [], []
+    for i, b in enumerate(blocks):
+        where = f"block_configs[{i}]."
+        if not isinstance(b, dict) or not isinstance(b.get("attention"), dict) or not isinstance(b.get("ffn"), dict):
+            refuse("expected a mapping with 'attention' and 'ffn' mappings", file=r.file,
+                   field=r.where + f"block_configs[{i}]", value=_short(b) if isinstance(b, (list, dict)) else b,
+                   has_value=True)
+        sub = _Reader(b["attention"], "nemotron_nas", r.file, r.where + where + "attention.")
+        sub.table = {"no_op": _k("no_op", type="bool", default=False, nullable=True),
+                     "replace_with_linear": _k("replace_with_linear", type="bool", default=False, nullable=True),
+                     "n_heads_in_group": _k("n_heads_in_group", maximum=nq)}
+        fsub = _Reader(b["ffn"], "nemotron_nas", r.file, r.where + where + "ffn.")
+        fsub.table = {"no_op": sub.table["no_op"], "replace_with_linear": sub.table["replace_with_linear"],
+                      "intermediate_size": _k("intermediate_size", default=None, nullable=True),
+                      "ffn_mult": _k("ffn_mult", type="any")}
+        for s_ in (sub, fsub):
+            if s_("replace_with_linear"):
+                refuse("unsupported: a linear replacement block (vLLM's nemotron_nas.py builds none)", file=r.file,
+                       field=s_.where + "replace_with_linear", value=True)
+        nodes, kid = [], []
+        if not sub("no_op"):
+            group = sub("n_heads_in_group")
+            if nq % group:
+                refuse(f"impossible value: num_attention_heads {nq} is not a multiple of it", file=r.file,
+                       field=sub.where + "n_heads_in_group", value=group)
+            nkv = nq // group
+            nodes += [_n("Elementwise", "input_norm"), _gemm("qkv_proj", (nq + 2 * nkv) * dh, h),
+                      _n("Attention", kind="gqa", n_q=nq, n_kv=nkv, d_h=dh), _gemm("o_proj", h, nq * dh),
+                      dict(AR_ATTN)]
+            kid.append(f"attn{nkv}")
+        if not fsub("no_op"):
+            ffn = fsub("intermediate_size")
+            if ffn is None:
+                mult = fsub("ffn_mult")
+                if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult < 1e6:
+                    refuse("expected a positive number", file=r.file, field=fsub.where + "ffn_mult", value=mult,
+                           has_value=True)
+                ffn = -(-int(2 * mult * h / 3) // 256) * 256       # vLLM _ffn_mult_to_intermediate_size
+            nodes += _dense_mlp(h, ffn)
+            kid.append(f"mlp{ffn}")
+        if not nodes:
+            skipped.append(i)
+            continue
+        kid = "_".join(kid)
+        kinds.setdefault(kid, nodes)
+        seq.append(kid)
+    if not seq:
+        refuse("every block is a no-op: the model runs no layer", file=r.file, field=r.where + "block_configs",
+               value=len(blocks))
+    attn_free = sum(1 for k in seq if not k.startswith("attn"))
+    r.inferred.append(f"heterogeneous blocks: {len(seq) - attn_free} layers with attention, {attn_free} without "
+                      f"(no KV), {len(set(k.split('_')[-1] for k in seq if 'mlp' in k))} MLP widths"
+                      + (f"; layers {_short(skipped)} are no-op in both halves and left out" if skipped else ""))
+    return kinds, seq
+
+
+def _fam_kimi_k3(r, arch, act):
+    """Kimi-K3's text decoder as SGLang runs it (python/sglang/srt/models/kimi_k3.py KimiK3DecoderLayer /
+    KimiK3DeltaAttention / KimiK3MLAAttention / KimiK3MoE, read at
+    sgl-project/sglang@0000e9b46f38dd9055ecad825a42c47a047077e6). vLLM has no Kimi-K3: its
+    KimiLinear (vllm/model_executor/models/kimi_linear.py, read at
+    vllm-project/vllm@01d995867291dd13119ea66cd18e3c9c9b51c50e) has the same layer layout but asserts
+    q_lora_rank None and SiLU, which K3 is not. Layer i is KDA where i + 1 is in
+    linear_attn_config.kda_layers, else MLA (full_attn_layers, 1-based): KDA projects q, k, v and the
+    output gate (full rank where use_full_rank_gate, else g_a / g_b), beta (b_proj) and the forget
+    gate (f_a replicated, f_b), runs the gated delta rule (a 128 x 128 state per head) and the
+    gated output norm, then o_proj; MLA is DeepSeek's (q LoRA, latent KV, no RoPE) with an output
+    gate g_proj (hidden -> heads x v_head_dim). Layers from first_k_dense_replace on are MoE: a gated
+    shared MLP num_shared_experts x moe_intermediate_size wide on the hidden state and, with
+    routed_expert_hidden_size, the routed experts on that latent between two replicated bf16
+    projections (routed_expert_down_proj / up_proj, built with quant_config None), the latent
+    normed, the latent and the shared output all-reduced as one buffer. With attn_res_block_size
+    each layer aggregates the block snapshots of the earlier layers before its attention and its
+    MLP (two reads of the bank)."""
+    # COVERAGE LIMIT [kimi-k3-engine]: the graph is SGLang's Kimi-K3; vLLM serves none, yet size's launch
+    # lines are vLLM's, and SGLang's fused all-reduce / SP-MoE / MegaMoE paths are priced as plain TP and EP
+    h, n, nq = r("hidden_size"), r("num_layers"), r("n_q")
+    base = r.values["_base"]
+    where = r.where + "linear_attn_config."
+    sub = _Reader(r("linear_attn_config"), "kimi_k3", r.file, where)
+    sub.table = {"num_heads": _k("num_heads"), "head_dim": _k("head_dim"),
+                 "short_conv_kernel_size": _k("short_conv_kernel_size", default=4),
+                 "kda_layers": _k("kda_layers", type="list"), "full_attn_layers": _k("full_attn_layers", type="list"),
+                 "use_full_rank_gate": _k("use_full_rank_gate", type="bool", default=False)}
+    kda = sub("kda_layers")
+    for key in ("kda_layers", "full_attn_layers"):
+        for x in sub(key):
+            if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= n:
+                refuse(f"expected 1-based layer numbers from 1 to {n} (num_hidden_layers)", file=r.file,
+                       field=where + key, value=x, has_value=True)
+    both = set(kda) & set(sub("full_attn_layers"))
+    if both:
+        refuse("a layer listed as both KDA and full attention", file=r.file, field=where + "kda_layers",
+               value=min(both))
+    is_kda = [(i + 1) in set(kda) for i in range(n)]
+    moe = _dense_or_moe_layers(r)
+    heads, hd, vd = sub("num_heads"), sub("head_dim"), r("v_head_dim")
+    sd = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(r("mamba_ssm_dtype"))
+    if sd is None:
+        refuse("unknown state dtype (known: float32, bfloat16, float16)", file=r.file,
+               field=r.where + "mamba_ssm_dtype", value=r("mamba_ssm_dtype"))
+    ph = heads * hd
+    gate = [_gemm("kda_g_proj", ph, h)] if sub("use_full_rank_gate") else [
+        dict(_gemm("kda_g_proj", hd, h), replicated=True), _gemm("kda_g_proj", ph, hd)]
+    kda_nodes = ([_n("Elementwise", "input_norm"), _gemm("kda_qkv_proj", 2 * ph + heads * vd, h)] + gate +
+                 [_gemm("kda_b_proj", heads, h), dict(_gemm("kda_f_a_proj", hd, h), replicated=True),
+                  _gemm("kda_f_b_proj", ph, hd),
+                  _n("RecurrentUpdate", recurrent_kind="kda", n_heads=heads, d_h=vd, state_size=hd,
+                     conv_kernel=sub("short_conv_kernel_size"), intermediate_size=2 * ph + heads * vd, state_dtype=sd),
+                  _n("Elementwise", "kda_o_norm", bytes_per_token=3 * heads * vd * act),
+                  _gemm("o_proj", h, heads * vd), dict(AR_ATTN)])
+    pre, post = _mla_block(r, act)
+    if r("mla_use_output_gate"):
+        pre.append(_gemm("attn_gate_proj", nq * vd, h))
+    mla_nodes = pre + [_mla_attention(r, False)] + post
+    block = r("attn_res_block_size")
+    res = []
+    if block:
+        # COVERAGE LIMIT [attn-res-blocks]: every layer reads the bank at its largest size,
+        # ceil((n - 1) / block) snapshots, plus the running prefix and its output (the first layers read less)
+        blocks = -(-(n - 1) // block)
+        res = [_n("Elementwise", "attn_res_aggregate", bytes_per_token=(blocks + 2) * h * act)]
+        r.inferred.append(f"attention residuals (attn_res_block_size {block}): two aggregations per layer over up to "
+                          f"{blocks} block snapshots, each priced at the largest bank (an elementwise read)")
+    latent = r("routed_expert_hidden_size")
+    ffn, shared = r("moe_intermediate_size"), r("shared_experts")
+    moe_nodes = [_n("Elementwise", "post_attn_norm")] + res
+    if shared:
+        moe_nodes += [_gemm("shared_expert_gate_up", 2 * shared * ffn, h), _gemm("shared_expert_down", h, shared * ffn)]
+    if latent:
+        moe_nodes += [dict(_gemm("moe_latent_in", latent, h), replicated=True, weight_dtype=base),
+                      _n("GroupedGEMM", "experts", n=ffn, k=latent, experts=r("experts"), top_k=r("top_k"),
+                         latent_size=latent)]
+        if r("latent_moe_use_norm"):
+            moe_nodes.append(_n("Elementwise", "latent_norm", bytes_per_token=2 * latent * act))
+        moe_nodes += [dict(_gemm("moe_latent_out", h, latent), replicated=True, weight_dtype=base),
+                      dict(A2A, bytes_per_token=latent * act),
+                      dict(AR_MLP, bytes_per_token=(latent + (h if shared else 0)) * act)]
+        r.inferred.append(f"latent MoE: routed experts on the {latent}-wide latent between two replicated "
+                          f"{base} projections; the latent and the shared output all-reduced as one buffer")
+    else:
+        moe_nodes += [_n("GroupedGEMM", "experts", n=ffn, k=h, experts=r("experts"), top_k=r("top_k")), dict(A2A),
+                      dict(AR_MLP)]
+    dense_nodes = [_n("Elementwise", "post_attn_norm")] + res + _dense_mlp(h, r("intermediate_size"))[1:]
+    kinds, seq = {}, []
+    for k_, m in zip(is_kda, moe):
+        kid = ("kda" if k_ else "mla") + ("_moe" if m else "_dense")
+        if kid not in kinds:
+            kinds[kid] = [dict(x) for x in (kda_nodes if k_ else mla_nodes)[:1]] + res + \
+                [dict(x) for x in (kda_nodes if k_ else mla_nodes)[1:]] + [dict(x) for x in (moe_nodes if m else dense_nodes)]
+        seq.append(kid)
+    r.inferred.append(f"{sum(is_kda)} KDA layers (linear_attn_config.kda_layers, 1-based), {n - sum(is_kda)} MLA "
+                      "(no RoPE" + (", output gate g_proj" if r("mla_use_output_gate") else "") + ")")
+    r.inferred.append("SiTU activation priced as SiLU's gated MLP; the routers (fp32) not emitted, as the other families'")
+    return _order(kinds, ["kda_dense", "mla_dense", "kda_moe", "mla_moe"]), seq
+
+
 def _order(kinds, order):
     return {k: kinds[k] for k in order if k in kinds}
 
@@ -1398,7 +1946,9 @@ FAMILIES = {"dense": _fam_dense, "mistral": _fam_dense, "qwen_dense": _fam_dense
             "qwen_moe": _fam_moe, "minimax_m2": _fam_minimax_m2, "deepseek": _fam_deepseek, "dsa": _fam_dsa,
             "deepseek_v4": _fam_deepseek_v4, "gpt_oss": _fam_gpt_oss, "minimax_m3": _fam_minimax_m3,
             "qwen_hybrid": _fam_qwen_hybrid, "qwen3_vl": _fam_qwen3_vl, "qwen3_vl_moe": _fam_qwen3_vl,
-            "llama4": _fam_llama4, "mimo": _fam_dense, "nemotron_h": _fam_nemotron_h}
+            "llama4": _fam_llama4, "mimo": _fam_dense, "nemotron_h": _fam_nemotron_h,
+            "gemma4": _fam_gemma4, "mimo_v2": _fam_mimo_v2, "step3p5": _fam_step3p5,
+            "nemotron_nas": _fam_nemotron_nas, "kimi_k3": _fam_kimi_k3}
 
 
 # ----------------------------------------------------------------------------- formats per node
@@ -1419,18 +1969,26 @@ def _apply_quant(kinds, seq, head, quant: Quant, base: str, r):
     for kid, nodes in kinds.items():
         idx = layers_of.get(kid, [0])
         for j, node in enumerate(nodes):
-            if node["op"] not in ("GEMM", "GroupedGEMM") or "weight_dtype" in node:
+            if node["op"] not in ("GEMM", "GroupedGEMM"):
                 continue
             role = node.get("role", "")
+            if "weight_dtype" in node:
+                # a format the family set (DeepSeek-V4's expert_dtype): a MIXED_PRECISION file that
+                # lists the routed experts at another format stores them at that one
+                listed = _mixed_format(quant, role, idx[0]) if quant.layers is not None and role == "experts" else None
+                if listed is None or listed == node["weight_dtype"]:
+                    continue
+                r.inferred.append(f"routed experts {listed} as {quant.source} quantized_layers lists them "
+                                  f"(not the config's {node.pop('weight_dtype')})")
             # every layer of a kind is treated alike here: _split_by_exclusion gave layers the
             # exclusion list treats differently kinds of their own
-            fmt = base if _excluded(quant, role, idx[0]) else quant.fmt
+            fmt = _node_format(quant, role, idx[0], base)
             fmts[(kid, j)] = fmt
             if node["op"] == "GEMM":
                 tally[fmt] = tally.get(fmt, 0) + node["n"] * node["k"] * len(idx)
             elif node.get("shared_experts"):
-                sx = [_excluded(quant, "shared_experts", i) for i in idx]
-                sfmt = base if sum(sx) * 2 > len(sx) else quant.fmt
+                sx = [_node_format(quant, "shared_experts", i, base) for i in idx]
+                sfmt = max(set(sx), key=lambda f: (sx.count(f), f != base))     # ties: the quantized format
                 if sfmt != fmt:
                     split_shared.append((kid, j, sfmt))
     for fmt_ in (base, quant.fmt):
@@ -1452,9 +2010,17 @@ def _apply_quant(kinds, seq, head, quant: Quant, base: str, r):
                           "priced as their own dense GEMMs")
     for node in head:
         if node["op"] == "GEMM":
-            fmt = base if _excluded(quant, node["role"], None) else quant.fmt
+            fmt = _node_format(quant, node["role"], None, base)
+            fmts[("head", node["role"])] = fmt
             if fmt != glob:
                 node["weight_dtype"] = fmt
+    if quant.layers is not None:        # what each op was priced at, as the file's per-module list says
+        per_role = {}
+        for (kid, j), fmt in fmts.items():
+            role = j if kid == "head" else kinds[kid][j].get("role", "")
+            per_role.setdefault(role, set()).add(fmt)
+        r.inferred.append("MIXED_PRECISION weights per op (quantized_layers; unlisted modules unquantized): "
+                          + ", ".join(f"{role} {'/'.join(sorted(f))}" for role, f in per_role.items()))
     return glob
 
 
@@ -1653,7 +2219,8 @@ def _text_reader(raw: dict, family: str, file: str) -> tuple:
     if multimodal:
         # COVERAGE LIMIT [vision-tower]: the vision (and audio) encoders and their projectors are not
         # priced: the graph is the text decoder's, so a step is priced as text-only requests run it
-        towers = [k for k in raw if k.endswith("_config") and k not in ("text_config", "quantization_config")]
+        towers = [k for k in raw if k.endswith("_config") and k not in ("text_config", "quantization_config")
+                  and raw[k] is not None]      # Gemma 4 states audio_config: null (no audio tower)
         r.inferred.append(f"multimodal ({', '.join(towers) or 'text_config'}): the text decoder is priced, "
                           "the other towers are not (text-only requests)")
     _check_shapes(r)
@@ -1706,7 +2273,8 @@ def _weights(r, kinds: dict, seq: list, base: str, quant: Quant) -> tuple:
     glob = _apply_quant(kinds, seq, head, quant, base, r)
     if quant.fmt:
         left = sorted({p for _, p in quant.excluded})
-        r.inferred.append(f"quantization: {quant.scheme} ({quant.source}); weights {quant.fmt}"
+        r.inferred.append(f"quantization: {quant.scheme} ({quant.source}); weights "
+                          + (quant.fmt if quant.layers is None else "per module")
                           + (f", left unquantized ({base}): {_short(left)}" if left else ""))
     return head, glob
 
