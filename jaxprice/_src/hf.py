@@ -345,6 +345,71 @@ MAPPINGS["kimi_k3"] = {
                           cite="the KDA state at fp32 unless stated (vLLM / SGLang mamba_ssm_cache_dtype auto)"),
 }
 
+# GLM-4.5 / 4.6 / 4.7 (vLLM glm4_moe.py; transformers Glm4MoeConfig): GQA, MoE from layer
+# first_k_dense_replace on (n_routed_experts sigmoid-routed, n_shared_experts beside them, each
+# moe_intermediate_size wide), num_nextn_predict_layers MTP layers (vLLM glm4_moe_mtp.py)
+MAPPINGS["glm4_moe"] = {
+    **_CORE, **_DENSE_MLP, **_MOE,
+    "moe_intermediate_size": _k("moe_intermediate_size"),
+    "shared_experts": _k("shared_experts", "n_shared_experts", minimum=0, default=1, allow_null=True,
+                         cite=_TF.format("Glm4Moe") + "; an explicit null: none (vLLM Glm4MoE)"),
+    "first_k_dense_replace": _k("first_k_dense_replace", default=1, minimum=0, maximum=10_000,
+                                cite=_TF.format("Glm4Moe")),
+    "mtp_layers": _MLA["mtp_layers"],
+    "use_qk_norm": _k("use_qk_norm", type="bool", default=False, nullable=True),
+}
+# GLM-4.7-Flash (vLLM glm4_moe_lite.py Glm4MoeLiteDecoderLayer, read at
+# vllm-project/vllm@055e47c28003156421365af985d676fc921cb075: DeepSeek-V2's MLA attention, GLM-4's MoE
+# on the layers i >= first_k_dense_replace with i % moe_layer_freq == 0): the deepseek family's layers
+# (_fam_deepseek). The MLA and expert sizes are required (DeepSeek-V3's defaults are not GLM's); an
+# explicit n_shared_experts null builds none (vLLM Glm4MoE). Its MTP (glm4_moe_lite_mtp.py, same
+# commit) is a Glm4MoeLiteDecoderLayer at index num_hidden_layers: one more MoE layer
+MAPPINGS["glm4_moe_lite"] = {
+    **MAPPINGS["deepseek"],
+    **{f: _k(f, minimum=0 if f == "q_lora_rank" else 1, allow_null=f == "q_lora_rank")    # null: no q LoRA
+       for f in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")},
+    "moe_intermediate_size": _k("moe_intermediate_size"),
+    "shared_experts": _k("shared_experts", "n_shared_experts", minimum=0, allow_null=True),
+    "first_k_dense_replace": _k("first_k_dense_replace", minimum=0, maximum=10_000),
+    "moe_layer_freq": _k("moe_layer_freq", default=1, cite="vLLM glm4_moe_lite.py: getattr default 1"),
+}
+# Gemma 2 / Gemma 3 text decoders (vLLM gemma2.py / gemma3.py): sliding and global layers by
+# layer_types (transformers' default: Gemma 2 alternating, sliding first; Gemma 3 one global layer
+# every sliding_window_pattern), four RMSNorms per layer, gated-GELU MLP, tied embeddings (vLLM
+# asserts tie_word_embeddings). Gemma 3's multimodal configs state only the text decoder's sizes
+# that differ from transformers' Gemma3TextConfig; its defaults stand in for the rest (never for
+# hidden_size, num_hidden_layers or intermediate_size)
+_GEMMA_TIE = _k("tie_word_embeddings", type="bool", default=True,
+                cite="transformers Gemma2Config / Gemma3TextConfig default (vLLM asserts it)")
+MAPPINGS["gemma2"] = {
+    **_CORE, **_DENSE_MLP, "tie_word_embeddings": _GEMMA_TIE,
+    "d_h": _k("d_h", "head_dim", default=256, nullable=True, cite=_TF.format("Gemma2")),
+    "sliding_window": _k("sliding_window", default=4096, cite=_TF.format("Gemma2")),
+    "layer_types": _k("layer_types", type="list", nullable=True,
+                      default=lambda v: ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                         for i in range(v["num_layers"])],
+                      cite=_TF.format("Gemma2") + ": alternating, sliding first"),
+}
+_G3 = _TF.format("Gemma3Text")
+MAPPINGS["gemma3"] = {
+    **MAPPINGS["gemma2"],
+    "vocab_size": _k("vocab_size", default=262_208, cite=_G3),
+    "n_q": _k("n_q", "num_attention_heads", default=8, cite=_G3),
+    "n_kv": _k("n_kv", "num_key_value_heads", default=4, nullable=True, cite=_G3),
+    "d_h": _k("d_h", "head_dim", default=256, nullable=True, cite=_G3),
+    "max_position_embeddings": _k("max_position_embeddings", default=131_072, nullable=True, cite=_G3),
+    "sliding_window": _k("sliding_window", default=4096, cite=_G3),
+    "sliding_window_pattern": _k("sliding_window_pattern", "sliding_window_pattern", "_sliding_window_pattern",
+                                 default=6, maximum=10_000, cite=_G3),
+    "layer_types": _k("layer_types", type="list", nullable=True,
+                      default=lambda v: ["sliding_attention" if (i + 1) % v["sliding_window_pattern"] else
+                                         "full_attention" for i in range(v["num_layers"])],
+                      cite=_G3 + ": one full-attention layer every sliding_window_pattern"),
+}
+# Phi-3 / Phi-3.5 / Phi-4 (vLLM phi3.py: Phi3ForCausalLM is LlamaForCausalLM with q/k/v and
+# gate/up stored fused): Llama layers; sliding_window as vLLM applies a config's window to every layer
+MAPPINGS["phi3"] = dict(MAPPINGS["dense"])
+
 # architecture -> (family, MTP drafter method)
 ARCHITECTURES = {
     "LlamaForCausalLM": ("dense", None),
@@ -383,12 +448,18 @@ ARCHITECTURES = {
     "Step3p7FlashForCausalLM": ("step3p5", None),
     "DeciLMForCausalLM": ("nemotron_nas", None),
     "KimiK3ForConditionalGeneration": ("kimi_k3", None),
+    "Glm4MoeForCausalLM": ("glm4_moe", "glm4_moe_mtp"),
+    "Glm4MoeLiteForCausalLM": ("glm4_moe_lite", "glm4_moe_lite_mtp"),
+    "Gemma2ForCausalLM": ("gemma2", None),
+    "Gemma3ForCausalLM": ("gemma3", None),
+    "Gemma3ForConditionalGeneration": ("gemma3", None),
+    "Phi3ForCausalLM": ("phi3", None),
 }
 
 # architectures whose text decoder's keys are only read from ``text_config`` (none at the top level)
 NESTED_TEXT = ("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
                "Llama4ForConditionalGeneration", "Gemma4ForConditionalGeneration",
-               "KimiK3ForConditionalGeneration")
+               "KimiK3ForConditionalGeneration", "Gemma3ForConditionalGeneration")
 
 DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "fp16": "fp16", "half": "fp16",
           "float32": "bf16", "fp32": "bf16", "float": "bf16"}   # fp32 checkpoints are served at bf16
@@ -1938,6 +2009,88 @@ def _fam_kimi_k3(r, arch, act):
     return _order(kinds, ["kda_dense", "mla_dense", "kda_moe", "mla_moe"]), seq
 
 
+def _fam_glm4_moe(r, arch, act):
+    """GLM-4.5 / 4.6 / 4.7 (vLLM glm4_moe.py Glm4MoeDecoderLayer / Glm4MoeAttention / Glm4MoE, read at
+    vllm-project/vllm@002d6073aa034d4f5545d45021b0e56d1f3c3593): GQA behind the input norm, one fused
+    qkv_proj (attention_bias: a bias, no GEMM of its own), head_dim-wide heads with a partial rotary
+    embedding (no cost of its own), q/k RMSNorms where use_qk_norm (elementwise, not emitted, as
+    Qwen3's). Layer i is MoE where n_routed_experts is set and i >= first_k_dense_replace:
+    n_routed_experts sigmoid-routed experts (top num_experts_per_tok) and n_shared_experts shared ones
+    beside them, all moe_intermediate_size wide (vLLM's shared Glm4MoeMLP is moe_intermediate_size x
+    n_shared_experts wide); the other layers a dense MLP intermediate_size wide. vLLM's glm4_moe_mtp.py
+    builds each num_nextn_predict_layers MTP layer as a Glm4MoeDecoderLayer at index
+    num_hidden_layers (MoE; read at vllm-project/vllm@028aedf62adee9d2a1e99d4cda7c1ce1c997c8cc): the
+    drafter is one more layer of the MoE kind."""
+    h, n = r("hidden_size"), r("num_layers")
+    first = r("first_k_dense_replace")
+    if first > n:
+        refuse(f"impossible value: more than the model's {n} layers (num_hidden_layers)", file=r.file,
+               field=r.where + "first_k_dense_replace", value=first)
+    moe = [i >= first for i in range(n)]
+    _some_moe(r, moe, "first_k_dense_replace")
+    kinds, seq = {}, []
+    for m in moe:
+        kid = "attn_moe" if m else "attn_dense"
+        if kid not in kinds:
+            kinds[kid] = _gqa_block(r) + (_moe(r) if m else _dense_mlp(h, r("intermediate_size")))
+        seq.append(kid)
+    if any(moe):
+        r.inferred.append("router (fp32 gate, e_score_correction_bias, routed_scaling_factor): not emitted, as the "
+                          "other families' routers")
+    if r("use_qk_norm"):
+        r.inferred.append("use_qk_norm: q/k RMSNorms elementwise, not emitted (as Qwen3's)")
+    if r("mtp_layers"):
+        r.inferred.append("GLM MTP (vLLM glm4_moe_mtp.py): one MoE decoder layer per drafted token; its eh_proj "
+                          "(2 x hidden_size -> hidden_size), enorm / hnorm and shared head not emitted "
+                          "(as deepseek_mtp's)")
+    return _order(kinds, ["attn_dense", "attn_moe"]), seq
+
+
+def _fam_gemma(r, arch, act):
+    """Gemma 2 and Gemma 3's text decoder (vLLM gemma2.py Gemma2DecoderLayer / Gemma2Attention, read at
+    vllm-project/vllm@02cda6e420ccbe364f285b71c512780e8589c649; gemma3.py Gemma3DecoderLayer /
+    Gemma3Attention at vllm-project/vllm@311a97cbc998eabe0210b550a3fd6bc9298685bc): per layer_types
+    entry a sliding layer (window sliding_window) or a global one (Gemma 2: layer_types[i], by
+    default alternating from a sliding layer 0; Gemma 3: sliding unless (i + 1) % sliding_window_pattern
+    == 0, as transformers' default layer_types spells it), the same heads in both (num_attention_heads,
+    num_key_value_heads, head_dim). Four RMSNorms per layer (input, post-attention, pre- and
+    post-feedforward), a gated-GELU MLP intermediate_size wide, the head tied to the embedding. Gemma 2's
+    attention logit soft-capping and both families' final logit soft-capping are elementwise and not
+    priced; Gemma 3's q/k norms likewise."""
+    h, nq, nkv, dh = r("hidden_size"), r("n_q"), r("n_kv"), r("d_h")
+    types = _layer_types(r, ("sliding_attention", "full_attention"))
+    win, ffn = r("sliding_window"), r("intermediate_size")
+    mlp = [_n("Elementwise", "post_attn_norm"), _n("Elementwise", "pre_ffn_norm"), _gemm("mlp_gate_up", 2 * ffn, h),
+           _gemm("mlp_down", h, ffn), dict(AR_MLP), _n("Elementwise", "post_ffn_norm")]
+    seq = ["swa_dense" if t == "sliding_attention" else "full_dense" for t in types]
+    kinds = {}
+    if "swa_dense" in seq:
+        kinds["swa_dense"] = _attn_nodes(h, nq, nkv, dh, "swa", win) + [dict(x) for x in mlp]
+    if "full_dense" in seq:
+        kinds["full_dense"] = _attn_nodes(h, nq, nkv, dh) + [dict(x) for x in mlp]
+    r.inferred.append(f"{seq.count('swa_dense')} sliding layers (window {win}), {seq.count('full_dense')} global")
+    gemma3 = ARCHITECTURES[arch][0] == "gemma3"
+    r.inferred.append(("q/k norms and " if gemma3 else "attn_logit_softcapping and ")
+                      + "final_logit_softcapping: elementwise, not priced")
+    return kinds, seq
+
+
+def _fam_phi3(r, arch, act):
+    """Phi-3 / Phi-3.5 / Phi-4 (vLLM phi3.py, read at vllm-project/vllm@2bebc3103cb96512edfd6083c4b385ad9d33ac29:
+    Phi3ForCausalLM is LlamaForCausalLM, its checkpoint storing qkv_proj and gate_up_proj fused as vLLM
+    fuses a Llama's): Llama layers (``_fam_dense``). vLLM applies a config's sliding_window to every
+    layer that states none of its own (ModelConfig.get_sliding_window -> cache_config.sliding_window,
+    which each Attention takes): Phi-3-mini's 2047 makes every layer sliding. A window at or past
+    max_position_embeddings (Phi-4: 16384 of 16384) covers every position a request can hold: priced
+    as full attention, which reads and holds the same keys."""
+    win, longest = r("sliding_window"), r("max_position_embeddings")
+    if win is not None and longest is not None and win >= longest:
+        r.values["sliding_window"] = None
+        r.inferred.append(f"sliding_window {win} >= max_position_embeddings {longest}: a window over the whole "
+                          "context, priced as full attention")
+    return _fam_dense(r, arch, act)
+
+
 def _order(kinds, order):
     return {k: kinds[k] for k in order if k in kinds}
 
@@ -1948,7 +2101,8 @@ FAMILIES = {"dense": _fam_dense, "mistral": _fam_dense, "qwen_dense": _fam_dense
             "qwen_hybrid": _fam_qwen_hybrid, "qwen3_vl": _fam_qwen3_vl, "qwen3_vl_moe": _fam_qwen3_vl,
             "llama4": _fam_llama4, "mimo": _fam_dense, "nemotron_h": _fam_nemotron_h,
             "gemma4": _fam_gemma4, "mimo_v2": _fam_mimo_v2, "step3p5": _fam_step3p5,
-            "nemotron_nas": _fam_nemotron_nas, "kimi_k3": _fam_kimi_k3}
+            "nemotron_nas": _fam_nemotron_nas, "kimi_k3": _fam_kimi_k3, "glm4_moe": _fam_glm4_moe,
+            "gemma2": _fam_gemma, "gemma3": _fam_gemma, "phi3": _fam_phi3, "glm4_moe_lite": _fam_deepseek}
 
 
 # ----------------------------------------------------------------------------- formats per node
