@@ -14,59 +14,18 @@ Llama-4-Maverick (400B / 17B), MiMo-7B (7.6B without its MTP layer). No JAX comp
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from pathlib import Path
 
 import pytest
 from clirefusal import import_refused
 
-from jaxprice._src.hf import graph_from_doc, import_result
+from jaxprice._src.hf import import_result
 
-HF = Path(__file__).resolve().parents[1] / "testdata" / "hf"
+from hfgraph import HF, cfg as _cfg, node as _node, params as _params, seq as _seq, write as _write  # noqa: E402,F401
 VL8, VL30, VL235 = "Qwen--Qwen3-VL-8B-Instruct", "Qwen--Qwen3-VL-30B-A3B-Instruct", "Qwen--Qwen3-VL-235B-A22B-Instruct"
 SCOUT, MAVERICK = "meta-llama--Llama-4-Scout-17B-16E-Instruct", "meta-llama--Llama-4-Maverick-17B-128E-Instruct"
 MIMO = "XiaomiMiMo--MiMo-7B-Base"
-
-
-def _seq(doc):
-    return graph_from_doc(doc, "x").expanded_stack()
-
-
-def _node(nodes, op, role=None):
-    found = [n for n in nodes if n["op"] == op and n.get("role") == role]
-    assert len(found) == 1, (op, role, nodes)
-    return found[0]
-
-
-def _params(doc):
-    """(total, active) parameters the graph implies: its GEMMs, its experts (3 n k each, the
-    active ones top_k of them plus the shared), the lm_head, and the embedding where untied."""
-    total = active = 0
-    for kid in _seq(doc):
-        for n in doc["layer_kinds"][kid]:
-            if n["op"] == "GEMM":
-                total += n["n"] * n["k"]
-                active += n["n"] * n["k"]
-            elif n["op"] == "GroupedGEMM":
-                per = 3 * n["n"] * n["k"]
-                shared = 3 * (n.get("shared_intermediate_size") or n["n"]) * n["k"] * n.get("shared_experts", 0)
-                total += per * n["experts"] + shared
-                active += per * n["top_k"] + shared
-    head = doc["vocab_size"] * doc["hidden_size"]
-    emb = 0 if doc["tie_word_embeddings"] else head
-    return total + head + emb, active + head + emb
-
-
-def _cfg(folder):
-    return json.loads((HF / folder / "config.json").read_text())
-
-
-def _write(tmp_path, name, cfg):
-    p = tmp_path / name
-    p.mkdir(parents=True, exist_ok=True)
-    (p / "config.json").write_text(json.dumps(cfg))
-    return p / "config.json"
 
 
 # ----------------------------------------------------------------------------- Qwen3-VL

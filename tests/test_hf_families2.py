@@ -21,59 +21,17 @@ and one `size` run; the rest compiles nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import re
-from pathlib import Path
 
 import pytest
 from clirefusal import import_refused
 
-from jaxprice._src.hf import graph_from_doc, import_result
+from jaxprice._src.hf import import_result
 
-HF = Path(__file__).resolve().parents[1] / "testdata" / "hf"
+from hfgraph import HF, check_prices_decode, cfg as _cfg, node as _node, params as _params, seq as _seq, write as _write  # noqa: E402,F401
 G26, G26FP4, G31 = "google--gemma-4-26B-A4B", "nvidia--Gemma-4-26B-A4B-NVFP4", "nvidia--Gemma-4-31B-IT-NVFP4"
 MIMO2, STEP, STEP8 = "XiaomiMiMo--MiMo-V2-Flash", "stepfun-ai--Step-3.7-Flash", "stepfun-ai--Step-3.7-Flash-FP8"
 SUPER49, K3 = "nvidia--Llama-3_3-Nemotron-Super-49B-v1", "moonshotai--Kimi-K3"
-
-
-def _seq(doc):
-    return graph_from_doc(doc, "x").expanded_stack()
-
-
-def _node(nodes, op, role=None):
-    found = [n for n in nodes if n["op"] == op and n.get("role") == role]
-    assert len(found) == 1, (op, role, nodes)
-    return found[0]
-
-
-def _params(doc):
-    """(total, active) parameters the graph holds: GEMMs, experts (3 n k each; active: top_k plus
-    the shared) and the lm_head, plus the embedding where untied."""
-    total = active = 0
-    for kid in _seq(doc):
-        for n in doc["layer_kinds"][kid]:
-            if n["op"] == "GEMM":
-                total += n["n"] * n["k"]
-                active += n["n"] * n["k"]
-            elif n["op"] == "GroupedGEMM":
-                per = 3 * n["n"] * n["k"]
-                shared = 3 * (n.get("shared_intermediate_size") or n["n"]) * n["k"] * n.get("shared_experts", 0)
-                total += per * n["experts"] + shared
-                active += per * n["top_k"] + shared
-    head = doc["vocab_size"] * doc["hidden_size"]
-    emb = 0 if doc["tie_word_embeddings"] else head
-    return total + head + emb, active + head + emb
-
-
-def _cfg(folder):
-    return json.loads((HF / folder / "config.json").read_text())
-
-
-def _write(tmp_path, name, cfg):
-    p = tmp_path / name
-    p.mkdir(parents=True, exist_ok=True)
-    (p / "config.json").write_text(json.dumps(cfg))
-    return p / "config.json"
 
 
 def _deployment(folder, tp=8, chip="h200"):
@@ -492,14 +450,7 @@ def test_kimi_k3_variants(tmp_path):
 def test_each_family_prices_decode_steps_on_eight_gpus(folder, chip, capsys):
     """`jaxprice price CONFIG --chip h200 --tp 8 --decode 1,8`: finite, positive times per row (Kimi-K3,
     2.8T parameters, on B300s: its weights do not fit 8 H200s)."""
-    from jaxprice.cli import main
-    assert main(["price", str(HF / folder), "--chip", chip, "--tp", "8", "--decode", "1,8"]) == 0
-    out = capsys.readouterr().out
-    rows = [line.split() for line in out.splitlines() if re.match(r"^\s+(1|8)\s", line)]
-    assert [r[0] for r in rows] == ["1", "8"], out
-    for r in rows:
-        times = [float(x) for x in r[3:-1]]
-        assert all(x >= 0 and x == x and x != float("inf") for x in times) and float(r[-3]) > 0, out
+    check_prices_decode(folder, chip, 8, capsys)
 
 
 def test_size_takes_a_gemma4_config(capsys):

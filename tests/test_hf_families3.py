@@ -15,58 +15,15 @@ change. One price per family; the rest compiles nothing.
 from __future__ import annotations
 
 import argparse
-import json
-import re
-from pathlib import Path
 
 import pytest
 from clirefusal import import_refused
 
-from jaxprice._src.hf import graph_from_doc, import_result
+from jaxprice._src.hf import import_result
 
-HF = Path(__file__).resolve().parents[1] / "testdata" / "hf"
+from hfgraph import HF, check_prices_decode, cfg as _cfg, node as _node, params as _params, seq as _seq, write as _write  # noqa: E402,F401
 GLM, PHI4, G2, G3 = "zai-org--GLM-4.7-FP8", "microsoft--phi-4", "google--gemma-2-9b-it", "google--gemma-3-1b-it"
 FLASH = "zai-org--GLM-4.7-Flash"
-
-
-def _seq(doc):
-    return graph_from_doc(doc, "x").expanded_stack()
-
-
-def _node(nodes, op, role=None):
-    found = [n for n in nodes if n["op"] == op and n.get("role") == role]
-    assert len(found) == 1, (op, role, nodes)
-    return found[0]
-
-
-def _params(doc):
-    """(total, active) parameters the graph holds: GEMMs, experts (3 n k each; active: top_k plus the
-    shared) and the lm_head, plus the embedding where untied (a tied head is counted once)."""
-    total = active = 0
-    for kid in _seq(doc):
-        for n in doc["layer_kinds"][kid]:
-            if n["op"] == "GEMM":
-                total += n["n"] * n["k"]
-                active += n["n"] * n["k"]
-            elif n["op"] == "GroupedGEMM":
-                per = 3 * n["n"] * n["k"]
-                shared = 3 * (n.get("shared_intermediate_size") or n["n"]) * n["k"] * n.get("shared_experts", 0)
-                total += per * n["experts"] + shared
-                active += per * n["top_k"] + shared
-    head = doc["vocab_size"] * doc["hidden_size"]
-    emb = 0 if doc["tie_word_embeddings"] else head
-    return total + head + emb, active + head + emb
-
-
-def _cfg(folder):
-    return json.loads((HF / folder / "config.json").read_text())
-
-
-def _write(tmp_path, name, cfg):
-    p = tmp_path / name
-    p.mkdir(parents=True, exist_ok=True)
-    (p / "config.json").write_text(json.dumps(cfg))
-    return p / "config.json"
 
 
 def _memory(folder, tp):
@@ -299,11 +256,4 @@ def test_gemma_layer_types_are_checked(tmp_path):
 @pytest.mark.parametrize("folder,tp", [(GLM, "8"), (FLASH, "1"), (PHI4, "2"), (G2, "1"), (G3, "1")])
 def test_each_family_prices_decode_steps(folder, tp, capsys):
     """`jaxprice price CONFIG --chip h200 --tp TP --decode 1,8`: finite, positive times per row."""
-    from jaxprice.cli import main
-    assert main(["price", str(HF / folder), "--chip", "h200", "--tp", tp, "--decode", "1,8"]) == 0
-    out = capsys.readouterr().out
-    rows = [line.split() for line in out.splitlines() if re.match(r"^\s+(1|8)\s", line)]
-    assert [r[0] for r in rows] == ["1", "8"], out
-    for r in rows:
-        times = [float(x) for x in r[3:-1]]
-        assert all(x >= 0 and x == x and x != float("inf") for x in times) and float(r[-3]) > 0, out
+    check_prices_decode(folder, "h200", tp, capsys)
