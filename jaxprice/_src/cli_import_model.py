@@ -99,16 +99,10 @@ def run(args) -> int:
 def weights_summary(doc: dict) -> str:
     """The weight formats in words: the graph's weight_dtype is the format of most non-expert weights
     (the default of every node that states none), so an NVFP4 checkpoint that keeps attention at bf16
-    reads 'weights nvfp4 for experts, bf16 for the rest', not 'weights bf16'."""
+    reads 'weights nvfp4 for experts; bf16 for the rest', not 'weights bf16'."""
+    from types import SimpleNamespace
+
+    from .layouts import held_formats
     glob = doc["weight_dtype"]
-    other = {}
-    for nodes in [*doc["layer_kinds"].values(), doc["head"]]:
-        for n in nodes:
-            if n.get("op") in ("GEMM", "GroupedGEMM") and n.get("weight_dtype", glob) != glob:
-                other.setdefault(n["weight_dtype"], {})[n.get("role", n["op"])] = None
-    if not other:
-        return f"weights {glob}"
-    def roles(names):
-        names = list(names)
-        return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    return "weights " + "; ".join(f"{fmt} for {roles(r)}" for fmt, r in other.items()) + f"; {glob} for the rest"
+    held = held_formats(SimpleNamespace(layer_kinds=doc["layer_kinds"], head=doc["head"]), glob)
+    return f"weights {held}; {glob} for the rest" if held else f"weights {glob}"

@@ -174,7 +174,8 @@ def add_scenario_argument(p, help="a bundled scenario name (testdata/aisimulate/
     g = p.add_argument_group("a deployment with no scenario file (SCENARIO names a model)")
     g.add_argument("--chip", default=None,
                    help="the chip: build the deployment from the model, as `jaxprice size` builds its candidates "
-                        "(vLLM, FP8 KV cache unless the weights are 16-bit, vLLM's defaults for the rest)")
+                        "(vLLM, FP8 KV cache unless the weights are 16-bit and the checkpoint calibrated no FP8 "
+                        "cache, vLLM's defaults for the rest)")
     g.add_argument("--tp", default=None, help="tensor-parallel width (default 1)")
     g.add_argument("--dp", default=None, help="data-parallel attention ranks, MoE models (default 1)")
     g.add_argument("--ep", action="store_true", default=None, help="expert parallelism (MoE models)")
@@ -317,7 +318,8 @@ def model_deployment(model, args):
     size` builds a candidate (size.base_scenario) but without the engine settings size searches:
     max_num_seqs, max_num_batched_tokens, max_model_len and the graph mode are left to vLLM's
     defaults (and to serve's isl + osl + 256), which the commands state where they use them."""
-    from .layouts import base_scenario, heads_reason, is_moe, load_model, spans_nodes_reason, weight_formats
+    from .layouts import (base_scenario, heads_reason, held_formats, is_moe, load_model, spans_nodes_reason,
+                          weight_formats)
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
     tp = parse_int(1 if args.tp is None else args.tp, flag="--tp", minimum=1)
@@ -325,8 +327,10 @@ def model_deployment(model, args):
     weights = graph.weight_dtype if args.weights is None else args.weights
     allowed = weight_formats(graph, chip)
     if weights not in allowed:
+        held = held_formats(graph, graph.weight_dtype)
         refuse(f"not a format vLLM serves {graph.name} in on {chip.name} (from its {graph.weight_dtype} checkpoint: "
-               f"{', '.join(allowed)})", field="--weights", value=weights)
+               f"{', '.join(allowed)}" + (f"; the checkpoint holds {held}" if held else "") + ")", field="--weights",
+               value=weights)
     if args.ep and not is_moe(graph):
         refuse(f"expert parallelism needs experts: {graph.name} has no MoE layer", field="--ep")
     width = tp * dp
@@ -362,7 +366,16 @@ def describe_deployment(dep) -> str:
     of = f" (of {s.nodes} node{'s' if s.nodes != 1 else ''} x {per_node})" if per_node else ""
     pool = f" (pool {s.pool_index} of {s.pools}, {s.pool_role})" if s.pools > 1 else ""
     return (f"{s.model} on {used} x {s.hardware}{of}{pool}, tp{r['tp']} dp{r['dp']} ep{r['ep']}, "
-            f"{r['served_dtype']} weights, {r['cache_dtype']} cache, {r['cudagraph_mode']} graphs")
+            f"{r['served_dtype']} weights{_held_formats(dep, r['served_dtype'])}, {r['cache_dtype']} cache, "
+            f"{r['cudagraph_mode']} graphs")
+
+
+def _held_formats(dep, served) -> str:
+    """' (nvfp4 for moe_experts)': the GEMMs held at another format than the served one
+    (layouts.held_formats); '' where every GEMM is served at it."""
+    from .layouts import held_formats
+    held = held_formats(getattr(dep, "graph", None), served)
+    return f" ({held})" if held else ""
 
 
 def engine_limits(dep) -> dict:

@@ -25,6 +25,26 @@ def scenario_document(scen: Scenario, note: str = "") -> str:
     return head + yaml.safe_dump_all([first, second], sort_keys=False, default_flow_style=False)
 
 
+# architectures vLLM has no model for (the graph is another engine's): their vLLM launch line says so
+VLLM_LACKS = {"KimiK3ForConditionalGeneration":
+              "vLLM has no Kimi-K3 model (vllm-project/vllm@01d9958: its KimiLinear asserts q_lora_rank None and "
+              "SiLU): this command needs a vLLM build that has one; the graph is SGLang's (kimi_k3.py): size it "
+              "with --engine sglang"}
+
+
+def _architectures(graph: ModelGraph | None) -> list:
+    """The ``architectures`` of an imported config.json graph ([] for any other graph)."""
+    if graph is None or not str(graph.path).endswith(".json"):
+        return []
+    try:
+        import json
+        doc = json.loads(Path(graph.path).read_text())
+        archs = doc.get("architectures") if isinstance(doc, dict) else None
+        return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+    except Exception:  # noqa: BLE001 - an unreadable file names no architecture
+        return []
+
+
 def _model_repo(graph: ModelGraph | None):
     """The Hugging Face repo id a launch line names for the model (None: unknown)."""
     repo = None
@@ -66,6 +86,7 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
         parts.append("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": %d}'"
                      % int(e["speculative"]["num_spec_tokens"]))
     notes = []          # comments, after every flag (a flag after a '#' would be commented out)
+    notes += [VLLM_LACKS[a] for a in _architectures(graph) if a in VLLM_LACKS][:1]
     if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
         notes.append(f"{e['quantization']}: vLLM does not quantize to it online: serve a published "
                      f"{e['quantization']} checkpoint of this model in its place (ModelOpt's, e.g. nvidia/...-FP4)")

@@ -20,8 +20,10 @@ model, chip and widths."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+import os
 from pathlib import Path
 
 from .errors import JaxpriceError, refuse
@@ -149,14 +151,19 @@ def weight_formats(graph: ModelGraph, chip) -> list:
     NVFP4 where the chip has a native four-bit peak and the checkpoint is 8-bit or wider (a
     published NVFP4 checkpoint, ``--quantization modelopt_fp4``). A checkpoint whose nodes are
     already quantized below its base width (gpt-oss-120b: bf16 with MXFP4 experts) is not
-    quantized online: vLLM refuses a --quantization that differs from the checkpoint's own."""
+    quantized online: vLLM refuses a --quantization that differs from the checkpoint's own. A
+    checkpoint already holding NVFP4 nodes (ModelOpt's NVFP4 or MIXED_PRECISION checkpoints, their
+    global format the width of the modules they leave out: nvidia/Gemma-4-26B-A4B-NVFP4, bf16 with
+    NVFP4 experts) IS the published NVFP4 checkpoint: it is offered as it is, not as an all-NVFP4
+    one that nothing publishes."""
     ck = graph.weight_dtype
     out = [ck]
-    prequantized = any(DTYPE_BYTES[n["weight_dtype"]] < DTYPE_BYTES[ck] for nodes in graph.layer_kinds.values()
-                       for n in nodes if n.get("weight_dtype") in DTYPE_BYTES)
+    held = {n["weight_dtype"] for nodes in graph.layer_kinds.values() for n in nodes
+            if n.get("weight_dtype") in DTYPE_BYTES}
+    prequantized = any(DTYPE_BYTES[f] < DTYPE_BYTES[ck] for f in held)
     if DTYPE_BYTES[ck] >= 2 and (chip.fp8_tflops or 0) > 0 and not prequantized:
         out.append("fp8")
-    if DTYPE_BYTES[ck] >= 1 and (chip.nvfp4_tflops or 0) > 0 and "nvfp4" not in out:
+    if DTYPE_BYTES[ck] >= 1 and (chip.nvfp4_tflops or 0) > 0 and "nvfp4" not in out and "nvfp4" not in held:
         out.append("nvfp4")
     return out
 
@@ -190,13 +197,71 @@ def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
     return want if limit is None else min(want, int(limit))
 
 
+def held_formats(graph: ModelGraph | None, served: str) -> str:
+    """'nvfp4 for moe_experts': the GEMMs the checkpoint holds at another format than ``served``
+    (a ModelOpt NVFP4 checkpoint's experts beside its bf16 rest, gpt-oss's MXFP4 experts), by role;
+    '' where every GEMM is served at it."""
+    other = {}
+    for nodes in [*(getattr(graph, "layer_kinds", None) or {}).values(), getattr(graph, "head", None) or ()]:
+        for n in nodes:
+            fmt = n.get("weight_dtype")
+            if n.get("op") in ("GEMM", "GroupedGEMM") and fmt and fmt != served:
+                other.setdefault(fmt, {})[n.get("role") or n["op"]] = None
+
+    def roles(names):
+        names = list(names)
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return "; ".join(f"{fmt} for {roles(r)}" for fmt, r in other.items())
+
+
+def checkpoint_kv_cache(graph: ModelGraph | None) -> str | None:
+    """'fp8' where an imported checkpoint calibrated an FP8 KV cache, else None: ModelOpt's
+    ``kv_cache_quant_algo: FP8`` (hf_quant_config.json, or the config's quantization_config), which
+    vLLM's ``--kv-cache-dtype auto`` takes as the cache dtype (vllm-project/vllm#29980), or
+    compressed-tensors' 8-bit float ``kv_cache_scheme``, for which vLLM sets an fp8 cache itself."""
+    path = str(getattr(graph, "path", "") or "")
+    if not path.endswith(".json"):
+        return None
+    try:        # the files' stamps key the cache: a config rewritten in place is read again
+        from .hf import config_paths
+        stamps = tuple((str(f), os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in config_paths(path) if f)
+    except (OSError, JaxpriceError):
+        return None
+    return _checkpoint_kv_cache(path, stamps)
+
+
+@functools.lru_cache(maxsize=64)
+def _checkpoint_kv_cache(path: str, _stamps: tuple) -> str | None:
+    import json
+    from .hf import config_paths
+    try:
+        cfg, quant = config_paths(path)
+        docs = [(json.loads(Path(quant).read_text()) or {}).get("quantization") or {}] if quant else []
+        doc = json.loads(Path(cfg).read_text())
+        docs += [d.get("quantization_config") for d in (doc, doc.get("text_config") or {}) if isinstance(d, dict)]
+    except (OSError, ValueError, AttributeError, JaxpriceError):
+        return None
+    for q in (d for d in docs if isinstance(d, dict)):
+        algo, scheme = q.get("kv_cache_quant_algo"), q.get("kv_cache_scheme")
+        if isinstance(algo, str) and algo.upper().startswith("FP8"):
+            return "fp8"
+        if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
+            return "fp8"
+        if isinstance(scheme, str) and scheme.upper().startswith("FP8"):
+            return "fp8"
+    return None
+
+
 def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights: str, graph: ModelGraph,
                   name: str, gpus_per_node: int = 8, gpu_memory_utilization: float = 0.9,
                   path: str = "<jaxprice size>", fabric: str | None = None, searched: dict | None = None,
                   coefficient_sets=COEFFICIENT_SETS) -> Scenario:
     """A Scenario record for a parallel layout, with no scenario file: the six cost-model sets,
     nodes of ``gpus_per_node`` GPUs (as many as the engine needs), an FP8 KV cache unless the
-    weights are served in 16 bits, block 16 (64 for sparse-MLA models), gpu_memory_utilization
+    weights are served in 16 bits and the checkpoint calibrated none (``checkpoint_kv_cache``:
+    vLLM's auto cache takes a ModelOpt checkpoint's FP8 one, so a bf16-with-NVFP4-experts
+    checkpoint such as nvidia/Gemma-4-26B-A4B-NVFP4 runs an FP8 cache), block 16 (64 for
+    sparse-MLA models), gpu_memory_utilization
     0.9: the settings of the bundled vLLM scenarios (testdata/aisimulate). ``searched``: the
     engine settings size searches (max_num_batched_tokens, max_num_seqs, max_model_len,
     cudagraph_mode); None leaves them to vLLM's defaults. An engine wider than a node spans
@@ -204,7 +269,8 @@ def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights:
     refuses it). ``coefficient_sets``: the sets it lists (the six, and a fitted set's file after
     them where size was given one)."""
     engine = {"quantization": weights} if weights in QUANT_FLAG else {}
-    engine.update({"cache_dtype": "auto" if DTYPE_BYTES[weights] >= 2 else "fp8",
+    engine.update({"cache_dtype": "auto" if DTYPE_BYTES[weights] >= 2 and checkpoint_kv_cache(graph) is None
+                   else "fp8",
                    "block_size": 64 if _is_dsa(graph) else 16})
     engine.update(searched or {})
     engine["gpu_memory_utilization"] = float(gpu_memory_utilization)

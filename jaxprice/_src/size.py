@@ -1510,8 +1510,11 @@ def _check_layout_axes(graph, chip_obj, gpus, *, tp, dp, ep, weights, engine="vl
     for f in weights or ():
         if f not in allowed:
             name = "SGLang" if engine == "sglang" else "vLLM"
+            from .layouts import held_formats
+            held = held_formats(graph, graph.weight_dtype)
             refuse(f"not a format {name} serves {graph.name} in on {chip_obj.name} (from its {graph.weight_dtype} "
-                   f"checkpoint: {', '.join(allowed)})", field="weights", value=f)
+                   f"checkpoint: {', '.join(allowed)}" + (f"; the checkpoint holds {held}" if held else "") + ")",
+                   field="weights", value=f)
     moe = is_moe(graph)
     if ep is not None and True in list(ep):
         if not moe:
