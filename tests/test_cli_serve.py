@@ -123,3 +123,13 @@ def test_a_speculating_run_says_its_drafts_and_assumed_acceptance(capsys, tmp_pa
     assert rc == 0 and "1.5 tokens emitted per decode row and step (given: --acceptance)" in out
     rc, out, _ = run(capsys, "serve", S, *SMALL, "--concurrency", "1", "--num-prompts", "2")
     assert rc == 0 and "speculative decoding" not in out
+
+
+def test_default_max_model_len_is_the_servers_at_every_load(capsys):
+    """A deployment built from a model (--chip) states no max_model_len: serve takes isl + osl + 256,
+    InferenceX's server setting, at every load, not each run's longest draw (with range ratio 0.8 the
+    draws fall short of 64 + 16: it took 334 here, and differed by load elsewhere, '1495/1524/1535')."""
+    rc, out, _ = run(capsys, "serve", "llama-3.1-8b-instruct", "--chip", "h100", "--isl", "64", "--osl", "16",
+                     "--concurrency", "1,3", "--json")
+    runs = json.loads(out)["runs"]
+    assert rc == 0 and [r["assumptions"]["max_model_len"]["value"] for r in runs] == [64 + 16 + 256] * 2

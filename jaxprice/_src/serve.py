@@ -717,7 +717,9 @@ def _prepare(dep, items, engine, acceptance, *, coefficients=None):
     prepared = []
     for workload, client in items:
         arrival, ins, outs = _requests(workload, client)
-        taken = dict(max_len=int((ins + outs).max()) if workload is not None else None, acceptance=acceptance,
+        # max_model_len is a server setting: isl + osl (+ 256), the longest request the workload can
+        # draw, whatever this run's sample drew (the longest drawn differed by load: 1495/1524/1535)
+        taken = dict(max_len=int(workload.isl + workload.osl) if workload is not None else None, acceptance=acceptance,
                      ref_len=_resident_length(ins, outs))
         settings, assumptions = engine_settings(dep, engine, **taken)
         if isinstance(client, Trace) and (engine or {}).get("max_model_len") is None and "max_model_len" not in (dep.scenario.engine or {}):
