@@ -650,7 +650,8 @@ def _coefficients_in_scope(scenario: Scenario, reg: Registry, extra_sets, docs: 
 
 def _served_formats(scenario: Scenario, graph: ModelGraph) -> Formats:
     """The served weight format (the quantization's, else the checkpoint's) and the KV and
-    mamba cache dtypes, each refused unless vLLM would serve it."""
+    mamba cache dtypes, each refused unless vLLM would serve it. A cache dtype of ``auto`` is the
+    checkpoint's calibrated FP8 one where it states one (``layouts.checkpoint_kv_cache``)."""
     file, eng = scenario.path, scenario.engine
     quant = eng.get("quantization", "") or ""
     if quant in QUANTIZATION:
@@ -675,6 +676,9 @@ def _served_formats(scenario: Scenario, graph: ModelGraph) -> Formats:
     if mamba_cache not in MAMBA_CACHE_DTYPES:
         refuse(f"not a mamba cache dtype (known: {', '.join(MAMBA_CACHE_DTYPES)})", file=file,
                field=scenario.pool_field + ".engine.mamba_cache_dtype", value=mamba_cache)
+    if cache == "auto":     # vLLM's auto takes a checkpoint's calibrated FP8 cache (ModelOpt, compressed-tensors)
+        from .layouts import checkpoint_kv_cache
+        cache = checkpoint_kv_cache(graph) or cache
     cache_bytes = CACHE_DTYPES[cache]
     if cache_bytes is None:
         cache_bytes = 2.0 if served_bytes < 2 else served_bytes
@@ -1158,7 +1162,11 @@ def _weights(walk: Walk, head: Head, graph: ModelGraph, formats: Formats, widths
 
     KNOWN DIVERGENCE [weight-scales-held]: 4-bit and MX weights are held with their block scales
     (nvfp4 x 1.125, mxfp4 x 1.0625: data-formats.md, dtypes); the reference's memory counts the
-    payload only, which overstates the KV cache a 4-bit deployment has room for."""
+    payload only, which overstates the KV cache a 4-bit deployment has room for.
+
+    KNOWN DIVERGENCE [tied-embedding]: a graph whose tie_word_embeddings is true holds the embedding
+    once, as the lm_head's weights (vLLM ties the two modules to one tensor); the reference adds the
+    embedding beside the head whatever the flag (Gemma-4-26B: 0.185 GB a rank at tp 8)."""
     per_rank, shards = experts.experts_per_rank, experts.expert_shards
 
     def layers(k):
@@ -1169,7 +1177,9 @@ def _weights(walk: Walk, head: Head, graph: ModelGraph, formats: Formats, widths
     weights = 0.0
     for k in target:
         weights += layers(k)
-    weights += head.weight_bytes + graph.hidden_size * graph.vocab_size * formats.checkpoint_bytes / widths.tp
+    weights += head.weight_bytes
+    if not graph.tie_word_embeddings:
+        weights += graph.hidden_size * graph.vocab_size * formats.checkpoint_bytes / widths.tp
     eplb_bytes = sum(k.count * k.expert_weight_mem * experts.redundant / max(widths.expert_width, 1) / shards
                      for k in target if k.moe)
     weights -= eplb_bytes
