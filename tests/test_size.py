@@ -611,6 +611,24 @@ def test_vllm_line_says_a_four_bit_format_needs_a_prequantized_checkpoint():
     assert "--quantization fp8" in text and "online" not in text
 
 
+def test_launch_lines_trust_remote_code_where_the_config_maps_its_own_code():
+    """A model whose config.json has an auto_map (its classes in its own repository: Kimi-K2.5, as
+    vLLM's recipe launches it with --trust-remote-code) gets the flag on both engines' lines; a
+    model without one (Llama-3.1) does not. A registry graph is looked up by its hf_repo in the
+    bundled configs."""
+    reg = jp.Registry()
+    lay = S.Layout(tp=8, dp=1, ep=False, weights="fp8", max_num_seqs=64, max_num_batched_tokens=8192,
+                   cudagraph_mode="PIECEWISE")
+    for model, flagged in (("kimi-k2.5", True), (MODEL, False)):
+        graph = reg.model(model)
+        lay_m = dataclasses.replace(lay, weights=graph.weight_dtype)
+        scen = S.build_scenario(model, "h200", lay_m, isl=1024, osl=256, graph=graph)
+        line = launch.vllm_command(scen, lay_m, graph).split("#")[0]
+        assert line.startswith("vllm serve ") and ("--trust-remote-code" in line) == flagged, line
+        sg = launch.sglang_command(scen, dataclasses.replace(lay_m, engine="sglang"), graph).split("#")[0]
+        assert ("--trust-remote-code" in sg) == flagged, sg
+
+
 def test_a_width_the_attention_heads_do_not_divide_is_rejected_as_vllm_does(capsys):
     """Qwen3.5-27B has 24 attention heads: vLLM refuses tensor-parallel size 16 (the heads must
     divide by tp); size rejects that layout with the reason, price --chip refuses it in one line."""

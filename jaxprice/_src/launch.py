@@ -32,17 +32,38 @@ VLLM_LACKS = {"KimiK3ForConditionalGeneration":
               "with --engine sglang"}
 
 
-def _architectures(graph: ModelGraph | None) -> list:
-    """The ``architectures`` of an imported config.json graph ([] for any other graph)."""
-    if graph is None or not str(graph.path).endswith(".json"):
-        return []
+def _config_doc(graph: ModelGraph | None) -> dict:
+    """The model's Hugging Face config.json as a dict: an imported graph's own file, else the bundled
+    copy (testdata/hf) of the repo its graph names; {} where there is none."""
+    if graph is None:
+        return {}
     try:
         import json
-        doc = json.loads(Path(graph.path).read_text())
-        archs = doc.get("architectures") if isinstance(doc, dict) else None
-        return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
-    except Exception:  # noqa: BLE001 - an unreadable file names no architecture
-        return []
+        path = Path(str(graph.path))
+        if not path.name.endswith(".json"):
+            from .hf import bundled_config
+            folder = bundled_config(_model_repo(graph) or "")
+            if folder is None:
+                return {}
+            path = folder / "config.json"
+        doc = json.loads(path.read_text())
+        return doc if isinstance(doc, dict) else {}
+    except Exception:  # noqa: BLE001 - an unreadable file states nothing
+        return {}
+
+
+def _architectures(graph: ModelGraph | None) -> list:
+    """The ``architectures`` of the model's config.json ([] where none is known)."""
+    archs = _config_doc(graph).get("architectures")
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+
+
+def _remote_code_flag(graph: ModelGraph | None) -> list:
+    """['--trust-remote-code'] for a model whose config.json maps its classes to code in its own
+    repository (``auto_map``: Kimi-K2.5, MiniMax-M2.5, DeepSeek-V3, ...): the engines load such a
+    config or tokenizer only with the flag, and their recipes for these models launch with it (it
+    changes nothing where the engine has the model's classes itself); else []."""
+    return ["--trust-remote-code"] if isinstance(_config_doc(graph).get("auto_map"), dict) else []
 
 
 def _model_repo(graph: ModelGraph | None):
@@ -81,7 +102,7 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
     parts += [] if hybrid_block else [f"--block-size {e['block_size']}"]
     parts += [f"--gpu-memory-utilization {e['gpu_memory_utilization']}",
               "--compilation-config '{\"cudagraph_mode\": \"%s\"}'" % e["cudagraph_mode"],
-              "--no-enable-prefix-caching"]
+              "--no-enable-prefix-caching"] + _remote_code_flag(graph)
     if e.get("speculative"):      # the model's own MTP layers as the drafter (vLLM's speculative config)
         parts.append("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": %d}'"
                      % int(e["speculative"]["num_spec_tokens"]))
@@ -140,7 +161,7 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
     parts += _format_flags(e, graph, SGLANG_KV_CACHE_DTYPE)
     parts += [f"--max-running-requests {e['max_num_seqs']}", f"--chunked-prefill-size {e['max_num_batched_tokens']}",
               f"--context-length {e['max_model_len']}", f"--mem-fraction-static {e['gpu_memory_utilization']}",
-              "--disable-radix-cache"]
+              "--disable-radix-cache"] + _remote_code_flag(graph)
     if e.get("speculative"):      # EAGLE over the model's own MTP layers: k draft steps, 1 + k verified a row
         k = int(e["speculative"]["num_spec_tokens"])
         parts += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
