@@ -924,7 +924,14 @@ def _recurrent(node, kind_index: int, phase: int, div: int, scope: _Scope,
                classes: _RateClasses) -> tuple:
     """(row, notes) of a recurrent mixer: its measured decode and prefill forms where admitted,
     and the chunked scan's FLOPs per token, intra-chunk attention (4 C d) plus the state's
-    read and update (4 d state), at the BF16 rate class."""
+    read and update (4 d state), at the BF16 rate class.
+
+    COVERAGE LIMIT [recurrent-rate-geometry]: the measured decode rate is applied per token
+    whatever the heads a rank runs, as the reference applies it; the registry's GDN and KDA rates
+    were fitted at the whole model's heads on one GPU (num_v_heads 64 for Qwen3.5-397B, num_k_heads
+    96 for Kimi-K3) and, their rationale says, scale inversely with the heads, so at tensor-parallel
+    width tp a rank's decode rows are charged up to tp times their time (Qwen3.5-397B fp8 on 8
+    B200, 256 decodes: 16.2 of the step's 31.9 ms)."""
     rk = node["recurrent_kind"]
     heads = node["n_heads"] / div
     d = node.get("d_h") or node["state_size"]
