@@ -274,6 +274,26 @@ def test_step_variants(tmp_path):
     assert seq[0] == "attn_dense" and all(k.endswith("_moe") for k in seq[1:])
 
 
+def test_step_other_heads_follow_the_stated_layer_types_window_or_not(tmp_path):
+    # vLLM step3p5.py gives attention_other_setting's heads to the layers whose stated layer_types
+    # entry is its attention_type, with a window or without one (sliding_window absent: full
+    # attention on every layer), and to no layer where layer_types is absent (even layers sliding)
+    other = {"attention_type": "sliding_attention", "num_attention_heads": 96, "num_attention_groups": 8,
+             "head_dim": 128}
+    cfg = dict(_cfg(STEP), attention_other_setting=other)
+    cfg.pop("sliding_window")
+    doc = import_result(_write(tmp_path, "nowindow", cfg)).doc
+    attn = [_node(doc["layer_kinds"][k], "Attention") for k in _seq(doc)]
+    assert [a["n_q"] for a in attn] == [64 if t == "full_attention" else 96 for t in cfg["layer_types"]]
+    assert {a["kind"] for a in attn} == {"gqa"}
+    cfg = dict(_cfg(STEP), attention_other_setting=other)
+    cfg.pop("layer_types")
+    doc = import_result(_write(tmp_path, "notypes", cfg)).doc
+    attn = [_node(doc["layer_kinds"][k], "Attention") for k in _seq(doc)]
+    assert [a["kind"] for a in attn] == ["swa" if i % 2 == 0 else "gqa" for i in range(45)]
+    assert {a["n_q"] for a in attn} == {64}
+
+
 @pytest.mark.parametrize("change,field,value,reason", [
     (lambda c: c.update(moe_layers_enum="1,x"), "moe_layers_enum", "1,x", "comma-separated"),
     (lambda c: c.update(moe_layers_enum="1,45"), "moe_layers_enum", 45, "expected layer indices from 0 to 44"),
@@ -345,13 +365,15 @@ def test_a_bad_decilm_config_is_refused(tmp_path, change, field, value, reason):
 
 
 def test_decilm_variants(tmp_path):
-    # a block no-op in both halves runs nothing and is left out (said so); intermediate_size wins over ffn_mult
+    # a block no-op in both halves runs nothing and is left out (said so); intermediate_size where no
+    # ffn_mult is stated, ffn_mult where both are (vLLM nemotron_nas.py: ffn_mult whenever the block has it)
     cfg = _cfg(SUPER49)
     cfg["block_configs"][79] = {"attention": {"no_op": True}, "ffn": {"no_op": True}}
     cfg["block_configs"][0]["ffn"] = {"intermediate_size": 1024}
+    cfg["block_configs"][1]["ffn"] = {"intermediate_size": 1024, "ffn_mult": 1.3125}
     d = import_result(_write(tmp_path, "a", cfg))
     seq = _seq(d.doc)
-    assert len(seq) == 79 and seq[0] == "attn8_mlp1024"
+    assert len(seq) == 79 and seq[0] == "attn8_mlp1024" and seq[1] == f"attn8_mlp{_decilm_width(1.3125)}"
     assert any("layers [79] are no-op in both halves" in x for x in d.inferred)
 
 

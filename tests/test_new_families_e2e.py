@@ -20,9 +20,9 @@ HF = Path(__file__).resolve().parent.parent / "testdata" / "hf"
 GEMMA = str(HF / "google--gemma-4-26B-A4B")
 
 
-def _deployment(model, chip, tp):
+def _deployment(model, chip, tp, kv_cache_dtype=None):
     args = argparse.Namespace(chip=chip, tp=tp, dp=None, ep=False, weights=None, gpus_per_node=None, fabric=None,
-                              coefficients=None, gpu_memory_utilization=None, kv_cache_dtype=None,
+                              coefficients=None, gpu_memory_utilization=None, kv_cache_dtype=kv_cache_dtype,
                               cudagraph_mode=None, max_num_seqs=None, max_num_batched_tokens=None, block_size=None,
                               kv_capacity_tokens=None, max_model_len=None)
     return model_deployment(model, args)
@@ -125,3 +125,14 @@ def test_a_checkpoint_with_a_calibrated_fp8_kv_cache_is_priced_and_launched_with
     lay = S.Layout(1, 1, False, "bf16", 256, 8192, "FULL_AND_PIECEWISE")
     line = launch.vllm_command(build_scenario(graph.name, "b200", lay, isl=1024, osl=1024, graph=graph), lay, graph)
     assert "--kv-cache-dtype fp8 " in line and "--quantization" not in line
+
+
+def test_vllms_auto_cache_is_the_checkpoints_calibrated_fp8_one(gemma):
+    """`--kv-cache-dtype auto` (vLLM's default, and a scenario's cache_dtype: auto) is what vLLM
+    runs: nvidia/Gemma-4-26B-A4B-NVFP4's calibrated FP8 cache (kv_cache_quant_algo FP8), as with
+    no flag; it priced a bf16 cache, twice the KV bytes, before. The bf16 Gemma's auto stays bf16."""
+    from jaxprice._src.cli_price import describe_deployment
+    nv = _deployment(str(HF / "nvidia--Gemma-4-26B-A4B-NVFP4"), "b200", 8, kv_cache_dtype="auto")
+    assert nv.plan.memory["kv_bytes_per_token"] == 35840 / 2
+    assert ", fp8 cache," in describe_deployment(nv)
+    assert _deployment(GEMMA, "h200", 8, kv_cache_dtype="auto").plan.memory["kv_bytes_per_token"] == 35840

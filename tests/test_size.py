@@ -767,3 +767,6 @@ def test_load_notes_say_when_the_best_load_only_queues():
     lay.dp = 4       # 1024 held: the largest level within what the engine holds
     assert _load_notes(res(None), {"concurrency_per_engine": 1024}) == [
         "  (at the sweep's largest concurrency: a larger --concurrency may find more)"]
+    lay.dp, lay.engine = 2, "sglang"        # an SGLang engine's limit by its own flag's name
+    (note,) = _load_notes(res(None), {"concurrency_per_engine": 1024})
+    assert "(max_running_requests 256 x dp 2)" in note and "max_num_seqs" not in note

@@ -156,7 +156,10 @@ def test_launch_line_and_json(result, registry):
     scen = L.build_scenario("deepseek-v3", "h200", moe, isl=1024, osl=1024, graph=registry.model("deepseek-v3"))
     text = launch.sglang_command(scen, moe, registry.model("deepseek-v3"), replicas=2)
     assert " --tp 8 --dp 8 --enable-dp-attention --ep-size 8 " in text and "--quantization" not in text
-    assert "--max-running-requests 256 --chunked-prefill-size 8192" in text and "x 2 replicas" in text
+    # SGLang divides both limits over the DP-attention ranks (server_args.py _handle_data_parallelism,
+    # model_runner's max_running_requests // dp_size): the line gives 8 x each rank's 256 and 8192
+    assert "--max-running-requests 2048 --chunked-prefill-size 65536" in text and "x 2 replicas" in text
+    assert "SGLang divides both over the 8 DP-attention ranks: 256 requests and 8192 tokens a rank" in text
 
 
 def test_cli_sglang_end_to_end(result, capsys, tmp_path):

@@ -492,13 +492,14 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
 
 def _load_notes(result, b) -> list:
     """What the best point's load means: clients beyond the requests an engine holds at once
-    (max_num_seqs per data-parallel rank) only queue, keeping every step full while their wait
-    adds to TTFT, so a larger --concurrency finds no more there; below it, the sweep's largest
-    level may be short of the layout's best."""
+    (max_num_seqs, SGLang's max_running_requests, per data-parallel rank) only queue, keeping every
+    step full while their wait adds to TTFT, so a larger --concurrency finds no more there; below
+    it, the sweep's largest level may be short of the layout's best."""
     layout, c = result.best_result.layout, b["concurrency_per_engine"]
     held = layout.max_num_seqs * layout.dp
+    limit = "max_running_requests" if getattr(layout, "engine", "vllm") == "sglang" else "max_num_seqs"
     if c > held:
-        note = (f"  ({c} clients per engine is more than the {held} requests it holds at once (max_num_seqs "
+        note = (f"  ({c} clients per engine is more than the {held} requests it holds at once ({limit} "
                 f"{layout.max_num_seqs}{f' x dp {layout.dp}' if layout.dp > 1 else ''}): the other {c - held} "
                 "queue, keeping every step full while their wait adds to TTFT")
         if result.ttft_target is None:

@@ -1783,10 +1783,11 @@ def _fam_step3p5(r, arch, act):
     """Step-3.5 / Step-3.7-Flash (vLLM step3p5.py Step3p5DecoderLayer / Step3p5Attention /
     FusedMoEBlock, read at vllm-project/vllm@01b50b9e8fbe085cdba0ace33dfb6e862ab9b627): GQA with
     q/k norms, a sliding window on layer_types' sliding layers (vLLM: the even layers where none is
-    stated), the heads of attention_other_setting on the layers of its attention_type, a head-wise
-    output gate (g_proj) where use_head_wise_attn_gate; MoE on moe_layers_enum's layers (vLLM's
-    default: every layer but the first), each with one shared expert share_expert_dim wide beside
-    moe_num_experts routed ones; the other layers a dense MLP intermediate_size wide."""
+    stated), the heads of attention_other_setting on the layers of its attention_type (in a stated
+    layer_types; vLLM applies none by its default), a head-wise output gate (g_proj) where
+    use_head_wise_attn_gate; MoE on moe_layers_enum's layers (vLLM's default: every layer but the
+    first), each with one shared expert share_expert_dim wide beside moe_num_experts routed ones;
+    the other layers a dense MLP intermediate_size wide."""
     h, n = r("hidden_size"), r("num_layers")
     types = _layer_types(r, ("full_attention", "sliding_attention"))
     win = r("sliding_window")
@@ -1821,11 +1822,13 @@ def _fam_step3p5(r, arch, act):
                      else r.table["n_kv"].keys[0])
     gate = r("use_head_wise_attn_gate")
     r.values.update(shared_experts=1)      # FusedMoEBlock always builds its share_expert
+    stated = r.cfg.get("layer_types") is not None     # vLLM reads attention_other_setting by a stated layer_types
     kinds, seq = {}, []
     for t, m in zip(types, moe):
         sliding = t == "sliding_attention" and win is not None
-        kid = ("swa" if sliding else "attn") + ("_moe" if m else "_dense")
-        nq_, nkv_, dh_ = heads.get(t, heads[""])
+        nq_, nkv_, dh_ = heads.get(t, heads[""]) if stated else heads[""]
+        other = not sliding and (nq_, nkv_, dh_) != heads[""]      # the other heads on a layer with no window
+        kid = ("swa" if sliding else "attn_other" if other else "attn") + ("_moe" if m else "_dense")
         if kid not in kinds:
             kinds[kid] = _attn_nodes(h, nq_, nkv_, dh_, "swa" if sliding else "gqa", win, gate=gate) + (
                 _moe(r) if m else _dense_mlp(h, r("intermediate_size")))
@@ -1836,17 +1839,18 @@ def _fam_step3p5(r, arch, act):
                           "layer by the layer_types / moe_layers_enum entries past num_hidden_layers, which are "
                           "not stated here)")
     r.inferred.append("q/k norms and the fp32 router (and its bias): not emitted, as the other families'")
-    return _order(kinds, ["attn_dense", "swa_dense", "attn_moe", "swa_moe"]), seq
+    return _order(kinds, ["attn_dense", "attn_other_dense", "swa_dense", "attn_moe", "attn_other_moe", "swa_moe"]), seq
 
 
 def _fam_nemotron_nas(r, arch, act):
     """DeciLM / Llama-3.3-Nemotron-Super (vLLM nemotron_nas.py DeciLMDecoderLayer, read at
     vllm-project/vllm@00bd1493b3e82d6c13c68ee8a0e1c5a96707e190): per block_configs entry, Llama
     attention with num_attention_heads // attention.n_heads_in_group KV heads behind its input norm,
-    unless attention.no_op; a gated Llama MLP behind its post-attention norm, ffn.intermediate_size
-    wide or, from ffn.ffn_mult, the multiple of 256 at or above int(2 ffn_mult hidden / 3), unless
-    ffn.no_op. A layer kind per distinct (KV heads, MLP width); a layer with both no-op runs nothing
-    and is left out. Linear replacements (replace_with_linear), which vLLM does not build, are refused."""
+    unless attention.no_op; a gated Llama MLP behind its post-attention norm, from ffn.ffn_mult the
+    multiple of 256 at or above int(2 ffn_mult hidden / 3) (vLLM's rule wherever a block states it),
+    else ffn.intermediate_size wide, unless ffn.no_op. A layer kind per distinct (KV heads, MLP
+    width); a layer with both no-op runs nothing and is left out. Linear replacements
+    (replace_with_linear), which vLLM does not build, are refused."""
     h, n, nq, dh = r("hidden_size"), r("num_layers"), r("n_q"), r("d_h")
     blocks = r("block_configs")
     if len(blocks) != n:
@@ -1883,7 +1887,8 @@ def _fam_nemotron_nas(r, arch, act):
                       dict(AR_ATTN)]
             kid.append(f"attn{nkv}")
         if not fsub("no_op"):
-            ffn = fsub("intermediate_size")
+            # vLLM sizes the MLP by ffn_mult whenever the block states it, else by its intermediate_size
+            ffn = fsub("intermediate_size") if b["ffn"].get("ffn_mult") is None else None
             if ffn is None:
                 mult = fsub("ffn_mult")
                 if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult < 1e6:

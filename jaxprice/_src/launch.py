@@ -148,7 +148,8 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
     data-parallel attention) is ``--tp tp x dp --dp dp --enable-dp-attention`` (attention
     data-parallel over dp ranks of tp GPUs each, the experts over all tp x dp), expert
     parallelism ``--ep-size tp x dp``; max_num_seqs is --max-running-requests, the token budget
-    --chunked-prefill-size; the radix (prefix) cache off, as the benchmark's prompts never share
+    --chunked-prefill-size, each times dp (SGLang splits both over the DP-attention ranks; the
+    layout's are a rank's); the radix (prefix) cache off, as the benchmark's prompts never share
     a prefix. Run ``replicas`` of them behind a load balancer."""
     repo = _model_repo(graph)
     e = scen.engine
@@ -159,7 +160,10 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
     if layout.ep:
         parts.append(f"--ep-size {width}")
     parts += _format_flags(e, graph, SGLANG_KV_CACHE_DTYPE)
-    parts += [f"--max-running-requests {e['max_num_seqs']}", f"--chunked-prefill-size {e['max_num_batched_tokens']}",
+    # SGLang divides both limits over the DP-attention ranks (server_args.py _handle_data_parallelism,
+    # model_runner's max_running_requests // dp_size); the layout's are each rank's, as priced
+    seqs, chunk = e["max_num_seqs"] * layout.dp, e["max_num_batched_tokens"] * layout.dp
+    parts += [f"--max-running-requests {seqs}", f"--chunked-prefill-size {chunk}",
               f"--context-length {e['max_model_len']}", f"--mem-fraction-static {e['gpu_memory_utilization']}",
               "--disable-radix-cache"] + _remote_code_flag(graph)
     if e.get("speculative"):      # EAGLE over the model's own MTP layers: k draft steps, 1 + k verified a row
@@ -167,6 +171,9 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
         parts += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
                   f"--speculative-num-draft-tokens {k + 1}"]
     notes = []          # comments, after every flag (a flag after a '#' would be commented out)
+    if layout.dp > 1:
+        notes.append(f"--max-running-requests and --chunked-prefill-size: SGLang divides both over the {layout.dp} "
+                     f"DP-attention ranks: {e['max_num_seqs']} requests and {e['max_num_batched_tokens']} tokens a rank")
     if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
         notes.append(f"{e['quantization']}: serve a published {e['quantization']} checkpoint of this model in its "
                      "place (ModelOpt's, e.g. nvidia/...-FP4); SGLang reads its quantization from the checkpoint")
