@@ -539,6 +539,24 @@ def test_recurrent_prefill_without_a_rate_is_the_chunked_scan(root):
     assert layer(price(dep, MIXED), dep, "r", "sm") == approx(4e-6 + 10 / 1e8 + scan)
 
 
+def test_a_bundled_gdn_rate_charges_a_decode_token_by_the_heads_a_rank_runs():
+    """KNOWN DIVERGENCE [recurrent-rate-geometry]: the bundled GDN rate was fitted at Qwen3.5-397B's
+    64 value heads on one GPU and scales inversely with the heads, so a tp 8 rank running 8 of them
+    charges a decode token 8/64 of the fitted time. Isolated by doubling the rate: the 45 GDN layers'
+    SM falls by 45 x 256 x (8/64) x (1/r - 1/2r). (A rate from any other set, its geometry unknown,
+    is charged as fitted: test_recurrent_decode_and_measured_prefill_rates above.)"""
+    import jaxprice as jp
+    dep = jp.load_deployment("qwen3.5-397b-a17b-b200-fp8-sglang-tp8")
+    assert list(dep.plan.arrays["rec_dec_scale"]) == [8 / 64]
+    c = dep.coefficients
+    r = float(c["recurrent_decode_rate_gdn"])
+    batch = jp.Batch.decode(256, 2048, pad_to=256, decode_threshold=8)
+    a = jp.price(dep.plan, c, batch, breakdown=True)
+    b = jp.price(dep.plan, c.replace(recurrent_decode_rate_gdn=2 * r), batch, breakdown=True)
+    assert layer(a, dep, "gdn_moe", "sm") - layer(b, dep, "gdn_moe", "sm") == \
+        approx(45 * 256 * (8 / 64) * (1 / r - 1 / (2 * r)))
+
+
 # ============================================================================ classification
 
 

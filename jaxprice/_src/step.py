@@ -456,14 +456,15 @@ def _attention_terms(st: _Step):
 
 
 def _recurrent_sm(st: _Step):
-    """Recurrent mixers -> SM per layer kind: measured floor + rate forms for decode and
+    """Recurrent mixers -> SM per layer kind: measured floor + rate forms for decode (each decode
+    token a rec_dec_scale share of the fitted one's time: resolve._decode_token_scale) and
     prefill, else (prefill) vLLM's chunked scan as arithmetic at the BF16 ramp."""
     A, CF, C, walk = st.A, st.CF, st.C, st.walk
     has_decode, has_prefill = walk["n_decode"] > 0, walk["n_prefill"] > 0
     rec = []
     for i, (dec, pre) in enumerate(zip(CF["rec_dec"], CF["rec_pre"])):
-        t = laws.floor_plus_rate(has_decode, C(dec[0]), walk.get("decode_tokens"), C(dec[1])) if dec \
-            else jnp.zeros(())
+        t = laws.floor_plus_rate(has_decode, C(dec[0]), walk.get("decode_tokens") * A["rec_dec_scale"][i],
+                                 C(dec[1])) if dec else jnp.zeros(())
         if pre:
             t = t + laws.floor_plus_rate(has_prefill, C(pre[0]), walk["prefill_tokens"], C(pre[1]))
         else:
