@@ -927,13 +927,14 @@ def _recurrent(node, kind_index: int, phase: int, div: int, scope: _Scope,
     and the chunked scan's FLOPs per token, intra-chunk attention (4 C d) plus the state's
     read and update (4 d state), at the BF16 rate class.
 
-    KNOWN DIVERGENCE [recurrent-rate-geometry]: a bundled GDN or KDA decode rate was fitted at
-    the whole model's heads on one GPU (FITTED_DECODE_HEADS) and scales inversely with the heads
-    (the entries' rationale), so a rank running h of them charges each decode token
-    h / fitted of the fitted time per token (``dec_token_scale``); the reference charges the
-    fitted time at every width (Qwen3.5-397B fp8 on 8 B200, 256 decodes: 16.2 of a 31.9 ms step,
-    2.0 of 17.7 now). An entry from another set (its own geometry unknown) and mamba2's rate
-    (a convolution alone, its geometry unstated) are charged as fitted."""
+    KNOWN DIVERGENCE [recurrent-rate-geometry]: a GDN or KDA decode rate is read as measured at
+    the heads the registry's entries were fitted at, the whole model's on one GPU
+    (FITTED_DECODE_HEADS), and a kernel's time scales with the heads it runs (the entries'
+    rationale), so a rank running h of them charges each decode token h / fitted of the rate's
+    time (``dec_token_scale``); the reference charges the rate's time at every width (Qwen3.5-397B
+    fp8 on 8 B200, 256 decodes: 16.2 of a 31.9 ms step, 2.0 of 17.9 now). A set of one's own states
+    its rates at that geometry too (a fit through the plan keeps it). mamba2's rate (a convolution
+    alone, its geometry unstated) is charged as stated."""
     rk = node["recurrent_kind"]
     heads = node["n_heads"] / div
     d = node.get("d_h") or node["state_size"]
@@ -946,27 +947,24 @@ def _recurrent(node, kind_index: int, phase: int, div: int, scope: _Scope,
     row = RecurrentRow(kind_index, phase, (scope.use(dec_f), scope.use(dec_r)) if has_dec else None,
                        (scope.use(pre_f), scope.use(pre_r)) if has_pre else None,
                        heads * (4.0 * SCAN_CHUNK * d + 4.0 * d * state), classes.for_format("bf16"),
-                       _decode_token_scale(rk, heads, scope.entries.get(dec_r)) if has_dec else 1.0)
+                       _decode_token_scale(rk, heads) if has_dec else 1.0)
     return row, notes
 
 
-# The heads each bundled recurrent decode rate was fitted at: the whole model's, one GPU running
-# them all (the entries' primary sources in the reference registry's cost-model-recurrent.yaml:
-# AISimulate gdn_perf "num_k_heads=16, num_v_heads=64, model Qwen/Qwen3.5-397B-A17B", kda_perf
-# "num_k_heads=96, model moonshotai/Kimi-K3"), where the rate scales inversely with the heads (the
-# entries' rationale: "the rate is inversely proportional to num_v_heads across the sweep"). A
-# graph's GDN node counts value heads (n_heads), a KDA node its heads.
+# The heads the registry's recurrent decode rates were fitted at: the whole model's, one GPU
+# running them all (the entries' primary sources in the reference registry's
+# cost-model-recurrent.yaml: AISimulate gdn_perf "num_k_heads=16, num_v_heads=64, model
+# Qwen/Qwen3.5-397B-A17B", kda_perf "num_k_heads=96, model moonshotai/Kimi-K3"), where the rate
+# scales inversely with the heads (the entries' rationale: "the rate is inversely proportional to
+# num_v_heads across the sweep"). A graph's GDN node counts value heads (n_heads), a KDA node its heads.
 FITTED_DECODE_HEADS = {"gdn": 64.0, "kda": 96.0}
-BUNDLED_RECURRENT_SOURCE = "inference-sim/inference-sim testdata/registry/coefficients/cost-model-recurrent.yaml@"
 
 
-def _decode_token_scale(kind: str, rank_heads: float, rate_entry) -> float:
-    """A decode token's time as a share of the fitted rate's: rank heads / fitted heads for a
-    bundled GDN or KDA rate (FITTED_DECODE_HEADS), 1 for any other entry or kind."""
+def _decode_token_scale(kind: str, rank_heads: float) -> float:
+    """A decode token's time as a share of the rate's: rank heads / fitted heads for GDN and KDA
+    (FITTED_DECODE_HEADS), 1 for any other kind."""
     fitted = FITTED_DECODE_HEADS.get(kind)
-    if fitted is None or rate_entry is None or not str(rate_entry.cite).startswith(BUNDLED_RECURRENT_SOURCE):
-        return 1.0
-    return float(rank_heads) / fitted
+    return 1.0 if fitted is None else float(rank_heads) / fitted
 
 
 def _hyper_connection(node, kind_index: int, phase: int, fmt: str, scope: _Scope,
