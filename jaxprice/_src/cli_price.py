@@ -318,19 +318,14 @@ def model_deployment(model, args):
     size` builds a candidate (size.base_scenario) but without the engine settings size searches:
     max_num_seqs, max_num_batched_tokens, max_model_len and the graph mode are left to vLLM's
     defaults (and to serve's isl + osl + 256), which the commands state where they use them."""
-    from .layouts import (base_scenario, heads_reason, held_formats, is_moe, load_model, spans_nodes_reason,
-                          weight_formats)
+    from .layouts import (base_scenario, heads_reason, is_moe, load_model, refuse_weight_format,
+                          spans_nodes_reason)
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
     tp = parse_int(1 if args.tp is None else args.tp, flag="--tp", minimum=1)
     dp = parse_int(1 if args.dp is None else args.dp, flag="--dp", minimum=1)
     weights = graph.weight_dtype if args.weights is None else args.weights
-    allowed = weight_formats(graph, chip)
-    if weights not in allowed:
-        held = held_formats(graph, graph.weight_dtype)
-        refuse(f"not a format vLLM serves {graph.name} in on {chip.name} (from its {graph.weight_dtype} checkpoint: "
-               f"{', '.join(allowed)}" + (f"; the checkpoint holds {held}" if held else "") + ")", field="--weights",
-               value=weights)
+    refuse_weight_format(graph, chip, weights, field="--weights")
     if args.ep and not is_moe(graph):
         refuse(f"expert parallelism needs experts: {graph.name} has no MoE layer", field="--ep")
     width = tp * dp

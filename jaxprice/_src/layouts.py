@@ -197,6 +197,18 @@ def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
     return want if limit is None else min(want, int(limit))
 
 
+def refuse_weight_format(graph: ModelGraph, chip, fmt: str, *, field: str, engine: str = "vllm") -> None:
+    """Refuse ``fmt`` unless the engine serves the checkpoint in it on the chip (weight_formats),
+    naming the formats it does serve and those the checkpoint already holds beside its main one."""
+    allowed = weight_formats(graph, chip)
+    if fmt in allowed:
+        return
+    held = held_formats(graph, graph.weight_dtype)
+    name = "SGLang" if engine == "sglang" else "vLLM"
+    refuse(f"not a format {name} serves {graph.name} in on {chip.name} (from its {graph.weight_dtype} checkpoint: "
+           f"{', '.join(allowed)}" + (f"; the checkpoint holds {held}" if held else "") + ")", field=field, value=fmt)
+
+
 def held_formats(graph: ModelGraph | None, served: str) -> str:
     """'nvfp4 for moe_experts': the GEMMs the checkpoint holds at another format than ``served``
     (a ModelOpt NVFP4 checkpoint's experts beside its bf16 rest, gpt-oss's MXFP4 experts), by role;

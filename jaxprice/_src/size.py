@@ -141,7 +141,7 @@ from .errors import JaxpriceError, check_callback, refuse, shown
 from .formats import DTYPE_BYTES, ModelGraph, Registry, check_registry, coefficient_set_files
 from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS, ENGINES,
                       WIDTHS, Candidate, Layout, build_candidates, build_scenario,
-                      candidate_space, fits, is_moe, load_model, max_model_len, weight_formats, _is_hf, _kv_tokens)
+                      candidate_space, fits, is_moe, load_model, max_model_len, _is_hf, _kv_tokens)
 from .launch import hybrid_block_of, launch_command, scenario_document, vllm_command
 from .plan import INT_TOKEN_LIMIT, Batch, _as_checked, _unchecked_batch, _whole
 from .resolve import Deployment, resolve
@@ -1506,15 +1506,9 @@ def _check_layout_axes(graph, chip_obj, gpus, *, tp, dp, ep, weights, engine="vl
     not serve the checkpoint in on the chip (``weight_formats``; its layouts would be priced at
     the checkpoint's format under another name), expert parallelism for a model without experts
     or on widths of one GPU (``_check_unused_widths`` then refuses a tp or dp value no layout uses)."""
-    allowed = weight_formats(graph, chip_obj)
+    from .layouts import refuse_weight_format
     for f in weights or ():
-        if f not in allowed:
-            name = "SGLang" if engine == "sglang" else "vLLM"
-            from .layouts import held_formats
-            held = held_formats(graph, graph.weight_dtype)
-            refuse(f"not a format {name} serves {graph.name} in on {chip_obj.name} (from its {graph.weight_dtype} "
-                   f"checkpoint: {', '.join(allowed)}" + (f"; the checkpoint holds {held}" if held else "") + ")",
-                   field="weights", value=f)
+        refuse_weight_format(graph, chip_obj, f, field="weights", engine=engine)
     moe = is_moe(graph)
     if ep is not None and True in list(ep):
         if not moe:
