@@ -136,3 +136,24 @@ def test_vllms_auto_cache_is_the_checkpoints_calibrated_fp8_one(gemma):
     assert nv.plan.memory["kv_bytes_per_token"] == 35840 / 2
     assert ", fp8 cache," in describe_deployment(nv)
     assert _deployment(GEMMA, "h200", 8, kv_cache_dtype="auto").plan.memory["kv_bytes_per_token"] == 35840
+
+
+def test_the_yaml_import_of_a_checkpoint_keeps_its_calibrated_fp8_cache(tmp_path):
+    """`import-model` writes a YAML graph a user then prices in place of the config.json: it
+    states the checkpoint's calibrated cache (kv_cache_dtype: fp8), so the YAML and the config
+    price the same KV bytes (the YAML priced a bf16 cache, twice the bytes, before); a config with
+    none writes no key, and a hand-written value other than fp8 is refused in one line."""
+    from jaxprice._src.formats import load_model_graph
+    from jaxprice._src.hf import graph_yaml, import_result
+    from jaxprice._src.layouts import checkpoint_kv_cache
+    text = graph_yaml(import_result(str(HF / "nvidia--Gemma-4-26B-A4B-NVFP4")))
+    assert "\nkv_cache_dtype: \"fp8\"\n" in text
+    f = tmp_path / "gemma-nvfp4.yaml"
+    f.write_text(text)
+    assert checkpoint_kv_cache(load_model_graph(str(f))) == "fp8"
+    assert _deployment(str(f), "b200", 8).plan.memory["kv_bytes_per_token"] == 35840 / 2
+    assert "kv_cache_dtype" not in graph_yaml(import_result(GEMMA))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace('kv_cache_dtype: "fp8"', 'kv_cache_dtype: "int4"'))
+    with pytest.raises(jp.JaxpriceError, match=r"kv_cache_dtype.*int4"):
+        load_model_graph(str(bad))

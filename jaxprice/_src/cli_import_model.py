@@ -91,7 +91,8 @@ def run(args) -> int:
     except OSError as err:
         refuse(f"cannot write the graph ({err.strerror})", file=str(out))
     layers = len(graph_from_doc(res.doc, res.config_path).expanded_stack())
-    print(f"{out}: {res.doc['name']} ({res.architecture}, {layers} layers, {weights_summary(res.doc)}); "
+    cache = f", {res.doc['kv_cache_dtype']} KV cache (calibrated)" if res.doc.get("kv_cache_dtype") else ""
+    print(f"{out}: {res.doc['name']} ({res.architecture}, {layers} layers, {weights_summary(res.doc)}{cache}); "
           f"{len(res.inferred)} inferred notes as comments", file=sys.stderr)
     return 0
 

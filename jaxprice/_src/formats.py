@@ -167,6 +167,7 @@ class ModelGraph:
     source: str
     path: str
     max_model_len: int | None = None   # the longest sequence vLLM serves it at (imported graphs; extension)
+    kv_cache_dtype: str | None = None  # the KV cache the checkpoint calibrated, 'fp8' (imported graphs; extension)
 
     def expanded_stack(self) -> list:
         s = self.stack
@@ -259,7 +260,8 @@ def _parse_stack(stack, kinds, *, file, where="stack"):
 
 _OWN_MODEL_KEYS = {"format", "name", "source", "hf_repo", "hf_revision", "config_sha256",
                    "hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality",
-                   "layer_kinds", "stack", "head", "speculator", "capture_breaks", "max_model_len"}
+                   "layer_kinds", "stack", "head", "speculator", "capture_breaks", "max_model_len",
+                   "kv_cache_dtype"}
 _PUBLIC_MODEL_KEYS = {"kind", "name", "derived_from", "global", "layer_kinds", "stack", "head",
                       "speculator", "modality"}
 
@@ -374,7 +376,19 @@ def _model_globals(doc, glob, file) -> dict:
         tie_word_embeddings=bool(glob.get("tie_word_embeddings", False)),
         weight_dtype=wd, modality=str(doc.get("modality", "text_only")),
         max_model_len=None if doc.get("max_model_len") is None else
-        _number(doc["max_model_len"], file=file, field="max_model_len", integer=True, minimum=1))
+        _number(doc["max_model_len"], file=file, field="max_model_len", integer=True, minimum=1),
+        kv_cache_dtype=_calibrated_cache(doc.get("kv_cache_dtype"), file))
+
+
+# The KV cache dtypes a checkpoint can calibrate that vLLM's --kv-cache-dtype auto then takes
+CALIBRATED_CACHES = ("fp8",)
+
+
+def _calibrated_cache(value, file):
+    if value is None or value in CALIBRATED_CACHES:
+        return value
+    refuse(f"must be one of {', '.join(CALIBRATED_CACHES)} (the KV cache the checkpoint calibrated) or absent",
+           file=file, field="kv_cache_dtype", value=value, has_value=True)
 
 
 # ----------------------------------------------------------------------------- chips, fabrics

@@ -2301,6 +2301,25 @@ def _bundled_name(sha, repo):
     return None
 
 
+def calibrated_kv_cache(raw: dict, qdoc) -> str | None:
+    """'fp8' where the checkpoint calibrated an FP8 KV cache, else None: ModelOpt's
+    ``kv_cache_quant_algo: FP8`` (hf_quant_config.json's ``quantization``, or the config's
+    quantization_config), which vLLM's ``--kv-cache-dtype auto`` takes as the cache dtype
+    (vllm-project/vllm#29980), or compressed-tensors' 8-bit float ``kv_cache_scheme``, for which
+    vLLM sets an fp8 cache itself."""
+    docs = [(qdoc or {}).get("quantization")] if isinstance(qdoc, dict) else []
+    docs += [d.get("quantization_config") for d in (raw, raw.get("text_config")) if isinstance(d, dict)]
+    for q in (d for d in docs if isinstance(d, dict)):
+        algo, scheme = q.get("kv_cache_quant_algo"), q.get("kv_cache_scheme")
+        if isinstance(algo, str) and algo.upper().startswith("FP8"):
+            return "fp8"
+        if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
+            return "fp8"
+        if isinstance(scheme, str) and scheme.upper().startswith("FP8"):
+            return "fp8"
+    return None
+
+
 def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Imported:
     """Read a config.json (or a folder holding one) and its quantization into a graph document."""
     cfg_path, raw, sha, qpath, qdoc, qsha = _read_config_files(path, quant_config)
@@ -2326,6 +2345,8 @@ def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Import
     derived = _derived_max_len(r, raw.get("model_type", r.cfg.get("model_type")))
     if derived is not None:
         doc["max_model_len"] = derived
+    if calibrated_kv_cache(raw, qdoc):
+        doc["kv_cache_dtype"] = calibrated_kv_cache(raw, qdoc)
     if repo is None:
         del doc["hf_repo"]
         r.inferred.append("hf_repo: not known from the file (pass --hf-repo)")
@@ -2494,7 +2515,8 @@ def graph_from_doc(doc: dict, file: str):
     return ModelGraph(name=doc["name"], hidden_size=doc["hidden_size"], vocab_size=doc["vocab_size"],
                       tie_word_embeddings=doc["tie_word_embeddings"], weight_dtype=doc["weight_dtype"],
                       modality=doc["modality"], layer_kinds=kinds, stack=stack, head=head, speculator=spec,
-                      capture_breaks={}, source=doc["source"], path=file, max_model_len=doc.get("max_model_len"))
+                      capture_breaks={}, source=doc["source"], path=file, max_model_len=doc.get("max_model_len"),
+                      kv_cache_dtype=doc.get("kv_cache_dtype"))
 
 
 def import_hf_config(path, quant_config=None, *, name=None, hf_repo=None):
@@ -2530,7 +2552,8 @@ def graph_yaml(res: Imported) -> str:
         if key in d:
             quoted = key in ('source', 'hf_repo', 'config_sha256')
             lines.append(f"{key}: {json.dumps(d[key]) if quoted else plain(d[key])}")
-    for key in ("hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality", "max_model_len"):
+    for key in ("hidden_size", "vocab_size", "tie_word_embeddings", "weight_dtype", "modality", "max_model_len",
+                "kv_cache_dtype"):
         if key in d:
             lines.append(f"{key}: {flow(d[key])}")
     lines.append("layer_kinds:")

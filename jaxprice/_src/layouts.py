@@ -20,10 +20,8 @@ model, chip and widths."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
-import os
 from pathlib import Path
 
 from .errors import JaxpriceError, refuse
@@ -227,41 +225,11 @@ def held_formats(graph: ModelGraph | None, served: str) -> str:
 
 
 def checkpoint_kv_cache(graph: ModelGraph | None) -> str | None:
-    """'fp8' where an imported checkpoint calibrated an FP8 KV cache, else None: ModelOpt's
-    ``kv_cache_quant_algo: FP8`` (hf_quant_config.json, or the config's quantization_config), which
-    vLLM's ``--kv-cache-dtype auto`` takes as the cache dtype (vllm-project/vllm#29980), or
-    compressed-tensors' 8-bit float ``kv_cache_scheme``, for which vLLM sets an fp8 cache itself."""
-    path = str(getattr(graph, "path", "") or "")
-    if not path.endswith(".json"):
-        return None
-    try:        # the files' stamps key the cache: a config rewritten in place is read again
-        from .hf import config_paths
-        stamps = tuple((str(f), os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in config_paths(path) if f)
-    except (OSError, JaxpriceError):
-        return None
-    return _checkpoint_kv_cache(path, stamps)
-
-
-@functools.lru_cache(maxsize=64)
-def _checkpoint_kv_cache(path: str, _stamps: tuple) -> str | None:
-    import json
-    from .hf import config_paths
-    try:
-        cfg, quant = config_paths(path)
-        docs = [(json.loads(Path(quant).read_text()) or {}).get("quantization") or {}] if quant else []
-        doc = json.loads(Path(cfg).read_text())
-        docs += [d.get("quantization_config") for d in (doc, doc.get("text_config") or {}) if isinstance(d, dict)]
-    except (OSError, ValueError, AttributeError, JaxpriceError):
-        return None
-    for q in (d for d in docs if isinstance(d, dict)):
-        algo, scheme = q.get("kv_cache_quant_algo"), q.get("kv_cache_scheme")
-        if isinstance(algo, str) and algo.upper().startswith("FP8"):
-            return "fp8"
-        if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
-            return "fp8"
-        if isinstance(scheme, str) and scheme.upper().startswith("FP8"):
-            return "fp8"
-    return None
+    """'fp8' where an imported checkpoint calibrated an FP8 KV cache (``hf.calibrated_kv_cache``:
+    ModelOpt's ``kv_cache_quant_algo: FP8``, compressed-tensors' 8-bit float ``kv_cache_scheme``),
+    which vLLM's ``--kv-cache-dtype auto`` serves; the graph's ``kv_cache_dtype``, so a config.json
+    and the YAML graph import-model writes from it are priced alike. None otherwise."""
+    return getattr(graph, "kv_cache_dtype", None)
 
 
 def base_scenario(model: str, chip: str, *, tp: int, dp: int, ep: bool, weights: str, graph: ModelGraph,

@@ -746,7 +746,7 @@ MODEL_OWN = Map({"format": Str(), "name": Str(numbers_ok=True), "source": Str(),
                  **_GLOBAL_FIELDS, "modality": Str(nullable=True), "layer_kinds": Custom(_own_kinds),
                  "stack": STACK, "head": NODES, "speculator": SPECULATOR,
                  "capture_breaks": Dict(Int(1, maximum=REPEAT_LIMIT), nullable=True),
-                 "max_model_len": Int(1, nullable=True)},
+                 "max_model_len": Int(1, nullable=True), "kv_cache_dtype": Str(nullable=True)},
                 required=("name", "hidden_size", "vocab_size", "weight_dtype", "layer_kinds", "stack"))
 MODEL_PUBLIC = Map({"kind": Str(), "name": Str(numbers_ok=True), "derived_from": Any(),
                     "global": Map(_GLOBAL_FIELDS, required=("hidden_size", "vocab_size", "weight_dtype")),
