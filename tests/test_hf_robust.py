@@ -220,7 +220,8 @@ def test_mixed_precision_prices_each_op_at_its_listed_format():
     assert "ModelOpt MIXED_PRECISION (291 modules listed: 161 nvfp4, 130 fp8)" in notes
     assert "MIXED_PRECISION weights per op (quantized_layers; unlisted modules unquantized): mixer_out fp8, " \
            "experts nvfp4, qkv_proj fp8, o_proj fp8, lm_head nvfp4" in notes
-    assert weights_summary(d) == "weights nvfp4 for experts, lm_head; fp8 for the rest"
+    summary = weights_summary(hf.graph_from_doc(d, res.config_path))
+    assert summary == "weights nvfp4 for experts, lm_head; fp8 for the rest"
 
 
 def test_mixed_precision_overrides_expert_dtype_and_leaves_unlisted_modules_unquantized():

@@ -75,7 +75,7 @@ def run(args) -> int:
     bundled = None if Path(args.config).exists() else bundled_config(args.config)   # a bundled one by name
     config = bundled or args.config
     res = import_result(config, args.quant_config, name=args.name, hf_repo=args.hf_repo)
-    graph_from_doc(res.doc, res.config_path)          # validated as a graph file is
+    graph = graph_from_doc(res.doc, res.config_path)          # validated as a graph file is
     text = graph_yaml(res)
     if args.out is None:
         sys.stdout.write(text)
@@ -90,20 +90,17 @@ def run(args) -> int:
         out.write_text(text)
     except OSError as err:
         refuse(f"cannot write the graph ({err.strerror})", file=str(out))
-    layers = len(graph_from_doc(res.doc, res.config_path).expanded_stack())
-    cache = f", {res.doc['kv_cache_dtype']} KV cache (calibrated)" if res.doc.get("kv_cache_dtype") else ""
-    print(f"{out}: {res.doc['name']} ({res.architecture}, {layers} layers, {weights_summary(res.doc)}{cache}); "
+    layers = len(graph.expanded_stack())
+    cache = f", {graph.kv_cache_dtype} KV cache (calibrated)" if graph.kv_cache_dtype else ""
+    print(f"{out}: {graph.name} ({res.architecture}, {layers} layers, {weights_summary(graph)}{cache}); "
           f"{len(res.inferred)} inferred notes as comments", file=sys.stderr)
     return 0
 
 
-def weights_summary(doc: dict) -> str:
-    """The weight formats in words: the graph's weight_dtype is the format of most non-expert weights
-    (the default of every node that states none), so an NVFP4 checkpoint that keeps attention at bf16
-    reads 'weights nvfp4 for experts; bf16 for the rest', not 'weights bf16'."""
-    from types import SimpleNamespace
-
+def weights_summary(graph) -> str:
+    """The weight formats of a ModelGraph in words: its weight_dtype is the format of most non-expert
+    weights (the default of every node that states none), so an NVFP4 checkpoint that keeps attention
+    at bf16 reads 'weights nvfp4 for experts; bf16 for the rest', not 'weights bf16'."""
     from .layouts import held_formats
-    glob = doc["weight_dtype"]
-    held = held_formats(SimpleNamespace(layer_kinds=doc["layer_kinds"], head=doc["head"]), glob)
-    return f"weights {held}; {glob} for the rest" if held else f"weights {glob}"
+    held = held_formats(graph, graph.weight_dtype)
+    return f"weights {held}; {graph.weight_dtype} for the rest" if held else f"weights {graph.weight_dtype}"
