@@ -2218,11 +2218,16 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
         predictions = _predict_counting(groups, info, temperature=temperature, callback=callback,
                                         per_deployment=per_deployment)
     from .fit import split_by_deployment
-    names = sorted({p.deployment for p in points})
-    model_of = {p.deployment: p.model for p in points}
+    # the deployments jaxprice fit splits: those it has observations of (the priced ones, its
+    # _split_for_early_stopping), by model graph, unstratified where that holds none out; over every
+    # deployment of the CSV a refused one could be "held out" (test: 0 priced) while fit held out another
+    model_of = {g.name: g.deployment.graph.name for g in groups}
+    names = sorted(model_of)
     train, test = split_by_deployment(names, 0.25, seed=0, stratify=model_of)
+    if not test:
+        train, test = split_by_deployment(names, 0.25, seed=0)
     info["split"] = {"train": train, "test": test,
-                     "how": "jaxprice.fit.split_by_deployment(deployments, 0.25, seed=0, stratify=model)"}
+                     "how": "jaxprice.fit.split_by_deployment(the priced deployments, 0.25, seed=0, stratify=model)"}
     notes = info.get("notes", []) + _ep_notes(groups, points)
     info.update(deployments=len({p.deployment for p in points}), sweeps=len({p.sweep for p in points}),
                 from_scenario_files=sorted({g.name for g in groups if g.source != "columns"}),

@@ -304,6 +304,7 @@ def _observations(args):
             refuse("--batch-rule applies to the mean-TPOT layout only (a step CSV gives its batches)",
                    field="--batch-rule", value=args.batch_rule)
         return target, F.read_step_measurements(args.csv, estimate=args.estimate), []
+    _note_unit(args.csv)
     obs, refused, points = F.observations_from_measurements(
         args.csv, scenario_dirs=args.scenario_dir, estimate=args.estimate, deployments=args.deployment,
         batch_rule=args.batch_rule)
@@ -311,6 +312,16 @@ def _observations(args):
     if not obs:
         refuse("no point of the CSV could be priced", file=args.csv)
     return target, obs, sorted({p.engine for p in points if p.engine})
+
+
+def _note_unit(csv_path) -> None:
+    """accuracy's note (stderr) where the file's median mean TPOT is outside what serving engines give:
+    a unit column saying ms over microseconds fitted hbm_derate to its bound and wrote the set without
+    a word, where `jaxprice accuracy` on the same file says to check the unit."""
+    from .cli_accuracy import unit_note
+    note = unit_note(csv_path)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _report_refused(refused, points, by):
@@ -330,6 +341,7 @@ def _simulated(args, header):
         refuse("--batch-rule simulate needs the mean-TPOT layout (a 'quantity' column)", file=args.csv,
                field="header", value=",".join(header[:6]))
     targets = F.parse_targets("tpot" if args.target == "auto" else args.target)
+    _note_unit(args.csv)
     if args.settings is not None:
         from .cli_accuracy import settings_note
         note = settings_note(args.csv, args.settings, args.deployment)
@@ -443,7 +455,9 @@ def print_fit(res, obs, target, args, seed):
         pred_before, pred_after = res.predict_all(sel, fitted=False), res.predict_all(sel)   # one compile per structure
         before = np.concatenate([pred_before[o.name] for o in sel])
         after = np.concatenate([pred_after[o.name] for o in sel])
-        print(f"{split:<10}{len(names):>12}{len(meas):>8}{res.initial[key]:>13.5f}{res.final[key]:>12.5f}"
+        # no descent (prior inf, the registry kept) has no losses: '-', not 'nan'
+        loss = [f"{v:.5f}" if np.isfinite(v) else "-" for v in (res.initial[key], res.final[key])]
+        print(f"{split:<10}{len(names):>12}{len(meas):>8}{loss[0]:>13}{loss[1]:>12}"
               f"{_mape(before, meas):>13.1%}{_mape(after, meas):>12.1%}")
         if sim:
             from . import fit as F

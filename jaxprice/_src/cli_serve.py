@@ -84,7 +84,9 @@ def add_parser(subparsers):
                         "and the share of requests good, and with several loads a line names the highest "
                         f"load with >= {SLO_ATTAINMENT_TARGET * 100:.0f}%% of requests good")
     p.add_argument("--json", action="store_true", help="print JSON (times in seconds) instead of the table")
-    p.add_argument("--csv", metavar="FILE", default=None, help="write one row per request (every load)")
+    p.add_argument("--csv", metavar="FILE", default=None,
+                   help="write one row per request (every load; tpot_s empty for a one-token request, which has "
+                   "no TPOT)")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="TTFT and TPOT against the load; throughput per GPU against tokens/s per user")
     p.add_argument("--timeline", metavar="FILE.png", default=None,
@@ -181,8 +183,12 @@ def write_csv(path, label, loads, results):
                                               else "") for k in keys])
         for x, r in zip(loads, results):
             n = r.requests["ttft"].size
+            # a one-token request has no TPOT (the client leaves it out of the mean): an empty cell, not
+            # the 0 that pulled the mean of the column below the summary's TPOT
+            no_tpot = np.asarray(r.requests["output_len"]) <= 1
             for i in range(n):
-                w.writerow([x, i] + [f"{float(r.requests[k][i]):.9g}" if k != "good" else int(r.requests[k][i])
+                w.writerow([x, i] + ["" if k == "tpot" and no_tpot[i] else
+                                     f"{float(r.requests[k][i]):.9g}" if k != "good" else int(r.requests[k][i])
                                      for k in keys])
 
 
@@ -192,6 +198,8 @@ def run(args) -> int:
     label, loads = _loads(args, opts)
     dep = load_scenario_deployment(args.scenario, args.pool, args)
     _check_budget(dep, opts["engine"])
+    _check_acceptance(dep, opts["acceptance"])
+    _check_block_size(dep, opts["engine"])
     results = _simulate_loads(dep, args, opts, label, loads)
     if label == "trace":
         loads = [Path(args.trace).name]
@@ -207,6 +215,40 @@ def run(args) -> int:
         return 0
     print(_text_report(dep, args, opts, label, loads, results))
     return 0
+
+
+def _check_acceptance(dep, acceptance) -> None:
+    """--acceptance on a deployment that does not speculate: said so, and how to speculate (it read
+    "field 'acceptance', value 2.0: must be a number in [1, 1 + num_spec_tokens = 1]", naming neither
+    the flag nor the scenario setting that would allow it)."""
+    if acceptance is None or int(dep.plan.scalars.get("uniform_width", 1)) > 1:
+        return
+    where = f"{dep.scenario.path}: " if getattr(dep.scenario, "path", None) else ""
+    refuse(f"is the mean tokens a speculating decode row emits per step, but {dep.name} does not speculate "
+           f"({where}no engine.speculative.num_spec_tokens): state the draft tokens in the scenario to simulate "
+           "speculative decoding", field="--acceptance", value=acceptance)
+
+
+def _check_block_size(dep, engine) -> None:
+    """--block-size as vLLM's flag takes it: one of its block sizes, as a scenario's engine.block_size
+    is refused otherwise (--block-size 7 ran an engine vLLM does not start). A model with recurrent
+    layers runs vLLM's own larger attention block (serve._take_block_size checks an override's floor)."""
+    from .formats import VLLM_BLOCK_SIZES
+    v = engine.get("block_size")
+    if v is None or v in VLLM_BLOCK_SIZES or dep.plan.memory.get("hybrid_block_minimum", 0):
+        return
+    refuse(f"vLLM would not start: the block size must be one of {', '.join(map(str, VLLM_BLOCK_SIZES))} "
+           "(vLLM's CacheConfig.BlockSize)", field="--block-size", value=v)
+
+
+def drafter_note(dep) -> str:
+    """Where the scenario speculates on a model whose graph has no drafter (no MTP layers): the drafts'
+    own cost is not priced, only the target's 1 + k token rows ("" otherwise)."""
+    sc = dep.plan.scalars
+    if int(sc.get("uniform_width", 1)) <= 1 or sc.get("drafter"):
+        return ""
+    return (f"the drafter is NOT priced: {dep.graph.name}'s graph has no speculator (MTP layers), so only the "
+            "target's 1 + k token decode rows are; a draft model or EAGLE head would add its own passes to every step")
 
 
 def _check_budget(dep, engine) -> None:
@@ -427,6 +469,8 @@ def _text_report(dep, args, opts, label, loads, results) -> str:
         acc, src = a["acceptance"]
         lines.append(f"speculative decoding: {a['num_spec_tokens'][0]} draft token(s) a step, {acc:g} tokens emitted per "
                      f"decode row and step ({'given: --acceptance' if args.acceptance is not None else src})")
+        if drafter_note(dep):
+            lines.append(drafter_note(dep))
     if "request_latency" in a:      # a fixed part of every TTFT the table shows, so it is said
         lines.append(f"host, per request: {a['request_latency'][0]} (the registry's host_admission_per_request "
                      "/ _per_token / host_completion; the admission is part of every TTFT and E2E)")

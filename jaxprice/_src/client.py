@@ -334,7 +334,8 @@ def _trace_value(row, index, column, where) -> float:
     """The number in ``row[index]`` (the column ``column``), checked: an arrival time in seconds within
     the float64 clock, or a token count below the kernel's limit."""
     if index >= len(row):
-        refuse("row too short", file=where, field=column, value=None, has_value=True)
+        # named the row, not 'value None'
+        refuse(f"row too short: {len(row)} value(s), no {column}", file=where, field="row", value=",".join(row))
     text = row[index].strip()
     try:
         v = float(text)

@@ -15,6 +15,7 @@ def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, t
     ({"ttft"/"tpot": seconds}, serve.check_slo's): its TTFT and TPOT targets drawn across their
     panels, each load's share of requests meeting every target beside its throughput point."""
     plt = _pyplot()
+    from matplotlib.ticker import NullLocator
     fig, ax = plt.subplots(1, 3, figsize=(15, 4.4))
     x = np.asarray(loads, float)
     s = [r.summary for r in results]
@@ -23,6 +24,9 @@ def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, t
         a.plot(x, [v[f"{q}_p99"] * 1e3 for v in s], "s--", label="p99", alpha=0.8)
         if x.size and (x > 0).all():     # a trace run's load is its index (0): a linear axis
             a.set_xscale("log", base=2)
+            if x.size <= 12:            # ticks at the loads run (a rate of 20 fell between 16 and 32)
+                a.set_xticks(x)
+                a.xaxis.set_minor_locator(NullLocator())
         if slo and q in slo:
             a.axhline(slo[q] * 1e3, color="#d62728", ls=":", lw=1.5, label=f"SLO {slo[q] * 1e3:g} ms")
         a.set_xlabel(load_label)
@@ -32,6 +36,8 @@ def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, t
         a.legend()
     ax[1].set_yscale("log")
     ax[0].set_yscale("log")
+    for a in ax[:2]:        # the loads and times as numbers (20 req/s, 14 ms), not 2^4 and 1.4 x 10^1
+        _plain_ticks(a)
     u = [v["output_tps_per_user"] for v in s]
     g = [v["output_tps_per_gpu"] for v in s]
     ax[2].plot(u, g, "o-", color="#2ca02c")
@@ -48,29 +54,65 @@ def plot_serving_sweep(results, loads, *, load_label="concurrency", path=None, t
     return _save(fig, path, keep_open, dpi)
 
 
+def _plain_ticks(ax, axes=("x", "y")) -> None:
+    """Log axes' tick labels written as plain numbers (%g), minor ones too."""
+    from matplotlib.ticker import FuncFormatter
+    fmt = FuncFormatter(lambda v, _pos: f"{v:g}")
+    for name in axes:
+        axis = ax.xaxis if name == "x" else ax.yaxis
+        axis.set_major_formatter(fmt)
+        axis.set_minor_formatter(fmt)
+
+
+def timeline_series(result, max_points=20000) -> dict:
+    """The run step by step as series to draw with ``drawstyle="steps-post"``: ``x`` (s) the start of
+    each step (or of each block of ``stride`` steps where the run has more than ``max_points``), each
+    value held until the step ends, and where the engine idles before the next step (an open loop
+    waiting for arrivals) one more point at the step's end: 0 for resident, tokens and
+    prefill_tokens, NaN (no line) for time (s). Values were drawn at each step's end before, so the
+    figure ran one step late and an idle engine showed its last batch as resident."""
+    st = result.steps
+    end = np.asarray(st["end"], float)
+    dt = np.asarray(st["time"], float)
+    n = end.size
+    if n == 0:
+        return {k: np.zeros(0) for k in ("x", "resident", "tokens", "prefill_tokens", "time")}
+    stride = max(1, -(-n // max_points))
+    blocks = np.arange(0, n, stride)
+    b_start = (end - dt)[blocks]
+    b_end = end[np.minimum(blocks + stride, n) - 1]
+    vals = {k: np.add.reduceat(np.asarray(st[k], float), blocks) / np.diff(np.append(blocks, n))
+            for k in ("resident", "tokens", "prefill_tokens", "time")}
+    idle = np.append(b_start[1:] > b_end[:-1] * (1 + 1e-12), True)      # a gap after the block (and the end)
+    order = np.argsort(np.concatenate([2 * np.arange(blocks.size), 2 * np.flatnonzero(idle) + 1]), kind="stable")
+    out = {"x": np.concatenate([b_start, b_end[idle]])[order]}
+    for k, v in vals.items():
+        fill = np.nan if k == "time" else 0.0
+        out[k] = np.concatenate([v, np.full(int(idle.sum()), fill)])[order]
+    return out
+
+
 def plot_serving_timeline(result, *, path=None, title=None, keep_open=False, dpi=120, max_points=20000):
     """Over the run (x = time, s): the resident batch, the tokens each step schedules (prefill
-    tokens shaded) and each step's time."""
+    tokens shaded) and each step's time, each step drawn over its own span (``timeline_series``:
+    0 where the engine idles)."""
     plt = _pyplot()
-    st = result.steps
-    end = np.asarray(st["end"])
-    n = end.size
-    stride = max(1, n // max_points)
-    sl = slice(None, None, stride)
+    ts = timeline_series(result, max_points)
+    x = ts["x"]
     fig, ax = plt.subplots(3, 1, figsize=(12, 8), sharex=True)
-    ax[0].step(end[sl], np.asarray(st["resident"])[sl], where="post", color="#1f77b4")
+    ax[0].plot(x, ts["resident"], drawstyle="steps-post", color="#1f77b4")
     ax[0].set_ylabel("resident batch")
     ax[0].grid(True, alpha=0.3)
-    ax[1].plot(end[sl], np.asarray(st["tokens"])[sl], lw=0.6, color="#7f7f7f", label="tokens")
-    ax[1].fill_between(end[sl], 0, np.asarray(st["prefill_tokens"])[sl], color="#ff7f0e", alpha=0.5,
-                       step="post", label="prefill tokens")
+    ax[1].plot(x, ts["tokens"], drawstyle="steps-post", lw=0.6, color="#7f7f7f", label="tokens")
+    ax[1].fill_between(x, 0, ts["prefill_tokens"], color="#ff7f0e", alpha=0.5, step="post", label="prefill tokens")
     ax[1].set_ylabel("tokens per step")
     ax[1].legend(loc="upper right")
     ax[1].grid(True, alpha=0.3)
-    ax[2].plot(end[sl], np.asarray(st["time"])[sl] * 1e3, lw=0.6, color="#d62728")
+    ax[2].plot(x, ts["time"] * 1e3, drawstyle="steps-post", lw=0.6, color="#d62728")
     ax[2].set_ylabel("step time (ms)")
     ax[2].set_xlabel("time (s)")
     ax[2].set_yscale("log")
+    _plain_ticks(ax[2], ("y",))             # 20, not 2 x 10^1
     ax[2].grid(True, alpha=0.3)
     s = result.summary
     ax[0].set_title(title or (f"{s['steps']} steps, mean TTFT {s['ttft_mean'] * 1e3:.1f} ms, "

@@ -1654,22 +1654,27 @@ def _group_of(o: Observations, by: str) -> str:
 def cv_folds(observations, by="model", *, seeds=(0,), test_fraction=0.25) -> list:
     """Folds over Observations (one per deployment): by 'model' (leave one model out, each in
     turn), 'chip' (leave one chip out) or 'deployment' (one seeded split per seed, by
-    deployment, stratified by model, ``test_fraction`` of each model's deployments held out)."""
+    deployment, stratified by model, ``test_fraction`` of each model's deployments held out; a
+    seed whose split an earlier seed already gave is not a second fold: it is named in that fold's
+    label, ``seed 0 (= 1, 2)``)."""
     obs = list(observations)
     if by not in HOLDOUTS:
         refuse(f"unknown hold-out (known: {', '.join(HOLDOUTS)}, or a fraction)", field="holdout", value=by)
     names = sorted({o.name for o in obs})
     if by == "deployment":
         model = {o.name: o.dims["model"] for o in obs}
-        folds = []
+        splits = {}         # test deployments -> (train, the seeds giving that split)
         for seed in seeds:
             train, test = split_by_deployment(names, test_fraction, seed=seed, stratify=model)
             if not test:
                 train, test = split_by_deployment(names, test_fraction, seed=seed)
             if not test or not train:
                 refuse("too few deployments to hold any out", field="holdout", value=by)
-            folds.append(Fold(by, f"seed {seed}", tuple(train), tuple(test)))
-        return folds
+            # with few deployments seeds repeat a split (two deployments: seeds 0, 1, 2 held out the
+            # same one three times, printed as three folds and counted three times in the prior's mean)
+            splits.setdefault(tuple(sorted(test)), (tuple(train), []))[1].append(seed)
+        return [Fold(by, f"seed {ss[0]}" + (f" (= {', '.join(map(str, ss[1:]))})" if len(ss) > 1 else ""), train,
+                     tuple(test)) for test, (train, ss) in splits.items()]
     group = {o.name: _group_of(o, by) for o in obs}
     values = sorted(set(group.values()))
     if len(values) < 2:
@@ -1809,7 +1814,7 @@ def _inner_folds(fold, obs_by_name, by):
     inner_by = by
     if by in ("model", "chip") and len({_group_of(o, by) for o in train}) < 2:
         inner_by = "deployment"
-    seed = int(fold.label.split()[-1]) if by == "deployment" else 0
+    seed = int(fold.label.split()[1]) if by == "deployment" else 0      # "seed 0" or "seed 0 (= 1, 2)"
     return cv_folds(train, inner_by, seeds=(seed,))
 
 

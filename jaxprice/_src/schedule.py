@@ -612,8 +612,14 @@ def _loop(st, lanes, T_fn=None, price_fn=None):
             idle = jax.vmap(lambda x, l: (x["R"] + x["P"] == 0) & (x["nf"] >= _arrived(x, l, T)))(small, lanes)
             nxt = jnp.min(jnp.where(idle & active, jax.vmap(
                 lambda x, l: l["arrival"][jnp.clip(x["nf"], 0, st.requests - 1)])(small, lanes), jnp.inf))
+            T0 = T
             T = jnp.where(jnp.all(idle | ~active) & jnp.isfinite(nxt), jnp.maximum(T, nxt), T)
         new, out = lanes_iteration(st, small, lanes, T, active)
+        if price_fn is not None:
+            # a step's floor (not-before time) binds only where the engine idled until an arrival; a
+            # busy step's start, the previous step's end, recorded as its floor tied max(floor - start, 0)
+            # at 0 in serve.step_end_times, whose gradient then took half of every earlier step's time
+            out["floor"] = jnp.where(T > T0, out["floor"], -jnp.inf)
         out["it"] = small["it"]
         big = _apply(st, big, out, active)
         small = jax.tree_util.tree_map(

@@ -25,9 +25,10 @@ The engine (vLLM v1, serving-reference.md §1-3), per data-parallel rank:
 * data parallelism: each rank has its own scheduler, queue, budget and KV cache. Closed loop:
   the C clients are spread evenly over the ranks (rank r keeps C // dp (+1 for r < C % dp)
   requests in flight; vLLM's balancer sends a new request to the least-loaded rank, which is
-  the one whose request just finished) and the requests round-robin (request i to rank
-  i mod dp). Open loop: requests round-robin. The ranks step together (lockstep): each rank's
-  batch is priced by the kernel and the step takes the slowest rank's time;
+  the one whose request just finished), so each rank gets requests in proportion to its clients
+  (request i is client i mod C's, client j on rank j mod dp). Open loop: requests round-robin.
+  The ranks step together (lockstep): each rank's batch is priced by the kernel and the step
+  takes the slowest rank's time;
 * other engines (engine setting ``scheduler``, default ``vllm``; serving-reference §6): ``trtllm``
   (TensorRT-LLM's GUARANTEED_NO_EVICT) and ``sglang`` (under the benchmark's ignore_eos) admit a
   waiting request only if its blocks at full length (prompt + output) fit beside the growth every
@@ -63,7 +64,11 @@ its admission time and never charges it to a step):
   point of a step, and 1 when L = 0, it lands just after the boundary the simulation used). Only
   closed-loop requests after the first wave wait so: the first wave meets an idle engine, and
   an engine with nothing else running (C = 1 per rank) starts a request when it arrives. An
-  open loop's scheduler already starts each request at the first step boundary after its arrival;
+  open loop's scheduler already starts each request at the first step boundary after its arrival
+  (KNOWN DIVERGENCE [open-loop-async-arrival]: under async scheduling vLLM scheduled the step after
+  the one in flight when that one started, so a request landing in a busy step k waits for step
+  k + 2, not k + 1: the open loop's TTFT is short by up to one step where the engine is busy; an
+  idle engine schedules on arrival, as here);
 * completion ``host_completion``: on E2E only (finish-reason, serialisation, teardown), not on
   TTFT or TPOT.
 
@@ -308,6 +313,16 @@ def _take_behaviour(s: _Settings, dep):
     s.take("num_spec_tokens", int(spec.get("num_spec_tokens", 0)) if spec else 0,
            "scenario speculative.num_spec_tokens")
     s.integer("num_spec_tokens", 0)
+    width = int(dep.plan.scalars.get("uniform_width", 1))
+    if s.src["num_spec_tokens"] == "engine= override" and s.out["num_spec_tokens"] + 1 != width:
+        # the plan was resolved for the scenario's speculation: its decode rows of `width` tokens, its
+        # drafter's passes and decode threshold; another k here scheduled 1 + k token rows the kernel
+        # priced as prefill rows with no drafter (DeepSeek-V3, k = 2: TPOT 5.32 ms against the 5.34 ms
+        # of the scenario stating it)
+        s.refuse(f"speculative decoding changes the plan (1 + k tokens per decode row, the drafter's passes, the "
+                 f"decode threshold), which was resolved for the scenario's {width - 1} draft token(s): state it "
+                 f"in the scenario, engine.speculative.num_spec_tokens: {s.out['num_spec_tokens']}, and load that",
+                 "num_spec_tokens")
     s.take("lookahead", s.out["num_spec_tokens"], "num_spec_tokens (EAGLE/MTP lookahead slots)")
     s.integer("lookahead", 0)
     s.take("watermark", 0.0, "vLLM default 0")
@@ -495,14 +510,20 @@ def _lane(settings, *, n, concurrency, plen, olen, arrival, open_loop, law_array
 
 def _split(settings, arrival, ins, outs, concurrency):
     """Per dp rank: (indices of its requests, its concurrency). Closed loop: the C clients spread
-    evenly over the ranks, requests round-robin over the ranks that have a client (with C < dp
-    the others get none and idle); open loop: round-robin over every rank."""
+    evenly over the ranks (client j on rank j mod dp; with C < dp the other ranks get none and
+    idle), each rank's requests in proportion to its clients: request i is client (i mod C)'s
+    (the client whose request just finished sends the next one, and vLLM's balancer keeps it on
+    that least-loaded rank); open loop: round-robin over every rank."""
     dp = settings["dp"]
     n = ins.size
     used = dp if concurrency is None else max(1, min(dp, concurrency))
+    # round-robin over the ranks gave each rank n / dp requests whatever its clients: at C = 3 on
+    # two ranks, rank 1's one client sent half the run's requests one after another while rank 0's
+    # two clients ran out and idled (tok/s at C = 3 below C = 2's)
+    rank_of = np.arange(n) % used if concurrency is None else (np.arange(n) % concurrency) % used
     out = []
     for r in range(dp):
-        idx = np.arange(r, n, used) if r < used else np.arange(0)
+        idx = np.flatnonzero(rank_of == r) if r < used else np.arange(0)
         c = (concurrency // used + (1 if r < concurrency % used else 0) if r < used else 0) \
             if concurrency is not None else None
         out.append((idx, c))
@@ -560,6 +581,8 @@ class Schedule:
     [dp, steps, L] per distinct read law); host: per-step counts the host costs scale with;
     requests: per-request arrays (input_len, output_len, rank, first_step, finish_step,
     arrival_step (closed loop; -1 = at t=0), arrival (open loop, s), emits, preemptions);
+    floor: [steps] each step's not-before time (s): in an open loop the arrival an idle engine
+    waited for, -inf where the step starts when the one before it ends (closed loop: 0);
     host: the deployment's per-request host latencies (s; ``HOST_LATENCIES``, absent = 0), which
     ``schedule_metrics`` adds to each request (``request_latencies``)."""
     plan: object
@@ -740,8 +763,9 @@ def _prepare(dep, items, engine, acceptance, *, coefficients=None):
                                  f"{client.num_prompts} requests)", "argument")
         if workload is not None:
             assumptions["workload"] = (repr(workload), "argument")
-        assumptions["dp_placement"] = ("closed loop: C spread evenly over ranks, requests round-robin; "
-                                       "open loop: round-robin" if settings["dp"] > 1 else "single rank", "serve.py")
+        assumptions["dp_placement"] = ("closed loop: C spread evenly over ranks, each rank's requests in "
+                                       "proportion to its clients (request i is client i mod C's); open loop: "
+                                       "round-robin" if settings["dp"] > 1 else "single rank", "serve.py")
         assumptions["step_price"] = ("each rank's batch priced, the step takes the slowest rank", "serve.py")
         h = _host_latencies(dep.coefficients)
         assumptions["request_latency"] = (
@@ -1231,7 +1255,12 @@ def request_latencies(sched: Schedule, step_times, coefficients=None) -> dict:
     # latency and schedule() wait are added to its times afterwards; inference-sim delays the
     # request's entry into the wait queue by its admission time (its QueuedEvent). The engine so
     # holds each client's request up to L + a step early: the resident batch is overstated by
-    # about (L + step) / E2E (a percent or two at 1k-8k outputs), the latencies are the same.
+    # about (L + step) / E2E (a percent or two at 1k-8k outputs), the latencies are the same. The
+    # closed loop's clock is the engine's: a request's arrival is the end of the step its client's
+    # previous request finished in, before that one's finish as reported (+ its L + wait), so the
+    # run's duration (last arrival + E2E) leaves out each request's L + host_completion on its
+    # client's chain and tok/s reads high by up to (L + host_completion) / E2E where the engine
+    # would idle meanwhile (C = 1 per rank): 0.3% at isl/osl 1k/1k on Llama-3.1-70B tp4 h200, 27% at 64/8.
     # KNOWN DIVERGENCE [schedule-wait-phase]: the wait is a fixed share (arrival_phase) of the step
     # after the predecessor's last one, not the rest of the step actually in flight at arrival + L
     # (that needs the step times, which the closed-loop schedule is built without); inference-sim
@@ -1540,7 +1569,8 @@ def schedule_counts(sched: Schedule) -> dict:
 @dataclasses.dataclass
 class ServingResult:
     """One simulated run. requests: per-request NumPy arrays (arrival, first_token, finish,
-    input_len, output_len, ttft, tpot, e2e, admission, wait, preemptions; seconds / counts;
+    input_len, output_len, ttft, tpot (0 for a one-token request, which the summary's TPOT leaves
+    out), e2e, admission, wait, preemptions; seconds / counts;
     ``request_latencies``; with an SLO also good, bool: ``check_slo``). steps: per-step
     arrays (time, end, tokens, resident, prefill_tokens, kv_blocks). summary: see
     ``schedule_metrics``. assumptions: every engine/client setting -> (value, where from)."""
