@@ -318,7 +318,7 @@ def model_deployment(model, args):
     size` builds a candidate (size.base_scenario) but without the engine settings size searches:
     max_num_seqs, max_num_batched_tokens, max_model_len and the graph mode are left to vLLM's
     defaults (and to serve's isl + osl + 256), which the commands state where they use them."""
-    from .layouts import (base_scenario, heads_reason, is_moe, load_model, refuse_weight_format,
+    from .layouts import (base_scenario, block_reason, heads_reason, is_moe, load_model, refuse_weight_format,
                           spans_nodes_reason)
     graph, registry, source = load_model(model)
     chip = registry.chip(args.chip, field="--chip")
@@ -338,6 +338,8 @@ def model_deployment(model, args):
             refuse(f"must be at most {WIDTH_LIMIT}", field=flag, value=v)
     if heads_reason(graph, tp):
         refuse(heads_reason(graph, tp), field="--tp", value=tp)
+    if block_reason(graph, tp, dp, bool(args.ep), weights):
+        refuse(block_reason(graph, tp, dp, bool(args.ep), weights), field="--tp", value=tp)
     if args.fabric is not None:
         registry.network(args.fabric, field="--fabric")
         if width <= per_node:       # else dropped without a word (layouts.base_scenario: one node, no fabric)

@@ -286,6 +286,11 @@ def describe_space(cands, ctx, show_rejected=False) -> str:
         axes["graph mode"] = list(dict.fromkeys(x.cudagraph_mode for x in lay))
     if any(x.spec_tokens for x in lay):
         axes["draft tokens (MTP)"] = sorted({x.spec_tokens for x in lay})
+    if ctx.get("graph") is not None:     # 'bf16' alone read as a 16-bit gpt-oss: name the formats it holds beside
+        from .layouts import held_formats
+        g = ctx["graph"]
+        axes["weights"] = [f + (f" (the checkpoint's, with {h})" if f == g.weight_dtype and (h := held_formats(g, f))
+                                else "") for f in axes["weights"]]
     w = ctx["workload"]
     ok = [c for c in cands if c.status != "rejected"]
     rej = [c for c in cands if c.status == "rejected"]
@@ -468,6 +473,7 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
                  f"({b['tokens_per_s_total']:.0f} tok/s in all), {b['tokens_per_s_per_user']:.1f} tok/s per user, "
                  f"TTFT {b['ttft_ms']:.1f} ms, TPOT {b['tpot_ms']:.2f} ms")
     lines += _load_notes(result, b)
+    lines += _memory_note(result)
     if result.tied:
         names = [result.results[i].layout.label for i in result.tied]
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
@@ -488,6 +494,23 @@ def describe_result(result, top: int, loaded: int = 0) -> str:
     lines += [_describe_verification(v) for v in result.verification]
     lines.append("  " + result.launch_command())
     return "\n".join(lines)
+
+
+def _memory_note(result) -> list:
+    """The best layout's memory per GPU as the engine reports it at start-up (vLLM: 'GPU KV cache
+    size: N tokens', 'Maximum concurrency for L tokens per request: Xx'; SGLang: max_total_num_tokens),
+    to check the sizing against a first launch."""
+    from .layouts import _kv_tokens
+    dep = result.best_candidate.deployment
+    m, mml = dep.plan.memory, int(dep.scenario.engine["max_model_len"])
+    held = _kv_tokens(dep, mml)
+    logs = ("SGLang's max_total_num_tokens, though its memory is budgeted here as vLLM's (--mem-fraction-static "
+            "read as the gmu)" if result.engine == "sglang" else "vLLM's 'GPU KV cache size' and 'Maximum concurrency'")
+    plain = not m.get("kv_window_bytes_per_token") and not m.get("recurrent_state_bytes_per_request")
+    tokens = (f"KV cache {m['kv_capacity_tokens']:,.0f} tokens a rank, " if plain else   # hybrid / windowed: the
+              "KV cache (sliding windows and recurrent states as held) for ")          # raw token law compares to nothing
+    return [f"  per GPU: weights {m['weights_bytes'] / 2 ** 30:.1f} GiB, {tokens}{held / mml:.1f} requests of "
+            f"max_model_len {mml} (what the engine logs at start-up: {logs})"]
 
 
 def _load_notes(result, b) -> list:
@@ -558,7 +581,7 @@ def write_outputs(result, args, report) -> None:
         path = Path(args.write_scenario)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(result.scenario_yaml())
-        print(f"wrote {path} (jaxprice price {path} ...)", file=report)
+        print(f"wrote {path} ({result.serve_command(path)} simulates the best point again)", file=report)
     elif args.write_scenario:       # used to be skipped without a word
         print(f"jaxprice size: --write-scenario {args.write_scenario} not written: no layout meets the targets",
               file=sys.stderr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .formats import ModelGraph, Scenario
-from .layouts import PREQUANTIZED, QUANT_FLAG, Layout
+from .layouts import PREQUANTIZED, QUANT_FLAG, Layout, is_moe
 
 def scenario_document(scen: Scenario, note: str = "") -> str:
     import yaml
@@ -76,10 +76,24 @@ def _model_repo(graph: ModelGraph | None):
             repo = doc.get("hf_repo") if isinstance(doc, dict) else None
             if repo is None and str(graph.path).endswith(".json"):
                 from .hf import _hf_repo
-                repo = _hf_repo(Path(graph.path), doc)
+                repo = _hf_repo(Path(graph.path), doc) or _local_checkpoint(Path(graph.path))
         except Exception:  # noqa: BLE001 - a graph without a readable file just has no repo id
             repo = None
     return repo
+
+
+def _local_checkpoint(cfg: Path) -> str:
+    """What the engine loads for a config.json that names no repo id: a Hugging Face hub cache's
+    repo (.../models--ORG--NAME/snapshots/SHA/config.json: ORG/NAME, which the engine finds in that
+    cache), else the folder holding it (a local checkpoint, as both engines take one). The graph's
+    name is no model the engine can load (`vllm serve my-finetune` asks the hub for a repo of that
+    name; a config matching a bundled model's was even named llama-3.1-8b-instruct)."""
+    folder = cfg.resolve().parent
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        org, _, name = folder.parent.parent.name[len("models--"):].partition("--")
+        if org and name:
+            return f"{org}/{name}"
+    return str(folder)
 
 
 def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
@@ -149,20 +163,27 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
     data-parallel over dp ranks of tp GPUs each, the experts over all tp x dp), expert
     parallelism ``--ep-size tp x dp``; max_num_seqs is --max-running-requests, the token budget
     --chunked-prefill-size, each times dp (SGLang splits both over the DP-attention ranks; the
-    layout's are a rank's); the radix (prefix) cache off, as the benchmark's prompts never share
-    a prefix. Run ``replicas`` of them behind a load balancer."""
+    layout's are a rank's); a dense model's dp ranks are SGLang's plain data-parallel replicas,
+    ``--tp tp --dp dp``, each taking the limits as given; the radix (prefix) cache off, as the
+    benchmark's prompts never share a prefix. Run ``replicas`` of them behind a load balancer."""
     repo = _model_repo(graph)
     e = scen.engine
     width = layout.tp * layout.dp
-    parts = ["python -m sglang.launch_server", f"--model-path {repo or scen.model}", f"--tp {width}"]
+    # a dense model's dp ranks are replicas (its layers priced at the rank's tp): SGLang's plain --dp,
+    # dp copies of a --tp engine; DP attention (--enable-dp-attention, --tp over every GPU) is for MoE
+    attn_dp = layout.dp > 1 and (graph is None or is_moe(graph))
+    parts = ["python -m sglang.launch_server", f"--model-path {repo or scen.model}",
+             f"--tp {width if attn_dp else layout.tp}"]
     if layout.dp > 1:
-        parts += [f"--dp {layout.dp}", "--enable-dp-attention"]
+        parts += [f"--dp {layout.dp}"] + (["--enable-dp-attention"] if attn_dp else [])
     if layout.ep:
         parts.append(f"--ep-size {width}")
     parts += _format_flags(e, graph, SGLANG_KV_CACHE_DTYPE)
     # SGLang divides both limits over the DP-attention ranks (server_args.py _handle_data_parallelism,
-    # model_runner's max_running_requests // dp_size); the layout's are each rank's, as priced
-    seqs, chunk = e["max_num_seqs"] * layout.dp, e["max_num_batched_tokens"] * layout.dp
+    # the scheduler's max_running_requests // dp_size, each only under --enable-dp-attention); the
+    # layout's are each rank's, as priced; plain --dp replicas each take the limits as given
+    per = layout.dp if attn_dp else 1
+    seqs, chunk = e["max_num_seqs"] * per, e["max_num_batched_tokens"] * per
     parts += [f"--max-running-requests {seqs}", f"--chunked-prefill-size {chunk}",
               f"--context-length {e['max_model_len']}", f"--mem-fraction-static {e['gpu_memory_utilization']}",
               "--disable-radix-cache"] + _remote_code_flag(graph)
@@ -171,9 +192,12 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
         parts += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
                   f"--speculative-num-draft-tokens {k + 1}"]
     notes = []          # comments, after every flag (a flag after a '#' would be commented out)
-    if layout.dp > 1:
+    if attn_dp:
         notes.append(f"--max-running-requests and --chunked-prefill-size: SGLang divides both over the {layout.dp} "
                      f"DP-attention ranks: {e['max_num_seqs']} requests and {e['max_num_batched_tokens']} tokens a rank")
+    elif layout.dp > 1:
+        notes.append(f"--dp {layout.dp}: {layout.dp} data-parallel replicas of --tp {layout.tp} behind SGLang's "
+                     f"router ({width} GPUs), each with these limits (a dense model: no DP attention)")
     if e.get("quantization") in PREQUANTIZED and graph is not None and e["quantization"] != graph.weight_dtype:
         notes.append(f"{e['quantization']}: serve a published {e['quantization']} checkpoint of this model in its "
                      "place (ModelOpt's, e.g. nvidia/...-FP4); SGLang reads its quantization from the checkpoint")

@@ -181,11 +181,77 @@ def heads_reason(graph: ModelGraph, tp: int, engine: str = "vllm") -> str:
     SGLang shards the heads alike (its attention tensor-parallel width, tp here, also under DP
     attention: --tp tp x dp --dp dp)."""
     bad = [h for h in attention_heads(graph) if h % int(tp)]
-    if not bad:
-        return ""
     name = "SGLang" if engine == "sglang" else "vLLM"
-    return (f"{bad[0]} attention heads do not divide by tensor-parallel size {tp} ({name} refuses it: the heads "
-            "must divide by tp)")
+    if bad:
+        return (f"{bad[0]} attention heads do not divide by tensor-parallel size {tp} ({name} refuses it: the heads "
+                "must divide by tp)")
+    # the KV heads too: QKVParallelLinear splits them (tp below their count) or replicates each over
+    # tp / count ranks (tp at or above it), vllm-project/vllm vllm/model_executor/layers/linear.py
+    # (divide(total_num_kv_heads, tp_size) / divide(tp_size, total_num_kv_heads), each asserting
+    # divisibility): phi-4's 10 KV heads at tp 4 or 8
+    tp = int(tp)
+    kv = sorted({int(n["n_kv"]) for nodes in graph.layer_kinds.values() for n in nodes
+                 if n["op"] == "Attention" and not n.get("role") and int(n.get("n_kv") or 0) > 0})
+    bad = [k for k in kv if (k % tp if tp < k else tp % k)]
+    if bad:
+        return (f"{bad[0]} KV heads neither divide by tensor-parallel size {tp} nor divide it ({name} refuses it: "
+                "it splits the KV heads over tp, or replicates each over tp / their count)")
+    return ""
+
+
+def checkpoint_fp8_block(graph: ModelGraph | None) -> tuple | None:
+    """(block_n, block_k) of a block-wise FP8 checkpoint (its config.json's
+    ``quantization_config.weight_block_size``, e.g. [128, 128]: Qwen3-235B-A22B-FP8,
+    MiniMax-M2.5, DeepSeek-V3), None for any other (per-tensor FP8, 16-bit, four-bit)."""
+    if graph is None or graph.weight_dtype != "fp8":
+        return None
+    from .launch import _config_doc     # the imported config.json, else the bundled copy of the graph's repo
+    doc = _config_doc(graph)
+    for qc in (doc.get("quantization_config"), (doc.get("text_config") or {}).get("quantization_config")):
+        block = qc.get("weight_block_size") if isinstance(qc, dict) else None
+        if (isinstance(block, list) and len(block) == 2
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in block)):
+            return int(block[0]), int(block[1])
+    return None
+
+
+def block_reason(graph: ModelGraph, tp: int, dp: int, ep: bool, weights: str, engine: str = "vllm",
+                 block: tuple | None = None) -> str:
+    """Why the engine refuses to load a block-wise FP8 checkpoint at this layout ("" when it does
+    not): every tensor-parallel shard of a quantized GEMM must hold whole quantization blocks.
+    vLLM's Fp8MoEMethod.create_weights ("The output_size of gate's and up's weight = 192 is not
+    divisible by weight quantization block_n = 128", vllm-project/vllm#17569: Qwen3-235B-A22B-FP8
+    at tp 8) and validate_fp8_block_shape for the dense layers; SGLang's FP8 method alike
+    (QwenLM/Qwen3#1485). The experts are split over tp x dp GPUs without expert parallelism (none
+    with it); the row-parallel dense GEMMs (MLP and shared-expert down, o_proj) over tp (vLLM lets
+    merged column-parallel ones, gate_up and qkv, hold partial blocks). ``block``:
+    checkpoint_fp8_block(graph), read once by a caller checking many layouts (None: read here).
+    Served in another format than the checkpoint's FP8 (another checkpoint), there is no such rule."""
+    if weights != "fp8" or graph.weight_dtype != "fp8":
+        return ""
+    block = checkpoint_fp8_block(graph) if block is None else block
+    if not block:
+        return ""
+    bn, bk = block
+    name = "SGLang" if engine == "sglang" else "vLLM"
+    moe_tp = 1 if ep else int(tp) * int(dp)
+    for nodes in graph.layer_kinds.values():
+        for n in nodes:
+            role, what = n.get("role"), None
+            if n["op"] == "GroupedGEMM" and n.get("top_k") and moe_tp > 1 and n["n"] % moe_tp == 0:
+                size, split, what = n["n"] // moe_tp, moe_tp, "expert intermediate"
+                bad = size % bn or size % bk
+            elif (n["op"] == "GEMM" and role in ("mlp_down", "shared_expert_down", "o_proj") and tp > 1
+                  and n["k"] % tp == 0):
+                size, split, what = n["k"] // tp, tp, f"{role} input"
+                bad = size % bk
+            if what and bad:
+                return (f"block-wise FP8 checkpoint ({bn} x {bk} blocks): its {what} of {size} per GPU "
+                        f"({n['n'] if n['op'] == 'GroupedGEMM' else n['k']} / {split}) is not a whole number of "
+                        f"{bn if n['op'] == 'GroupedGEMM' else bk}-wide blocks ({name} refuses to load it"
+                        + ("; expert parallelism keeps the experts whole" if n["op"] == "GroupedGEMM" else "")
+                        + ")")
+    return ""
 
 
 def max_model_len(isl: int, osl: int, limit: int | None = None) -> int:
@@ -340,15 +406,6 @@ def load_model(model, registry: Registry | None = None) -> tuple[ModelGraph, Reg
     return graph, registry, f"registry model {text}"
 
 
-def _is_hf(source: str) -> bool:
-    try:
-        from .hf import is_hf_config
-    except ImportError:
-        return False
-    p = Path(source)
-    return p.exists() and bool(is_hf_config(p / "config.json" if p.is_dir() else p))
-
-
 def candidate_space(graph: ModelGraph, chip, gpus: int, *, tp=None, dp=None, ep=None, weights=None,
                     max_num_seqs=DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens=DEFAULT_BATCHED_TOKENS,
                     cudagraph_modes=DEFAULT_GRAPH_MODES, engine: str = "vllm", spec_tokens=(0,),
@@ -445,6 +502,7 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
     than a node is rejected with its reason when no ``fabric`` joins the nodes."""
     need = max_model_len(isl, osl, graph.max_model_len)
     out, seen, hopeless = [], {}, {}
+    block = checkpoint_fp8_block(graph) or ()      # read once: block_reason's rule for each layout
     for k, lay in enumerate(layouts):
         replicas = gpus // lay.width
         par = (lay.tp, lay.dp, lay.ep, lay.weights, lay.spec_tokens > 0)    # a drafter adds its weights
@@ -457,6 +515,10 @@ def build_candidates(model: str, graph: ModelGraph, chip_name: str, gpus: int, l
             continue
         if heads_reason(graph, lay.tp, lay.engine):
             out.append(Candidate(lay, replicas, "rejected", heads_reason(graph, lay.tp, lay.engine)))
+            continue
+        blocks = block_reason(graph, lay.tp, lay.dp, lay.ep, lay.weights, lay.engine, block)
+        if blocks:
+            out.append(Candidate(lay, replicas, "rejected", blocks))
             continue
         # vLLM's SchedulerConfig._verify_args (vllm/config/scheduler.py); SGLang has no such rule: its
         # decode steps carry every running request, outside the chunk

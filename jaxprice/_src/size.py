@@ -141,7 +141,7 @@ from .errors import JaxpriceError, check_callback, refuse, shown
 from .formats import DTYPE_BYTES, ModelGraph, Registry, check_registry, coefficient_set_files
 from .layouts import (COEFFICIENT_SETS, DEFAULT_BATCHED_TOKENS, DEFAULT_GRAPH_MODES, DEFAULT_MAX_NUM_SEQS, ENGINES,
                       WIDTHS, Candidate, Layout, build_candidates, build_scenario,
-                      candidate_space, fits, is_moe, load_model, max_model_len, _is_hf, _kv_tokens)
+                      candidate_space, fits, is_moe, load_model, max_model_len, _kv_tokens)
 from .launch import hybrid_block_of, launch_command, scenario_document, vllm_command
 from .plan import INT_TOKEN_LIMIT, Batch, _as_checked, _unchecked_batch, _whole
 from .resolve import Deployment, resolve
@@ -1057,11 +1057,9 @@ class SizeResult:
         scen = self.best_candidate.deployment.scenario
         note = self._note()
         if self.model_source and not self.model_source.startswith("registry model"):
-            if _is_hf(self.model_source):      # the registry reads a config.json path as a model
-                scen = dataclasses.replace(scen, model=str(Path(self.model_source).resolve()))
-            else:
-                note += (f"\nmodel graph read from {self.model_source}: load this scenario with a registry holding "
-                         f"models/{scen.model}.yaml")
+            # the registry reads a path, to a config.json or to a graph file, as a model (its name alone
+            # named no model, or the bundled graph of that name: `serve` then priced another graph)
+            scen = dataclasses.replace(scen, model=str(Path(self.model_source).resolve()))
         return scenario_document(scen, note=note)
 
     def _note(self) -> str:
@@ -1070,7 +1068,32 @@ class SizeResult:
                 f"{self.gpus} x {self.chip}, ISL {self.workload.isl} / OSL {self.workload.osl}; "
                 f"{p['tokens_per_s_per_gpu']:.1f} output tokens/s per GPU at {p['concurrency_per_engine']} clients "
                 f"per engine x {p['replicas']} replica(s), TTFT {p['ttft_ms']:.1f} ms, TPOT {p['tpot_ms']:.2f} ms"
-                + self._spec_note())
+                + self._spec_note() + self._rerun_note())
+
+    def _rerun_note(self) -> str:
+        source, prompts = self.best_result.point_source(self.best[1]), self.info.get("simulated_prompts", "10 x C")
+        final = "serve" if prompts == "10 x C" else f"serve ({prompts} prompts)"      # _prompt_rules' final rule
+        how = ("the serving simulation, again by" if source == final else
+               "the search's shorter serving simulation; the full one (it may differ):" if source.startswith("serve")
+               else "the closed-form steady state; the serving simulation (it may differ):")
+        return f"\nnumbers from {how} " + self.serve_command("THIS_FILE")
+
+    def serve_command(self, scenario) -> str:
+        """The `jaxprice serve SCENARIO` line that simulates the best point again (SCENARIO: the file
+        --write-scenario wrote): the workload's range ratio and seed, the prompts and the assumed
+        acceptance where they are not serve's defaults (`serve` alone drew lengths on [0.8 L, L]
+        where a search ran --range-ratio 1, and gave other numbers)."""
+        if self.best is None:
+            refuse("no layout meets the targets", field="targets")
+        p = self.point(self.best)
+        w, prompts = self.workload, self.info.get("simulated_prompts", "10 x C")
+        flags = [f"--isl {w.isl}", f"--osl {w.osl}", f"--concurrency {p['concurrency_per_engine']}"]
+        flags += [] if w.range_ratio == 0.8 else [f"--range-ratio {w.range_ratio:g}"]
+        flags += [] if w.seed == 0 else [f"--seed {w.seed}"]
+        flags += [] if prompts == "10 x C" else [f"--num-prompts {prompts}"]
+        if self.best_result.layout.spec_tokens:
+            flags.append(f"--acceptance {self.best_result.layout.tokens_per_step:g}")
+        return f"jaxprice serve {scenario} " + " ".join(flags)
 
     def _spec_note(self) -> str:
         lay = self.best_result.layout
@@ -1783,7 +1806,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     if on_candidates is not None:
         on_candidates(cands, {"model": graph.name, "model_source": source, "chip": chip, "gpus": gpus,
                               "workload": workload, "fabric": fabric, "gpus_per_node": gpus_per_node,
-                              "engine": engine, "coefficient_sets": sets})
+                              "engine": engine, "coefficient_sets": sets, "graph": graph})
     ok = [k for k, c in enumerate(cands) if c.status == "ok"]
     if not ok:
         _refuse_none_fits(graph, chip_obj, chip, gpus, workload, registry, layouts, cands, fabric, gpus_per_node, sets)
@@ -1806,6 +1829,12 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
                                        callback=None if callback is None else (lambda d, t, **k: callback(d, t, **k)))
     results = found.results
     frontier, best, runner, margin, miss = choose(results, ttft_t, tpot_t)
+    if best is None and ttft_t is not None and results:     # a TTFT no layout can reach, whatever its speed
+        adm = admission_latency(cands[results[0].index].deployment.coefficients, workload.mean_isl)
+        if adm >= ttft_t:
+            miss += (f"; every TTFT holds the request's host admission latency, {adm * 1e3:.1f} ms (the registry's "
+                     f"host_admission_per_request + _per_token x prompt tokens), at or over the "
+                     f"{ttft_t * 1e3:g} ms target: no layout can meet it")
     verification = []
     if verify and evaluator == "steady" and _serve_module() is not None:
         verification = [verify_point(cands[results[ref[0]].index], results[ref[0]], ref[1], workload, ttft_t,
