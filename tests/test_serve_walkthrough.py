@@ -267,3 +267,34 @@ def test_fit_says_the_unit_looks_wrong_and_prints_no_nan_loss(capsys, tmp_path):
     assert "note: the median mean TPOT of" in err and "check its unit column" in err
     train = next(ln for ln in out.splitlines() if ln.startswith("train "))
     assert "nan" not in out and train.split()[3:5] == ["-", "-"]
+
+
+# ----------------------------------------------------------------------------- open loop, async scheduling
+
+
+def test_open_loop_request_landing_in_a_busy_step_waits_for_the_step_after_next(trace):
+    """Under async scheduling vLLM schedules step k + 1 when step k starts (serving-reference
+    §3), so a request landing while step k runs is first scheduled in step k + 2. The open loop
+    scheduled it in step k + 1 (the divergence open-loop-async-arrival, now gone). The trace: B
+    at 10 ms lands in step 0 (A's 31 ms prefill) and got its first token from step 1 (TTFT
+    86.38 ms); now step 1 decodes A alone (scheduled at 0) and B's first token comes from step 2,
+    one A-alone decode step (9.71 ms) later: 96.09 ms. C at 0.5 s meets an idle engine (A and B
+    done) and schedules on arrival, as before; without async scheduling nothing changes. (The
+    gradient test's trace and compile; async is a lane value.)"""
+    dep = jp.load_deployment(S)
+    tr = jp.load_trace(trace)
+    on, off = (jp.simulate(dep, None, tr, engine=e) for e in (None, {"async_scheduling": False}))
+    assert on.schedule.requests["first_step"].tolist() == [0, 2, 9]
+    assert off.schedule.requests["first_step"].tolist() == [0, 1, 8]       # as before the fix
+    assert np.asarray(on.schedule.sums["n_requests"])[0, :3].tolist() == [1, 1, 2]     # step 1: A alone
+
+    def ttft_from_steps(res, step, arrival, i):
+        t = np.asarray(res.steps["time"])
+        end = serve.step_end_times(res.schedule, t)[step]
+        return end - arrival + serve.request_latencies(res.schedule, t)["admission"][i]
+
+    for res, (b, c) in ((on, (2, 9)), (off, (1, 8))):
+        assert res.requests["ttft"][1] == pytest.approx(ttft_from_steps(res, b, 0.01, 1), rel=1e-12)
+        assert res.requests["ttft"][2] == pytest.approx(ttft_from_steps(res, c, 0.5, 2), rel=1e-12)
+    assert on.requests["ttft"][1] - off.requests["ttft"][1] == pytest.approx(float(on.steps["time"][1]), rel=1e-3)
+    assert on.requests["ttft"][2] == pytest.approx(off.requests["ttft"][2], rel=1e-12)     # idle: unchanged

@@ -256,11 +256,13 @@ def _row(vals):
     return jnp.stack([jnp.asarray(vals.get(c, 0.0), jnp.float64) for c in COLS])
 
 
-def _general_step(st: Static, small, lane, T_start):
-    """One engine step. Returns (new small state before compaction, release mask, outputs)."""
+def _general_step(st: Static, small, lane, T_start, T_seen=None):
+    """One engine step starting at ``T_start``; its scheduler sees the requests that arrived by
+    ``T_seen`` (default ``T_start``; earlier where async scheduling scheduled it while the previous
+    step ran). Returns (new small state before compaction, release mask, outputs)."""
     j = jnp.arange(st.slots)
     a = _running_phase(small, lane, j)
-    b = _waiting_phase(st, small, lane, T_start, j, a)
+    b = _waiting_phase(st, small, lane, T_start if T_seen is None else T_seen, j, a)
     return _after_step(st, small, lane, T_start, j, a, b)
 
 
@@ -538,9 +540,9 @@ def _decode_run(st: Static, small, lane, e, T):
     return new, release, out
 
 
-def lane_general(st: Static, small, lane, T):
+def lane_general(st: Static, small, lane, T, T_seen=None):
     """A general step of one lane, its finished requests removed: (state, record)."""
-    new, release, out1 = _general_step(st, small, lane, T)
+    new, release, out1 = _general_step(st, small, lane, T, T_seen)
     return _compact(new, release), out1
 
 
@@ -563,12 +565,14 @@ def _no_record(st: Static, like):
     return out
 
 
-def lanes_iteration(st: Static, small, lanes, T, active):
+def lanes_iteration(st: Static, small, lanes, T, active, T_seen=None):
     """One loop iteration of every lane: a general step, then (where it only decoded) the decode
     run that repeats it; two records per lane ([lanes, 2, ...]). The runs are computed only when
     some active lane can have one (a branch, not a select: at high load a run is rare and costs
-    about twice a general step)."""
-    new, out1 = jax.vmap(lambda x, l: lane_general(st, x, l, T))(small, lanes)
+    about twice a general step). ``T_seen`` [lanes]: the arrival cutoff of each lane's general
+    step (open loop, async scheduling: when the step was scheduled; default T, its start)."""
+    T_seen = jnp.broadcast_to(jnp.asarray(T, jnp.float64), active.shape) if T_seen is None else T_seen
+    new, out1 = jax.vmap(lambda x, l, ts: lane_general(st, x, l, T, ts))(small, lanes, T_seen)
     if st.fast_forward:
         want = jax.vmap(lambda x, l: _run_eligible(st, x, l, _spare_blocks(x, l)))(new, lanes) & active
         new, out2 = jax.lax.cond(jnp.any(want),
@@ -602,19 +606,26 @@ def _loop(st, lanes, T_fn=None, price_fn=None):
     big = init_big(st, lanes_n)
 
     def cond(carry):
-        small, big, T = carry
+        small, big, T, _T_prev, _busy = carry
         return ~jnp.all(jax.vmap(lambda x, l: lane_done(st, x, l))(small, lanes))
 
     def body(carry):
-        small, big, T = carry
+        # T_prev: the previous step's start; busy [lanes]: the lane's previous step scheduled work
+        small, big, T, T_prev, busy = carry
         active = ~jax.vmap(lambda x, l: lane_done(st, x, l))(small, lanes)
+        T_seen = None
         if price_fn is not None:
             idle = jax.vmap(lambda x, l: (x["R"] + x["P"] == 0) & (x["nf"] >= _arrived(x, l, T)))(small, lanes)
             nxt = jnp.min(jnp.where(idle & active, jax.vmap(
                 lambda x, l: l["arrival"][jnp.clip(x["nf"], 0, st.requests - 1)])(small, lanes), jnp.inf))
             T0 = T
             T = jnp.where(jnp.all(idle | ~active) & jnp.isfinite(nxt), jnp.maximum(T, nxt), T)
-        new, out = lanes_iteration(st, small, lanes, T, active)
+            # async scheduling (serving-reference §3): vLLM scheduled this step when the previous
+            # one started, so its scheduler sees the arrivals up to then; a request landing in busy
+            # step k first runs in step k + 2. A lane whose previous step scheduled nothing was idle
+            # and schedules on arrival (here: at this boundary, as without async scheduling).
+            T_seen = jnp.where(lanes["async"] & busy, T_prev, T)
+        new, out = lanes_iteration(st, small, lanes, T, active, T_seen)
         if price_fn is not None:
             # a step's floor (not-before time) binds only where the engine idled until an arrival; a
             # busy step's start, the previous step's end, recorded as its floor tied max(floor - start, 0)
@@ -626,11 +637,14 @@ def _loop(st, lanes, T_fn=None, price_fn=None):
             lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, small)
         if price_fn is not None:
             dt = jax.vmap(price_fn)(out["row"][:, 0], out["reads"][:, 0], out["pairs"][:, 0])
-            dt = jnp.max(jnp.where(active & (out["row"][:, 0, COL["tokens"]] > 0), dt, 0.0))
-            T = T + dt
-        return small, big, T
+            worked = out["row"][:, 0, COL["tokens"]] > 0
+            dt = jnp.max(jnp.where(active & worked, dt, 0.0))
+            busy = jnp.where(active, worked, busy)
+            T_prev, T = T, T + dt
+        return small, big, T, T_prev, busy
 
-    small, big, T = jax.lax.while_loop(cond, body, (small, big, jnp.zeros(())))
+    small, big, T, _T_prev, _busy = jax.lax.while_loop(
+        cond, body, (small, big, jnp.zeros(()), jnp.zeros(()), jnp.zeros(lanes_n, bool)))
     res = dict(big)
     res.update({k: small[k] for k in ("it", "finished", "stuck", "s")})
     req = big["req"]
@@ -653,7 +667,8 @@ def run_closed(st: Static, lanes):
 def run_open(st: Static, lanes, price_fn):
     """Open loop: arrivals depend on times, so the kernel prices each step inside the loop.
     The lanes (data-parallel ranks) step together; a step takes its slowest rank's time. When
-    every rank is idle and a request is still to come, time jumps to its arrival."""
+    every rank is idle and a request is still to come, time jumps to its arrival. Under async
+    scheduling a busy rank's step sees the arrivals up to the previous step's start (``_loop``)."""
     return _loop(st, lanes, price_fn=price_fn)
 
 

@@ -64,11 +64,12 @@ its admission time and never charges it to a step):
   point of a step, and 1 when L = 0, it lands just after the boundary the simulation used). Only
   closed-loop requests after the first wave wait so: the first wave meets an idle engine, and
   an engine with nothing else running (C = 1 per rank) starts a request when it arrives. An
-  open loop's scheduler already starts each request at the first step boundary after its arrival
-  (KNOWN DIVERGENCE [open-loop-async-arrival]: under async scheduling vLLM scheduled the step after
-  the one in flight when that one started, so a request landing in a busy step k waits for step
-  k + 2, not k + 1: the open loop's TTFT is short by up to one step where the engine is busy; an
-  idle engine schedules on arrival, as here);
+  open loop's scheduler has the arrival times, so it waits in the schedule itself: a step's
+  scheduler sees the requests that arrived by the boundary where it was scheduled, the step's
+  own start, or under async scheduling the previous step's start (vLLM scheduled step k + 1
+  when step k started, so a request landing in busy step k first runs in step k + 2); an idle
+  rank (its previous step scheduled nothing) schedules at the first boundary after the arrival
+  (an idle engine: at the arrival);
 * completion ``host_completion``: on E2E only (finish-reason, serialisation, teardown), not on
   TTFT or TPOT.
 
