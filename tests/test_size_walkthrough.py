@@ -192,3 +192,29 @@ def test_a_ttft_target_under_the_admission_latency_is_said_to_be_unreachable():
                   concurrency=(4,), evaluator="steady")
     assert res.best is None and "closest: tp1 dp1 fp8" in res.miss
     assert "host admission latency, 40.2 ms" in res.miss and "no layout can meet it" in res.miss
+
+
+def test_block_rule_skips_nodes_held_in_another_format():
+    """DeepSeek-V4-Pro's checkpoint is block-wise FP8 (128 x 128) but its experts are MXFP4 (their
+    own weight_dtype): split over 16 GPUs without expert parallelism (3072 / 16 = 192) they have no
+    128-wide FP8 blocks to break, and vLLM's MXFP4 MoE pads its shards; the rule refused tp 8 x dp 2
+    and tp 16 as if the experts were FP8."""
+    v4, _, _ = L.load_model("deepseek-v4-pro")
+    assert L.checkpoint_fp8_block(v4) == (128, 128)
+    assert L.block_reason(v4, 8, 2, False, "fp8") == "" and L.block_reason(v4, 16, 1, False, "fp8") == ""
+
+
+def test_launch_line_names_a_hub_cache_repo_whose_config_is_a_link(tmp_path):
+    """In a real Hugging Face hub cache a snapshot's config.json is a link to ../../blobs/<hash>: the
+    launch line resolved the link and named the blobs folder (`vllm serve .../blobs`), no model."""
+    src = Path(__file__).resolve().parents[1] / "testdata" / "hf" / "meta-llama--Llama-3.1-8B-Instruct" / "config.json"
+    repo = tmp_path / "hub" / "models--acme--Tuned-8B"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "0a1b2c").write_bytes(src.read_bytes())
+    snap = repo / "snapshots" / "0123abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").symlink_to(Path("..") / ".." / "blobs" / "0a1b2c")
+    graph, _, _ = L.load_model(str(snap))
+    lay = L.Layout(1, 1, False, "bf16", 256, 8192, "PIECEWISE")
+    scen = L.build_scenario(graph.name, "h100", lay, isl=1024, osl=1024, graph=graph)
+    assert launch.vllm_command(scen, lay, graph).startswith("vllm serve acme/Tuned-8B ")

@@ -67,7 +67,8 @@ def _remote_code_flag(graph: ModelGraph | None) -> list:
 
 
 def _model_repo(graph: ModelGraph | None):
-    """The Hugging Face repo id a launch line names for the model (None: unknown)."""
+    """The Hugging Face repo id a launch line names for the model; for a config.json that names
+    none, the checkpoint the engine loads (``_local_checkpoint``); None: unknown."""
     repo = None
     if graph is not None:
         try:    # the graph file's hf_repo; for an imported config.json, the repo its path or config names
@@ -88,7 +89,8 @@ def _local_checkpoint(cfg: Path) -> str:
     cache), else the folder holding it (a local checkpoint, as both engines take one). The graph's
     name is no model the engine can load (`vllm serve my-finetune` asks the hub for a repo of that
     name; a config matching a bundled model's was even named llama-3.1-8b-instruct)."""
-    folder = cfg.resolve().parent
+    import os       # absolute, links kept: a hub snapshot's config.json links to ../../blobs/<hash>
+    folder = Path(os.path.abspath(cfg)).parent
     if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
         org, _, name = folder.parent.parent.name[len("models--"):].partition("--")
         if org and name:

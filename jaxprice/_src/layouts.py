@@ -177,7 +177,8 @@ def heads_reason(graph: ModelGraph, tp: int, engine: str = "vllm") -> str:
     """Why vLLM refuses a tensor-parallel width for the model ("" when it does not): its attention
     heads must divide by tp (ModelConfig.verify_with_parallel_config, vllm-project/vllm
     vllm/config.py@c0c2335: "Total number of attention heads (H) must be divisible by tensor
-    parallel size (tp)"). The reference kernel prices any width; this is the engine's rule.
+    parallel size (tp)"), and its KV heads must divide by tp or divide it (below). The reference
+    kernel prices any width; this is the engine's rule.
     SGLang shards the heads alike (its attention tensor-parallel width, tp here, also under DP
     attention: --tp tp x dp --dp dp)."""
     bad = [h for h in attention_heads(graph) if h % int(tp)]
@@ -223,8 +224,10 @@ def block_reason(graph: ModelGraph, tp: int, dp: int, ep: bool, weights: str, en
     divisible by weight quantization block_n = 128", vllm-project/vllm#17569: Qwen3-235B-A22B-FP8
     at tp 8) and validate_fp8_block_shape for the dense layers; SGLang's FP8 method alike
     (QwenLM/Qwen3#1485). The experts are split over tp x dp GPUs without expert parallelism (none
-    with it); the row-parallel dense GEMMs (MLP and shared-expert down, o_proj) over tp (vLLM lets
-    merged column-parallel ones, gate_up and qkv, hold partial blocks). ``block``:
+    with it); the row-parallel dense GEMMs (MLP and shared-expert down, o_proj) over tp (the
+    column-parallel gate_up and q of qkv split the same widths: their rule adds nothing here).
+    Only nodes held in the checkpoint's FP8 (one stating another format, DeepSeek-V4-Pro's MXFP4
+    experts, has no 128-wide blocks) and split over tp (not a ``replicated`` GEMM). ``block``:
     checkpoint_fp8_block(graph), read once by a caller checking many layouts (None: read here).
     Served in another format than the checkpoint's FP8 (another checkpoint), there is no such rule."""
     if weights != "fp8" or graph.weight_dtype != "fp8":
@@ -238,6 +241,8 @@ def block_reason(graph: ModelGraph, tp: int, dp: int, ep: bool, weights: str, en
     for nodes in graph.layer_kinds.values():
         for n in nodes:
             role, what = n.get("role"), None
+            if n.get("weight_dtype", "fp8") != "fp8" or (n["op"] == "GEMM" and n.get("replicated")):
+                continue        # held in another format (no FP8 blocks), or a GEMM whole on every GPU
             if n["op"] == "GroupedGEMM" and n.get("top_k") and moe_tp > 1 and n["n"] % moe_tp == 0:
                 size, split, what = n["n"] // moe_tp, moe_tp, "expert intermediate"
                 bad = size % bn or size % bk

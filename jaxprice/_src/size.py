@@ -91,7 +91,8 @@ targets, and what does the trade-off look like?" from the cost laws, in four sta
 
 **Engines** (``engine=``, ``--engine``; layouts.ENGINES): ``vllm`` (the default; everything
 above) or ``sglang``. An SGLang search has the same parallel layouts (dp > 1 is SGLang's DP
-attention of an MoE model: ``--tp tp x dp --dp dp --enable-dp-attention``), SGLang's
+attention of an MoE model: ``--tp tp x dp --dp dp --enable-dp-attention``; of a dense model, plain
+replicas: ``--tp tp --dp dp``), SGLang's
 ``max_running_requests`` and ``chunked_prefill_size`` on the max_num_seqs and
 max_num_batched_tokens axes, no CUDA-graph-mode axis (decode captured, prefill eager:
 layouts.SGLANG_GRAPH_MODE), and no max_num_batched_tokens >= max_num_seqs rule. Each candidate's
