@@ -17,3 +17,10 @@ def test_a_layout_the_engine_refuses_to_load_is_named_in_the_notes():
     notes = _unloadable_notes([tp8, tp4])
     assert len(notes) == 1 and notes[0].startswith("mm-tp8: tp 8, dp 1, expert parallelism off as stated")
     assert "192 per GPU (1536 / 8)" in notes[0] and "priced as stated" in notes[0]
+
+
+def test_the_note_names_the_engine_of_the_point():
+    """The same layout measured on SGLang is SGLang's refusal, not vLLM's."""
+    group = SimpleNamespace(name="mm-tp8", index=[0], deployment=jp.load_deployment("minimax-m2.5-h200-fp8-vllm-tp8"))
+    note, = _unloadable_notes([group], [SimpleNamespace(engine="sglang")])
+    assert "SGLang refuses to load it" in note and "vLLM" not in note

@@ -2228,7 +2228,7 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
         train, test = split_by_deployment(names, 0.25, seed=0)
     info["split"] = {"train": train, "test": test,
                      "how": "jaxprice.fit.split_by_deployment(the priced deployments, 0.25, seed=0, stratify=model)"}
-    notes = info.get("notes", []) + _ep_notes(groups, points) + _unloadable_notes(groups)
+    notes = info.get("notes", []) + _ep_notes(groups, points) + _unloadable_notes(groups, points)
     info.update(deployments=len({p.deployment for p in points}), sweeps=len({p.sweep for p in points}),
                 from_scenario_files=sorted({g.name for g in groups if g.source != "columns"}),
                 from_columns=sorted({g.name for g in groups if g.source == "columns"}),
@@ -2263,11 +2263,12 @@ def _ep_notes(groups, points) -> list:
     return notes
 
 
-def _unloadable_notes(groups) -> list:
+def _unloadable_notes(groups, points=None) -> list:
     """A note per deployment whose layout, as stated, the engine would refuse to load
     (``layouts.heads_reason``, ``layouts.block_reason``: e.g. MiniMax-M2.5's block-wise FP8
     experts split 1536 / 8 = 192 wide at tp 8 without expert parallelism, which vLLM refuses):
-    the measured run cannot have run it so, and the point is priced as stated."""
+    the measured run cannot have run it so, and the point is priced as stated. ``points``: the
+    point list, whose engine column names the engine in the note (vLLM where not given)."""
     from .layouts import block_reason, heads_reason
     notes = []
     for g in groups:
@@ -2275,7 +2276,8 @@ def _unloadable_notes(groups) -> list:
         par = sc.parallel if sc is not None else {}
         tp, dp, ep = int(par.get("tp", 1)), int(par.get("dp", 1) or 1), bool(par.get("enable_expert_parallel"))
         weights = sc.engine.get("quantization") or graph.weight_dtype
-        why = heads_reason(graph, tp) or block_reason(graph, tp, dp, ep, weights)
+        engine = "sglang" if points is not None and "sglang" in str(points[g.index[0]].engine).lower() else "vllm"
+        why = heads_reason(graph, tp, engine) or block_reason(graph, tp, dp, ep, weights, engine)
         if why:
             notes.append(f"{g.name}: tp {tp}, dp {dp}, expert parallelism {'on' if ep else 'off'} as stated: {why}; "
                          "the run cannot have used this layout as stated (e.g. it ran with expert parallelism), "
