@@ -1831,7 +1831,7 @@ def size(model, *, chip: str, gpus: int, isl: int, osl: int, ttft_ms=None, tpot_
     results = found.results
     frontier, best, runner, margin, miss = choose(results, ttft_t, tpot_t)
     if best is None and ttft_t is not None and results:     # a TTFT no layout can reach, whatever its speed
-        adm = admission_latency(cands[results[0].index].deployment.coefficients, workload.mean_isl)
+        adm = min(admission_latency(cands[r.index].deployment.coefficients, workload.mean_isl) for r in results)
         if adm >= ttft_t:
             miss += (f"; every TTFT holds the request's host admission latency, {adm * 1e3:.1f} ms (the registry's "
                      f"host_admission_per_request + _per_token x prompt tokens), at or over the "
