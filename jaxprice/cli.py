@@ -70,10 +70,28 @@ def main(argv=None) -> int:
             _folder, note = compile_cache.enable_default()
             if note:
                 print(f"jaxprice: note: {note}", file=sys.stderr)
-        return int(modules[args.command].run(args) or 0)
+        status = int(modules[args.command].run(args) or 0)
+        sys.stdout.flush()          # a closed pipe is found here, not in a traceback at exit
+        return status
     except JaxpriceError as err:
         print(f"jaxprice {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader of standard output went away (`jaxprice sweep ... | head`): stop quietly, as
+        # Unix tools do, with the shell's status for SIGPIPE, and let nothing flush to the closed pipe
+        _quiet_stdout()
+        return 141
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at the null device, so that Python's flush at exit does not print
+    a BrokenPipeError of its own."""
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):      # a stream with no descriptor (io.UnsupportedOperation)
+        pass
 
 
 if __name__ == "__main__":

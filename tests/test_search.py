@@ -228,9 +228,9 @@ def test_cli_json_agrees_with_the_library(deps, capsys):
     name = "llama-3.1-70b-instruct-h200-fp8-vllm-tp4"
     itl = binding_itl(deps[name], 12, 48)
     assert main(["optimize", name, "--itl-ms", repr(itl * 1e3), "--prefill-budget", "192", "--max-decode", "24",
-                 "--prompt-len", "1024", "--output-len", "256", "--grid", "--json"]) == 0
+                 "--prompt-len", "1024", "--output-len", "256", "--context", "1280", "--grid", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    res = S.optimize_batch(deps[name], **SMALL, itl=itl, prefill_per_output=4.0)
+    res = S.optimize_batch(deps[name], **{**SMALL, "context": 1280}, itl=itl, prefill_per_output=4.0)
     assert (doc["optimum"]["decode"], doc["optimum"]["prefill"]) == (res.best.decode, res.best.prefill)
     assert doc["limits"]["prefill_per_output"] == 4.0 and doc["limits"]["itl"] == pytest.approx(itl)
     assert doc["gap"] <= 0.01 and doc["grid"]["points"] == 25 * 192

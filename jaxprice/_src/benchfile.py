@@ -162,13 +162,20 @@ def _records(path) -> list:
             out.append((_object(json.loads(line), where), where))
         except json.JSONDecodeError as err:
             if not out:         # its first line is not JSON either: a broken document, not JSON Lines
-                refuse(f"not JSON ({whole.msg} at line {whole.lineno}); expected a `vllm bench serve "
+                refuse(f"not JSON ({_json_problem(whole)}); expected a `vllm bench serve "
                        "--save-result` file or SGLang's bench_serving --output-file (JSON Lines)", file=str(path))
             refuse(f"not JSON ({err.msg}); a JSON Lines result file holds one JSON object a line", file=where)
     if not lines:                           # an empty file
-        refuse(f"not JSON ({whole.msg} at line {whole.lineno}); expected a `vllm bench serve --save-result` file or "
+        refuse(f"not JSON ({_json_problem(whole)}); expected a `vllm bench serve --save-result` file or "
                "SGLang's bench_serving --output-file (JSON Lines)", file=str(path))
     return out
+
+
+def _json_problem(err: json.JSONDecodeError) -> str:
+    """'Unterminated string starting at line 1 column 201' (json's own message ends 'starting at',
+    which read 'starting at at line 1')."""
+    msg = err.msg[:-len(" at")] if err.msg.endswith(" at") else err.msg
+    return f"{msg} at line {err.lineno} column {err.colno}"
 
 
 def _object(doc, where: str) -> dict:
@@ -219,10 +226,17 @@ def _mean_lengths(doc, path, completed) -> tuple[int, int]:
     """(isl, osl): mean input / output tokens per completed request, rounded: from input_lens /
     output_lens (--save-detailed) over the requests with output, else from the totals."""
     ins, outs = doc.get("input_lens"), doc.get("output_lens")
-    if isinstance(ins, list) and isinstance(outs, list) and ins and len(ins) == len(outs):
+    if isinstance(ins, list) and isinstance(outs, list) and (ins or outs):
+        # vLLM writes one entry per request in each (a -1000 among them was averaged into the isl)
         for key, xs in (("input_lens", ins), ("output_lens", outs)):
-            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in xs):
-                refuse("expected a list of finite token counts", file=str(path), field=key)
+            for j, x in enumerate(xs):
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 \
+                        or x != int(x):
+                    refuse("expected a token count (a whole number >= 0) per request", file=str(path),
+                           field=f"{key}[{j}]", value=x, has_value=True)
+        if len(ins) != len(outs):
+            refuse(f"has {len(ins)} entries and output_lens {len(outs)}: vLLM writes one of each per request",
+                   file=str(path), field="input_lens", value=len(ins))
         done = [(i, o) for i, o in zip(ins, outs) if o > 0]
         if done:
             return (round(sum(i for i, _ in done) / len(done)), round(sum(o for _, o in done) / len(done)))
@@ -268,6 +282,9 @@ def _bench_run(doc: dict, path: str) -> BenchRun:
     completed, n = int(doc["completed"]), int(doc["num_prompts"])
     if completed < 1:
         refuse("no request completed: nothing was measured", file=str(path), field="completed", value=completed)
+    if completed > n:       # else read as a run with no failures, its means over requests never sent
+        refuse(f"more requests completed than num_prompts {n} were sent", file=str(path), field="completed",
+               value=completed)
     if n < c:
         refuse(f"fewer prompts than max_concurrency {c}: only {n} requests were ever in flight", file=str(path),
                field="num_prompts", value=n)

@@ -611,7 +611,7 @@ def format_table(records, *, label_name, labels, units) -> str:
     return "\n".join([line(cols)] + [line(r) for r in rows])
 
 
-def format_breakdown(dep, label, rec, layers, units) -> str:
+def format_breakdown(dep, label, rec, layers, units, temperature=None) -> str:
     k = UNITS[units]
     dec = 3 if units == "ms" else 1
     L = {n: np.asarray(v) for n, v in layers.items()}
@@ -631,9 +631,13 @@ def format_breakdown(dep, label, rec, layers, units) -> str:
     def line(cells):
         return "  ".join([cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:])])
     total = float(np.sum(L["stage"])) + head + rec["host"]
+    smooth = bool(temperature)      # smooth mode: the kernel's max and min are power means (at 0: exact)
+    busiest = f"the smooth max of the resources at temperature {temperature:g}" if smooth else "busiest resource"
     out = [f"breakdown of batch {label} ({units}; per layer kind, times its count; sm and hbm without "
-           "the experts, stage = busiest resource + experts):", line(cols)] + [line(r) for r in rows]
-    out.append(f"sum of stages + head + host = {total * k:.{dec}f} {units}; Overlap = min(that, NoOverlap) "
+           f"the experts, stage = {busiest} + experts):", line(cols)] + [line(r) for r in rows]
+    # in smooth mode the Overlap is a smooth min, below both: 'min(31.503, 33.640) = 31.130' contradicted itself
+    least = "the smooth min of that and NoOverlap (at most their min)" if smooth else "min(that, NoOverlap)"
+    out.append(f"sum of stages + head + host = {total * k:.{dec}f} {units}; Overlap = {least} "
                f"= {rec['overlap'] * k:.{dec}f}")
     return "\n".join(out)
 
@@ -646,6 +650,7 @@ def run(args) -> int:
     dep = load_scenario_deployment(args.scenario, args.pool, args)
     specs = build_batches(args, dep, threshold)
     _check_batch_file_rows(args, specs)
+    _note_small_prefills(args, specs)
     result, batches = price_specs(dep, specs, temperature)
     check_finite(np.asarray(result.resources), np.asarray(result.overlap), np.asarray(result.no_overlap),
                  labels=[s[0] for s in specs], what="batch")
@@ -662,6 +667,19 @@ def run(args) -> int:
     if args.plot:
         _write_plot(args, dep, specs, result, temperature)
     return 0
+
+
+def _note_small_prefills(args, specs) -> None:
+    """On stderr, as sweep says it: a --prefill length of at most the decode threshold is priced as a
+    decode (the table's header still calls it a prefill request)."""
+    if args.batch or not specs:
+        return
+    thr = int(specs[0][5])
+    small = [p for p in specs[0][1]["prefill"] if p <= thr]
+    if small:
+        print(f"note: a prefill request of at most the decode threshold {thr} tokens ({', '.join(map(str, small))}) "
+              "is priced as a decode (vLLM's threshold is 1 without speculation: --decode-threshold 1 prices it as "
+              "a prefill)", file=sys.stderr)
 
 
 def fit_note(dep, specs) -> str:
@@ -718,7 +736,7 @@ def _text_report(args, dep, specs, records, layers, threshold, temperature) -> s
              format_table(records, label_name="batch" if by_file else "decode", labels=labels, units=args.units)]
     if layers is not None:
         for lab, rec, lay in zip(labels, records, layers):
-            lines += ["", format_breakdown(dep, lab, rec, lay, args.units)]
+            lines += ["", format_breakdown(dep, lab, rec, lay, args.units, temperature)]
     return "\n".join(lines)
 
 

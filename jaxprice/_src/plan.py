@@ -190,7 +190,11 @@ class Batch:
         """Build a padded batch from per-request token counts, refusing bad values clearly.
 
         dtype: of the token counts, float64 (None) or int32 (counts below INT_TOKEN_LIMIT).
+        Counts traced by jax (inside ``jax.grad``, ``jit`` or ``vmap``) pass unchecked (``_traced_batch``).
         """
+        if any(isinstance(v, jax.core.Tracer) for v in (scheduled, computed, prompt_len)):
+            return _traced_batch(scheduled, computed, prompt_len, pad_to=pad_to, decode_threshold=decode_threshold,
+                                 source=source, dtype=dtype)
         sched = _counts(scheduled, "scheduled", source).reshape(-1)
         comp = _counts(computed, "computed", source)
         comp = comp.reshape(-1) if comp.ndim else np.full(sched.shape, float(comp))
@@ -288,6 +292,52 @@ class Batch:
 
 
 _TOKEN_WHY = f" (the kernel's token limit, plan.INT_TOKEN_LIMIT = 2**{INT_TOKEN_LIMIT.bit_length() - 1})"
+
+
+def _traced_batch(scheduled, computed, prompt_len, *, pad_to, decode_threshold, source, dtype) -> Batch:
+    """``Batch.from_requests`` where a token count is traced by jax (the gradient of a price with
+    respect to the counts: it refused them as 'must be numbers'): shapes, padding and threshold
+    checked as there, concrete counts' values too, traced values unchecked (as ``Batch(...)`` takes
+    them); float64 only, integer counts having no gradient."""
+    if _token_dtype(dtype, source) != np.float64:
+        refuse("needs concrete token counts: traced ones are float64", file=source, field="dtype", value=dtype)
+
+    def counts(v, name):
+        if isinstance(v, jax.core.Tracer):
+            if v.ndim > 1:
+                refuse(f"must be a flat list, one value per request; got shape {v.shape}", file=source, field=name)
+            return jnp.asarray(v, dtype=jnp.float64)
+        arr = _counts(v, name, source)
+        bad = (~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr)) | (arr >= INT_TOKEN_LIMIT)).reshape(-1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            refuse(f"token counts must be non-negative integers below {INT_TOKEN_LIMIT}", file=source,
+                   field=f"{name}[{i}]", value=arr.reshape(-1)[i].item(), has_value=True)
+        return jnp.asarray(arr)
+    sched = counts(scheduled, "scheduled").reshape(-1)
+    n = int(sched.shape[0])
+
+    def per_request(v, name):
+        a = counts(v, name)
+        a = a.reshape(-1) if a.ndim else jnp.full((n,), a)
+        if a.shape != sched.shape:
+            refuse(f"has {a.size} values for {n} requests", file=source, field=name)
+        return a
+    comp = per_request(computed, "computed")
+    prompt = comp + sched if prompt_len is None else per_request(prompt_len, "prompt_len")
+    thr = float(_whole(decode_threshold, source=source, field="decode_threshold", what="a non-negative integer",
+                       below=INT_TOKEN_LIMIT, why=_TOKEN_WHY))
+    max_rows = _max_rows()
+    if n > max_rows:
+        refuse(f"holds {n} requests; a batch holds at most {max_rows} (2**20)", file=source, field="scheduled")
+    rows = n if pad_to is None else _whole(pad_to, source=source, field="pad_to", what="None or a whole number of rows",
+                                           maximum=max_rows, why=" (2**20, the most requests in one batch)")
+    if rows < n:
+        refuse(f"{n} requests do not fit in {rows} rows", file=source, field="pad_to", value=pad_to)
+    zeros = jnp.zeros(rows - n)
+    mask = jax.device_put(np.concatenate([np.ones(n, bool), np.zeros(rows - n, bool)]))
+    return _unchecked_batch(jnp.concatenate([sched, zeros]), jnp.concatenate([comp, zeros]),
+                            jnp.concatenate([prompt, zeros]), mask, jnp.asarray(thr))
 
 
 def _unchecked_batch(scheduled, computed, prompt_len, mask, decode_threshold, *, checked=False) -> Batch:
