@@ -61,6 +61,9 @@ def test_price_chip_refuses_a_layout_the_engine_cannot_load(capsys):
     start; now one line naming --tp, exit 2, before anything is compiled."""
     assert_refused(capsys, ["price", QWEN_FP8, "--chip", "h200", "--tp", "8", "--decode", "8", "--context", "1024"],
                    "field '--tp', value 8", "expert intermediate of 192 per GPU")
+    # experts split over tp x dp: both flags named (it named --tp alone, though --tp 4 alone loads)
+    assert_refused(capsys, ["price", QWEN_FP8, "--chip", "h200", "--tp", "4", "--dp", "2", "--decode", "8",
+                            "--context", "1024"], "field '--tp/--dp', value '4 x 2'", "(1536 / 8)")
 
 
 # ----------------------------------------------------------------------------- SGLang launch lines

@@ -338,8 +338,10 @@ def model_deployment(model, args):
             refuse(f"must be at most {WIDTH_LIMIT}", field=flag, value=v)
     if heads_reason(graph, tp):
         refuse(heads_reason(graph, tp), field="--tp", value=tp)
-    if block_reason(graph, tp, dp, bool(args.ep), weights):
-        refuse(block_reason(graph, tp, dp, bool(args.ep), weights), field="--tp", value=tp)
+    blocks = block_reason(graph, tp, dp, bool(args.ep), weights)
+    if blocks:      # the experts split over tp x dp GPUs (the flags as given), a dense input over tp
+        both = "expert intermediate" in blocks and dp > 1
+        refuse(blocks, field="--tp/--dp" if both else "--tp", value=f"{tp} x {dp}" if both else tp)
     if args.fabric is not None:
         registry.network(args.fabric, field="--fabric")
         if width <= per_node:       # else dropped without a word (layouts.base_scenario: one node, no fabric)
