@@ -409,6 +409,11 @@ MAPPINGS["gemma3"] = {
 # Phi-3 / Phi-3.5 / Phi-4 (vLLM phi3.py: Phi3ForCausalLM is LlamaForCausalLM with q/k/v and
 # gate/up stored fused): Llama layers; sliding_window as vLLM applies a config's window to every layer
 MAPPINGS["phi3"] = dict(MAPPINGS["dense"])
+# IBM Granite 3.x (vLLM granite.py: Llama layers) and Granite 3.x MoE (granitemoe.py: every layer's MLP
+# is num_local_experts routed experts, intermediate_size wide, top num_experts_per_tok; no shared expert)
+MAPPINGS["granite"] = dict(MAPPINGS["dense"])
+MAPPINGS["granite_moe"] = {**_CORE, "experts": _MOE["experts"], "top_k": _MOE["top_k"],
+                           "moe_intermediate_size": _k("moe_intermediate_size", "intermediate_size")}
 
 # architecture -> (family, MTP drafter method)
 ARCHITECTURES = {
@@ -454,6 +459,8 @@ ARCHITECTURES = {
     "Gemma3ForCausalLM": ("gemma3", None),
     "Gemma3ForConditionalGeneration": ("gemma3", None),
     "Phi3ForCausalLM": ("phi3", None),
+    "GraniteForCausalLM": ("granite", None),
+    "GraniteMoeForCausalLM": ("granite_moe", None),
 }
 
 # architectures whose text decoder's keys are only read from ``text_config`` (none at the top level)
@@ -2096,6 +2103,47 @@ def _fam_phi3(r, arch, act):
     return _fam_dense(r, arch, act)
 
 
+_GRANITE_SCALARS = ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")
+
+
+def _granite_note(r):
+    """Granite's four scalars, noted where the config states them: each multiplies a tensor the graph
+    already moves (the embedding, each block's output before its residual add, the attention's softmax
+    scale, the logits), so none adds a GEMM, a byte or a collective: not modelled."""
+    stated = [f"{k} {r.cfg[k]}" for k in _GRANITE_SCALARS if k in r.cfg]
+    if stated:
+        r.inferred.append("Granite scalar multipliers (" + ", ".join(stated) + "): elementwise scales of tensors "
+                          "already priced, not modelled")
+
+
+def _fam_granite(r, arch, act):
+    """IBM Granite 3.x (vLLM granite.py GraniteDecoderLayer / GraniteAttention / GraniteMLP, read at
+    vllm-project/vllm@0328802bed2bb6ca346ea10acb61221a0c607768): Llama layers (``_fam_dense``): an RMSNorm,
+    the fused qkv projection (head_dim from the config, else hidden_size // num_attention_heads), the
+    attention, o_proj; an RMSNorm and the gated SiLU MLP intermediate_size wide. Its four scalars
+    (embedding_multiplier on the embedding, residual_multiplier on each block's output,
+    attention_multiplier as the softmax scale, the logits divided by logits_scaling) change no cost and
+    are only noted."""
+    _granite_note(r)
+    return _fam_dense(r, arch, act)
+
+
+def _fam_granite_moe(r, arch, act):
+    """IBM Granite 3.x MoE (vLLM granitemoe.py GraniteMoeDecoderLayer / GraniteMoeAttention / GraniteMoeMoE,
+    read at vllm-project/vllm@045e2000fc9c3cf7313a3600f6ed381a373065ca): every layer is the Granite
+    attention (as ``_fam_granite``; that file's head_dim is hidden_size // num_attention_heads, the core
+    default here, which a config stating head_dim would override: the bundled one states none) then a FusedMoE of num_local_experts experts, each a gated SiLU MLP
+    config.intermediate_size wide, top num_experts_per_tok per token (renormalised), no shared expert and
+    no dense layer; each expert sharded over the tensor-parallel ranks and its output all-reduced, as
+    Mixtral's. The router (hidden -> experts, replicated) is not emitted, as in every MoE family here. The
+    multipliers are as Granite's: noted, not modelled."""
+    _granite_note(r)
+    experts = _n("GroupedGEMM", "experts", n=r("moe_intermediate_size"), k=r("hidden_size"), experts=r("experts"),
+                 top_k=r("top_k"))
+    moe = [_n("Elementwise", "post_attn_norm"), experts, dict(A2A), dict(AR_MLP)]
+    return {"attn_moe": _gqa_block(r) + moe}, ["attn_moe"] * r("num_layers")
+
+
 def _order(kinds, order):
     return {k: kinds[k] for k in order if k in kinds}
 
@@ -2107,7 +2155,8 @@ FAMILIES = {"dense": _fam_dense, "mistral": _fam_dense, "qwen_dense": _fam_dense
             "llama4": _fam_llama4, "mimo": _fam_dense, "nemotron_h": _fam_nemotron_h,
             "gemma4": _fam_gemma4, "mimo_v2": _fam_mimo_v2, "step3p5": _fam_step3p5,
             "nemotron_nas": _fam_nemotron_nas, "kimi_k3": _fam_kimi_k3, "glm4_moe": _fam_glm4_moe,
-            "gemma2": _fam_gemma, "gemma3": _fam_gemma, "phi3": _fam_phi3, "glm4_moe_lite": _fam_deepseek}
+            "gemma2": _fam_gemma, "gemma3": _fam_gemma, "phi3": _fam_phi3, "glm4_moe_lite": _fam_deepseek,
+            "granite": _fam_granite, "granite_moe": _fam_granite_moe}
 
 
 # ----------------------------------------------------------------------------- formats per node
