@@ -37,23 +37,23 @@ def argv(extra, tmp_path):
 
 @pytest.mark.parametrize("extra,words", [
     # a billion GPUs used to be "1000000000 replica(s)"; 10**23 was rounded through float
-    (["--gpus", "1e9"], ("'gpus', value 1000000000", "at most 1048576")),
+    (["--gpus", "1e9"], ("'--gpus', value 1000000000", "at most 1048576")),
     (["--gpus", "99999999999999999999999"], ("value 99999999999999999999999", "at most 1048576")),
     # tp 3 on 4 GPUs used to be dropped without a word
-    (["--gpus", "4", "--tp", "3,4"], ("'tp', value 3", "no layout uses it", "do not divide the 4 GPUs")),
+    (["--gpus", "4", "--tp", "3,4"], ("'--tp', value 3", "no layout uses it", "do not divide the 4 GPUs")),
     # used to say "2 GPUs is not a multiple of any width"
-    (["--gpus", "2", "--ep", "on"], ("'ep'", "has no MoE layer")),
+    (["--gpus", "2", "--ep", "on"], ("'--ep', value 'on'", "has no MoE layer")),
     # int4 used to be priced as the bf16 checkpoint under an int4 label; nvfp4 on a chip without FP4
-    (["--gpus", "2", "--weights", "int4"], ("'weights', value 'int4'", "not a format vLLM serves", "bf16, fp8")),
-    (["--gpus", "2", "--weights", "bf16,nvfp4"], ("'weights', value 'nvfp4'", "on h200")),
+    (["--gpus", "2", "--weights", "int4"], ("'--weights', value 'int4'", "not a format vLLM serves", "bf16, fp8")),
+    (["--gpus", "2", "--weights", "bf16,nvfp4"], ("'--weights', value 'nvfp4'", "on h200")),
     # a billion clients used to give TTFT 22129128844 ms; 100 000 levels ran for 5 minutes
-    (["--concurrency", "1000000000"], ("'concurrency', value 1000000000", "at most 26214")),
+    (["--concurrency", "1000000000"], ("'--concurrency', value 1000000000", "at most 26214")),
     (["--concurrency", "1,2,...,100"], ("100 concurrency levels", "at most 64")),
-    (["--max-num-seqs", "99999999999"], ("'max_num_seqs', value 99999999999", "token limit")),
-    (["--max-num-batched-tokens", "99999999999"], ("'max_num_batched_tokens'", "token limit")),
+    (["--max-num-seqs", "99999999999"], ("'--max-num-seqs', value 99999999999", "token limit")),
+    (["--max-num-batched-tokens", "99999999999"], ("'--max-num-batched-tokens'", "token limit")),
     (["--max-num-seqs", "1,2,...,1000", "--max-num-batched-tokens", "1000,2000,...,100000"],
      ("'candidates', value 200000", "more than the 10000")),
-    (["--gpus-per-node", "99999999"], ("'gpus_per_node'", "at most 65536")),
+    (["--gpus-per-node", "99999999"], ("'--gpus-per-node'", "at most 65536")),
     # options the steady evaluator would ignore, and --verify past the runner-up
     (["--num-prompts", "100"], ("'--num-prompts', value 100", "none would run")),
     (["--simulate", "5"], ("'--simulate', value 5", "steady simulates nothing")),
@@ -87,13 +87,13 @@ def test_size_refuses_an_output_onto_the_model_file(capsys, tmp_path):
 
 @pytest.mark.parametrize("extra,words", [
     # the serve search simulates every fitting layout: 144 layouts x 92 000 prompts used to run for hours
-    (["--evaluator", "serve", "--concurrency", "20000,26000"], ("'concurrency', value 26000", "cap of 4194304")),
-    (["--evaluator", "auto", "--concurrency", "20000,26000"], ("'concurrency'", "cap of 4194304")),
+    (["--evaluator", "serve", "--concurrency", "20000,26000"], ("'--concurrency', value 26000", "cap of 4194304")),
+    (["--evaluator", "auto", "--concurrency", "20000,26000"], ("'--concurrency'", "cap of 4194304")),
     (["--evaluator", "serve", "--search-prompts", "100", "--concurrency", "4,16,4000"],
-     ("'search_prompts'", "400000 prompts in one simulated run")),
+     ("'--search-prompts'", "400000 prompts in one simulated run")),
     # dp 1 with expert parallelism only, and ep on 1 GPU: used to be dropped / misnamed as a GPU count
-    (["--evaluator", "steady", "--ep", "on", "--tp", "1", "--dp", "1,8"], ("'dp', value 1", "ep on")),
-    (["--evaluator", "steady", "--ep", "on", "--tp", "1", "--dp", "1"], ("'ep'", "over one GPU is none")),
+    (["--evaluator", "steady", "--ep", "on", "--tp", "1", "--dp", "1,8"], ("'--dp', value 1", "ep on")),
+    (["--evaluator", "steady", "--ep", "on", "--tp", "1", "--dp", "1"], ("'--ep', value 'on'", "over one GPU is none")),
 ])
 def test_size_refuses_a_simulation_past_its_caps_before_pricing(capsys, extra, words):
     assert_refused(capsys, ["size", "deepseek-v3", "--chip", "h200", "--gpus", "8", "--isl", "1024", "--osl", "256",

@@ -220,3 +220,96 @@ def test_optimize_prices_a_workloads_decodes_at_its_own_length(monkeypatch, caps
     capsys.readouterr()
     assert_refused(capsys, ["optimize", DSV3, "--itl-ms", "50", "--prompt-len", "1024", "--output-len", "256",
                             "--context", "4096"], "'--context', value 4096", "1024 prompt + 256 output tokens")
+
+
+# ----------------------------------------------------------------------------- fit / accuracy on TTFT only
+
+def _ttft_only_csv(tmp_path):
+    """Two mean_ttft rows of the dev set, no mean_tpot row."""
+    from pathlib import Path
+    dev = Path(__file__).resolve().parents[1].parent / "shared" / "measured" / "inferencex_vllm_dev.csv"
+    if not dev.exists():
+        pytest.skip("the dev set is not here")
+    lines = dev.read_text().splitlines()
+    path = tmp_path / "ttft_only.csv"
+    path.write_text("\n".join([lines[0]] + [ln for ln in lines if ",mean_ttft," in ln][:2]) + "\n")
+    return path
+
+
+def test_a_ttft_only_csv_is_read_for_a_ttft_fit_and_accuracy_says_what_to_add(tmp_path, capsys):
+    """`fit --batch-rule simulate --target ttft` on a CSV of mean_ttft rows only was refused ("no
+    mean_tpot rows"), though it fits TTFT alone. Now such a fit reads each mean_ttft row as a point
+    without a measured TPOT (NaN), and its observations take NaN TPOTs when TPOT is not a target;
+    `accuracy`, which scores TPOT, still needs the mean_tpot rows and says so."""
+    from clirefusal import assert_refused
+    from jaxprice._src import accuracy as A
+    from jaxprice._src import fit as F
+    csv = _ttft_only_csv(tmp_path)
+    points, info = A.read_measurements(csv, ttft_points=True)
+    assert len(points) == 2 and info["ttft_points"] == 2 and info["ttft_rows_without_tpot"] == []
+    assert all(np.isnan(p.measured) and p.measured_ttft > 0 for p in points)
+    assert [p.row for p in points] == [2, 3]
+    runs = [F.SimRun(None, [None, None], [0, 1])]
+    obs = F.SimObservations("d", None, runs, [np.nan, np.nan], [p.measured_ttft for p in points], targets="ttft")
+    assert obs.points == 2 and np.allclose(obs.measured, [p.measured_ttft for p in points])
+    refused(lambda: F.SimObservations("d", None, runs, [np.nan, np.nan], [1.0, 1.0], targets="tpot,ttft"),
+            "measured mean TPOT must be positive and finite")
+    assert_refused(capsys, ["accuracy", str(csv), "--out", str(tmp_path / "o")],
+                   "no mean_tpot rows, only 2 mean_ttft row(s)", "add each point's mean_tpot row",
+                   "--target ttft")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--prefill-budget", "2048", "--min-prefill", "4096"],
+     ("field '--min-prefill', value 4096", "exceeds --prefill-budget 2048")),
+    (["--prefill-budget", "40000", "--prefix", "100"],
+     ("field '--prefill-budget', value 40000", "--prefix + --prefill-budget (100 + 40000)")),
+])
+def test_optimize_refusals_name_the_flags_in_their_text_too(capsys, argv, words):
+    """`optimize --min-prefill 4096` said "exceeds prefill_budget 2048", the library's keyword, where
+    the user typed --prefill-budget; now the reason names the flags as the field already did."""
+    from clirefusal import assert_refused
+    line = assert_refused(capsys, ["optimize", DSV3, "--itl-ms", "50", *argv], *words)
+    assert "prefill_budget" not in line
+
+
+def test_a_csv_batch_with_a_decode_threshold_column_is_told_where_the_threshold_goes(tmp_path):
+    """The README said a CSV batch has "those columns" (the YAML's, decode_threshold among them), yet a
+    decode_threshold column was refused as an unknown column, with no word on where it goes. The README
+    now says a CSV states none; the refusal says how to give it."""
+    from pathlib import Path
+    csv = tmp_path / "b.csv"
+    csv.write_text("scheduled,computed,decode_threshold\n1,4095,1\n")
+    refused(lambda: jp.load_batch(csv), "field 'decode_threshold'", "unknown column",
+            "--decode-threshold N", "load_batch(decode_threshold=N)", "YAML")
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "or CSV with those columns" not in readme and "a CSV states no decode threshold" in readme
+    ok = tmp_path / "ok.csv"
+    ok.write_text("scheduled,computed\n9,4095\n")
+    assert float(jp.load_batch(ok, decode_threshold=16).decode_threshold) == 16.0
+
+
+@pytest.mark.slow           # ~6 s on 2 cores (the serving simulation's compile): the cheap test above runs by default
+def test_fit_target_ttft_runs_on_a_ttft_only_csv(tmp_path, capsys):
+    """The command end to end: two mean_ttft rows of a tiny run (isl 32, osl 8) fitted alone."""
+    import csv as _csv
+    from pathlib import Path
+
+    from jaxprice import cli
+    src = Path(__file__).resolve().parents[1] / "testdata" / "measured" / "inferencex_vllm_excerpt.csv"
+    with open(src, newline="") as fh:
+        reader = _csv.DictReader(fh)
+        cols, rows = reader.fieldnames, [r for r in reader if r["deployment"] == "gpt-oss-120b-h200-fp4-vllm-tp1"]
+    row = next(r for r in rows if r["quantity"] == "mean_ttft")
+    path = tmp_path / "ttft.csv"
+    with open(path, "w", newline="") as fh:
+        w = _csv.DictWriter(fh, cols)
+        w.writeheader()
+        w.writerows(dict(row, isl="32", osl="8", workload="tiny", concurrency=str(c), value=v, unit="us",
+                         anchor_concurrency="2") for c, v in ((2, "9000.0"), (4, "11000.0")))
+    out = tmp_path / "fitted.yaml"
+    rc = cli.main(["fit", str(path), "--batch-rule", "simulate", "--target", "ttft", "--free", "hbm_derate",
+                   "--holdout", "0", "--method", "gauss-newton", "--steps", "3", "--out", str(out), "--quiet"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "simulated mean TTFT" in cap.out and "(2 points with a measured TTFT)" in cap.out and out.exists()

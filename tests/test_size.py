@@ -244,7 +244,7 @@ def test_cli_unmet_targets_exit_1(result, capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--gpus", "3", "--weights", "bf16"], "3 GPUs is not a multiple of any width tp x dp the model fits at (2, 4"),
-    (["--gpus", "4", "--tp", "8"], "field 'tp', value [8]: 4 GPUs is not a multiple of any width tp x dp in [8]"),
+    (["--gpus", "4", "--tp", "8"], "field '--tp', value [8]: 4 GPUs is not a multiple of any width tp x dp in [8]"),
     (["--gpus", "4", "--chip", "h201"], "unknown chip"),
     (["--gpus", "4", "--tpot-ms", "0"], "a target must be > 0"),
     (["--gpus", "4", "--ttft-ms", "-5"], "a target must be > 0"),
@@ -595,7 +595,7 @@ def test_size_refuses_an_unknown_fabric(capsys):
         jp.size(MODEL, fabric="ib-999", **SMALL)
     rc = cli.main(["size", MODEL, "--chip", "h200", "--gpus", "4", "--isl", "8", "--osl", "8", "--fabric", "x"])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err.count("\n") == 0 and "'fabric', value 'x': unknown fabric (known:" in err
+    assert rc == 2 and err.count("\n") == 0 and "field '--fabric', value 'x': unknown fabric (known:" in err
 
 
 def test_vllm_line_says_a_four_bit_format_needs_a_prequantized_checkpoint():

@@ -221,3 +221,20 @@ def test_launch_line_names_a_hub_cache_repo_whose_config_is_a_link(tmp_path):
     lay = L.Layout(1, 1, False, "bf16", 256, 8192, "PIECEWISE")
     scen = L.build_scenario(graph.name, "h100", lay, isl=1024, osl=1024, graph=graph)
     assert launch.vllm_command(scen, lay, graph).startswith("vllm serve acme/Tuned-8B ")
+
+
+# ----------------------------------------------------------------------------- refusals name the flags typed
+
+@pytest.mark.parametrize("extra, words", [
+    (["--chip", "h201"], ("field '--chip', value 'h201'", "unknown chip")),
+    (["--chip", "h100", "--weights", "mxfp4"], ("field '--weights', value 'mxfp4'", "not a format vLLM serves")),
+    (["--chip", "h100", "--tp", "8"], ("field '--tp', value [8]", "not a multiple of any width")),
+    (["--chip", "h100", "--ep", "on"], ("field '--ep', value 'on'", "has no MoE layer")),
+    (["--chip", "h100", "--engine", "sglang", "--max-running-requests", "99999999999"],
+     ("field '--max-running-requests', value 99999999999",)),
+])
+def test_size_refusals_name_the_flag_not_the_library_keyword(capsys, extra, words):
+    """The search library's refusals named its keywords ("field 'tp'", "'weights'", "'chip'", ep's
+    value True) where the user typed --tp, --weights, --chip, --ep on: now the flag, as typed."""
+    assert_refused(capsys, ["size", "meta-llama-3.1-8b", "--gpus", "4", "--isl", "512", "--osl", "64",
+                            "--evaluator", "steady", "--quiet", *extra], *words)

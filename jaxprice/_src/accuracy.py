@@ -238,7 +238,7 @@ def _int(text, *, where, field, minimum=None):
     return int(v)
 
 
-def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point], dict]:
+def read_measurements(path, *, quantity: str = "mean_tpot", ttft_points: bool = False) -> tuple[list[Point], dict]:
     """Read the ``quantity`` rows (default mean TPOT) of a measurement CSV.
 
     With the default quantity each point also carries its ``mean_ttft`` row (same scenario,
@@ -248,7 +248,9 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
     ``ttft_rows_without_tpot`` (line numbers of TTFT rows no TPOT point matches) and lists
     sweeps whose lowest concurrency is not the file's
     ``anchor_concurrency`` (``anchor_mismatch``: their shape errors are relative to a different
-    point than the anchor kernel's). Every row is checked, whatever its quantity: a malformed
+    point than the anchor kernel's). ``ttft_points`` (what a TTFT-only fit reads): a mean_ttft row
+    no mean_tpot row matches is a point of its own, with no measured TPOT (``measured`` NaN), so a
+    file of mean_ttft rows only is read. Every row is checked, whatever its quantity: a malformed
     row (missing field, bad number, unknown unit, non-positive value, a second point of one
     sweep at one concurrency) is refused with a JaxpriceError naming ``file:line``, the column
     and the value; a bad row in a measurement file is a data error, not a point the kernel
@@ -278,7 +280,7 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
         if twice:
             refuse("column appears twice in the header (which one holds the data?)", file=f"{file}:1",
                    field="header", value=twice[0])
-        points, other, seen, ttft = [], 0, {}, {}
+        points, other, seen, ttft, ttft_rows = [], 0, {}, {}, {}
         for i, r in enumerate(reader, start=2):
             where = f"{file}:{i}"
             seconds = _row_seconds(r, cols, where)
@@ -286,6 +288,8 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
                 other += 1
                 if quantity == "mean_tpot" and r["quantity"] == "mean_ttft":
                     _add_ttft(ttft, r, seconds, i, where)
+                    if ttft_points:
+                        ttft_rows[i] = dict(r)
                 continue
             p = _row_point(r, i, where, seconds)
             key = (p.sweep, p.concurrency)
@@ -294,9 +298,22 @@ def read_measurements(path, *, quantity: str = "mean_tpot") -> tuple[list[Point]
                        f"(first on line {seen[key]})", file=where, field="concurrency", value=r["concurrency"])
             seen[key] = i
             points.append(p)
+    matched = _attach_ttft(points, ttft)
+    if ttft_points and ttft:        # TTFT rows no mean_tpot row matches: points without a measured TPOT
+        for sec, line in ttft.values():
+            p = _row_point(ttft_rows[line], line, f"{file}:{line}", math.nan)
+            points.append(dataclasses.replace(p, measured_ttft=sec))
+        points.sort(key=lambda p: p.row)
+        matched += len(ttft)
+        other -= len(ttft)
+        ttft.clear()
+    if not points and quantity == "mean_tpot" and ttft:
+        refuse(f"no mean_tpot rows, only {len(ttft)} mean_ttft row(s): each point of this harness is a mean_tpot "
+               "row, its mean_ttft row (same scenario, workload and concurrency) riding along on it: add each "
+               "point's mean_tpot row (`jaxprice import-bench` writes both), or fit TTFT alone "
+               "(`jaxprice fit --batch-rule simulate --target ttft`)", file=file, field="quantity", value=quantity)
     if not points:
         refuse(f"no {quantity} rows", file=file, field="quantity", value=quantity)
-    matched = _attach_ttft(points, ttft)
     return points, {"rows": len(points) + other, "points": len(points), "other_quantity_rows": other,
                     "anchor_mismatch": _anchor_mismatch(points), "ttft_points": matched,
                     "label_mismatch": [m for m in map(_label_mismatch, points) if m],

@@ -9,7 +9,8 @@ YAML, a mapping (or just the list of requests)::
       - {scheduled: 512, computed: 0, prompt_len: 2048}
 
 CSV: a header naming ``scheduled`` and ``computed`` and, optionally, ``prompt_len`` and
-``count``; one request per line (``count`` repeats it)::
+``count``; one request per line (``count`` repeats it). A CSV states no decode threshold (the
+caller's ``decode_threshold``, or the default)::
 
     scheduled,computed,count
     1,4095,31
@@ -163,7 +164,10 @@ def _read_csv(path: Path):
                f"{len(header)}; expected {', '.join(FIELDS)}", file=file, value=",".join(header), has_value=True)
     unknown = [h for h in header if h not in FIELDS]
     if unknown:
-        refuse(f"unknown column in the header (line {header_line}); expected {', '.join(FIELDS)}",
+        hint = ("; a CSV batch states no decode threshold (a column would give one per request): give it "
+                "as `jaxprice price --decode-threshold N` or load_batch(decode_threshold=N), or write the batch "
+                "as YAML with a top-level decode_threshold") if unknown[0] == "decode_threshold" else ""
+        refuse(f"unknown column in the header (line {header_line}); expected {', '.join(FIELDS)}{hint}",
                file=file, field=unknown[0])
     for name in REQUIRED:
         if name not in header:

@@ -284,12 +284,12 @@ def _check_display_flags(args) -> None:
                    field="--assumptions")
 
 
-def settings_note(csv_path, settings, deployments=None) -> str | None:
+def settings_note(csv_path, settings, deployments=None, *, ttft_points=False) -> str | None:
     """A note when the --settings file states no flag for any measured point to be scored (its rows
     match none by scenario, label = workload, concurrency and run): it then only hides the bundled
     table, every run taking the recipe's or vLLM's defaults, which used to happen without a word."""
     from .accuracy import read_measurements, read_settings
-    points, _ = read_measurements(csv_path)
+    points, _ = read_measurements(csv_path, ttft_points=ttft_points)
     if deployments:
         points = [p for p in points if p.deployment in set(deployments)]
     if not points or any(p.stated for p in read_settings(points, settings)):
@@ -302,13 +302,14 @@ def settings_note(csv_path, settings, deployments=None) -> str | None:
 PLAUSIBLE_TPOT_S = (1e-4, 2.0)    # mean TPOT of a serving engine: ~1 ms to a few hundred ms
 
 
-def unit_note(csv_path) -> str | None:
+def unit_note(csv_path, *, ttft_points=False) -> str | None:
     """A note when the file's median mean TPOT is outside PLAUSIBLE_TPOT_S: its unit column most
     likely names the wrong unit (microseconds written 'ms' read as a 7 s TPOT, scored 99.9% off
-    without a word)."""
+    without a word). ttft_points: as read_measurements (a TTFT-only file: no TPOT, no note)."""
     import numpy as np
     from .accuracy import read_measurements
-    points, _ = read_measurements(csv_path)
+    points, _ = read_measurements(csv_path, ttft_points=ttft_points)
+    points = [p for p in points if not np.isnan(p.measured)]
     if not points:
         return None
     med = float(np.median([p.measured for p in points]))

@@ -9,7 +9,8 @@ CSV: mean-TPOT measurements in the layout of shared/measured/inferencex_vllm_dev
 ``tpot``: NoOverlap of C decode rows at context isl + osl // 2, plus host_output_token; with
 ``--batch-rule capped`` or ``interleaved`` the batches ``jaxprice accuracy --batch-rule`` prices; with
 ``--batch-rule simulate --target tpot,ttft`` each point's closed-loop run of the serving simulation,
-its schedule built once, the fit re-pricing its steps: log-errors of mean TPOT and mean TTFT), or
+its schedule built once, the fit re-pricing its steps: log-errors of mean TPOT and mean TTFT;
+``--target ttft`` alone also reads a mean_ttft row with no mean_tpot row as a point), or
 step times with columns scenario, requests, context, value, unit (target ``step``). ``--free``
 takes ``PATTERN[@SCOPE][:BOUND]``: an fnmatch pattern over coefficient names, a scope of
 comma-separated hardware, model, tp, ep, nodes_spanned (or ``global``; default hardware) and
@@ -53,7 +54,8 @@ def add_parser(subparsers):
                         "host_output_token@global")
     p.add_argument("--target", default="auto",
                    help="what the CSV measures (default: from its columns): tpot or step; with --batch-rule "
-                        "simulate: tpot, ttft or tpot,ttft (log-errors of mean TPOT and mean TTFT summed)")
+                        "simulate: tpot, ttft or tpot,ttft (log-errors of mean TPOT and mean TTFT summed; ttft alone "
+                        "reads a CSV of mean_ttft rows only)")
     p.add_argument("--estimate", choices=("no_overlap", "overlap"), default="no_overlap")
     p.add_argument("--batch-rule", metavar="RULE", default="anchor",
                    help="TPOT layout: how each point's batches are built, as in 'jaxprice accuracy': anchor "
@@ -314,12 +316,12 @@ def _observations(args):
     return target, obs, sorted({p.engine for p in points if p.engine})
 
 
-def _note_unit(csv_path) -> None:
+def _note_unit(csv_path, ttft_points=False) -> None:
     """accuracy's note (stderr) where the file's median mean TPOT is outside what serving engines give:
     a unit column saying ms over microseconds fitted hbm_derate to its bound and wrote the set without
     a word, where `jaxprice accuracy` on the same file says to check the unit."""
     from .cli_accuracy import unit_note
-    note = unit_note(csv_path)
+    note = unit_note(csv_path, ttft_points=ttft_points)
     if note:
         print(f"note: {note}", file=sys.stderr)
 
@@ -341,10 +343,11 @@ def _simulated(args, header):
         refuse("--batch-rule simulate needs the mean-TPOT layout (a 'quantity' column)", file=args.csv,
                field="header", value=",".join(header[:6]))
     targets = F.parse_targets("tpot" if args.target == "auto" else args.target)
-    _note_unit(args.csv)
+    alone = targets == ("ttft",)          # TTFT alone: a mean_ttft row without its mean_tpot row is a point
+    _note_unit(args.csv, alone)
     if args.settings is not None:
         from .cli_accuracy import settings_note
-        note = settings_note(args.csv, args.settings, args.deployment)
+        note = settings_note(args.csv, args.settings, args.deployment, ttft_points=alone)
         if note:
             print(f"note: {note}", file=sys.stderr)
     bar = None if args.quiet else Progress(1, "simulate")

@@ -13,6 +13,7 @@ composition in exact mode and prints the grid's best and how much faster the sea
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
@@ -131,10 +132,18 @@ def _check_request_length(dep, prompt, output):
                             f"{INT_TOKEN_LIMIT}", field="--prompt-len", value=prompt)
 
 
+# the keywords a library refusal's text names (e.g. "exceeds prefill_budget 2048"): only those spelt with an
+# underscore, which no English word is ("context", "prefix" are words of the reasons too)
+_KEYWORD_IN_TEXT = re.compile(r"(?<![\w.-])(prefix \+ )?(" + "|".join(k for k in FLAGS if "_" in k) + r")(?!\w)")
+
+
 def _as_flags(err: JaxpriceError) -> JaxpriceError:
-    """The library's refusal, naming the command-line flag instead of the keyword."""
-    if err.field in FLAGS:
-        return JaxpriceError(err.reason, file=err.file, field=FLAGS[err.field], value=err.value,
+    """The library's refusal, naming the command-line flags instead of the keywords, in its field and
+    in its text ("prefix + prefill_budget (...)": "--prefix + --prefill-budget (...)")."""
+    reason = _KEYWORD_IN_TEXT.sub(lambda m: ("--prefix + " if m[1] else "") + FLAGS[m[2]], err.reason)
+    if err.field in FLAGS or reason != err.reason:
+        field = FLAGS.get(err.field, err.field)
+        return JaxpriceError(reason, file=err.file, field=field, value=err.value,
                              has_value=err.value is not None)
     return err
 

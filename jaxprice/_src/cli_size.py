@@ -416,6 +416,27 @@ def check_outputs(args) -> None:
         seen[key] = flag
 
 
+# size()'s keywords, as the flags of `jaxprice size` that set them: a refusal from the search library
+# named 'tp', 'weights' or 'chip' where the user typed --tp, --weights or --chip
+API_FLAGS = {"chip": "--chip", "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "fabric": "--fabric",
+             "isl": "--isl", "osl": "--osl", "ttft_ms": "--ttft-ms", "tpot_ms": "--tpot-ms",
+             "concurrency": "--concurrency", "tp": "--tp", "dp": "--dp", "ep": "--ep", "weights": "--weights",
+             "engine": "--engine", "cudagraph_modes": "--graph-modes", "spec_tokens": "--spec-tokens",
+             "acceptance": "--acceptance", "range_ratio": "--range-ratio", "evaluator": "--evaluator",
+             "simulate": "--simulate", "search_prompts": "--search-prompts", "verify": "--verify",
+             "num_prompts": "--num-prompts", "coefficient_files": "--coefficients"}
+
+
+def api_flag(err, args) -> str | None:
+    """The flag that set the size() keyword a refusal names (None: not a flag's, e.g. a field of a
+    file, which names its file): max_num_seqs and max_num_batched_tokens as the engine spells them."""
+    if err.file:
+        return None
+    if err.field in ("max_num_seqs", "max_num_batched_tokens"):
+        return _engine_axes(args)[3][err.field == "max_num_batched_tokens"]
+    return API_FLAGS.get(err.field)
+
+
 def run(args) -> int:
     from .size import size
     opts = options(args)
@@ -439,10 +460,13 @@ def run(args) -> int:
     try:
         result = size(args.model, callback=progress, on_candidates=announce, **opts)
     except JaxpriceError as err:       # the API's field names, as the flags that set them
-        flag = {"spec_tokens": "--spec-tokens", "acceptance": "--acceptance"}.get(err.field)
+        flag = api_flag(err, args)
         if flag is None:
             raise
-        raise JaxpriceError(err.reason, file=err.file, field=flag, value=err.value, has_value=True) from None
+        value = err.value
+        if flag == "--ep" and value in (True, False, [True], [False]):      # --ep on|off reaches size() as [True]|[False]
+            value = "on" if value in (True, [True]) else "off"
+        raise JaxpriceError(err.reason, file=err.file, field=flag, value=value, has_value=True) from None
     finally:
         if "bar" in bar:
             bar["bar"].close()
