@@ -4,6 +4,7 @@ after every flag as comments) and the scenario document ``jaxprice serve`` and `
 ``size`` (size.py) chooses the layout; this module only writes it out."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from .formats import ModelGraph, Scenario
@@ -89,7 +90,7 @@ def _local_checkpoint(cfg: Path) -> str:
     cache), else the folder holding it (a local checkpoint, as both engines take one). The graph's
     name is no model the engine can load (`vllm serve my-finetune` asks the hub for a repo of that
     name; a config matching a bundled model's was even named llama-3.1-8b-instruct)."""
-    import os       # absolute, links kept: a hub snapshot's config.json links to ../../blobs/<hash>
+    # absolute, links kept: a hub snapshot's config.json links to ../../blobs/<hash>
     folder = Path(os.path.abspath(cfg)).parent
     if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
         org, _, name = folder.parent.parent.name[len("models--"):].partition("--")

@@ -208,27 +208,9 @@ class Batch:
         for name, arr in (("scheduled", sched), ("computed", comp), ("prompt_len", prompt)):
             if arr.shape != sched.shape:
                 refuse(f"has {arr.size} values for {sched.size} requests", file=source, field=name)
-            bad = ~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr))
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                refuse("token counts must be non-negative integers", file=source,
-                       field=f"{name}[{i}]", value=arr[i].item(), has_value=True)
-            big = arr >= INT_TOKEN_LIMIT
-            if big.any():
-                i = int(np.flatnonzero(big)[0])
-                refuse(f"token counts must be below {INT_TOKEN_LIMIT}{_TOKEN_WHY}", file=source,
-                       field=f"{name}[{i}]", value=arr[i].item(), has_value=True)
-        thr = float(_whole(decode_threshold, source=source, field="decode_threshold",
-                           what="a non-negative integer", below=INT_TOKEN_LIMIT, why=_TOKEN_WHY))
+            _check_count_values(arr, name, source)
         n = sched.size
-        max_rows = _max_rows()
-        if n > max_rows:
-            refuse(f"holds {n} requests; a batch holds at most {max_rows} (2**20)", file=source, field="scheduled")
-        rows = n if pad_to is None else _whole(pad_to, source=source, field="pad_to",
-                                               what="None or a whole number of rows", maximum=max_rows,
-                                               why=" (2**20, the most requests in one batch)")
-        if rows < n:
-            refuse(f"{n} requests do not fit in {rows} rows", file=source, field="pad_to", value=pad_to)
+        thr, rows = _threshold_and_rows(n, pad_to, decode_threshold, source)
         pad = rows - n
 
         dtype = _token_dtype(dtype, source)
@@ -294,6 +276,36 @@ class Batch:
 _TOKEN_WHY = f" (the kernel's token limit, plan.INT_TOKEN_LIMIT = 2**{INT_TOKEN_LIMIT.bit_length() - 1})"
 
 
+def _check_count_values(arr, name, source):
+    """Refuse a token count (flat NumPy ``arr``) that is not a non-negative integer below the
+    kernel's limit, naming ``name[i]`` and the value."""
+    bad = ~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        refuse("token counts must be non-negative integers", file=source,
+               field=f"{name}[{i}]", value=arr[i].item(), has_value=True)
+    big = arr >= INT_TOKEN_LIMIT
+    if big.any():
+        i = int(np.flatnonzero(big)[0])
+        refuse(f"token counts must be below {INT_TOKEN_LIMIT}{_TOKEN_WHY}", file=source,
+               field=f"{name}[{i}]", value=arr[i].item(), has_value=True)
+
+
+def _threshold_and_rows(n, pad_to, decode_threshold, source):
+    """(decode threshold as a float, padded row count) of a batch of ``n`` requests, each refused
+    unless a whole number in range (n at most 2**20 and at most the rows)."""
+    thr = float(_whole(decode_threshold, source=source, field="decode_threshold", what="a non-negative integer",
+                       below=INT_TOKEN_LIMIT, why=_TOKEN_WHY))
+    max_rows = _max_rows()
+    if n > max_rows:
+        refuse(f"holds {n} requests; a batch holds at most {max_rows} (2**20)", file=source, field="scheduled")
+    rows = n if pad_to is None else _whole(pad_to, source=source, field="pad_to", what="None or a whole number of rows",
+                                           maximum=max_rows, why=" (2**20, the most requests in one batch)")
+    if rows < n:
+        refuse(f"{n} requests do not fit in {rows} rows", file=source, field="pad_to", value=pad_to)
+    return thr, rows
+
+
 def _traced_batch(scheduled, computed, prompt_len, *, pad_to, decode_threshold, source, dtype) -> Batch:
     """``Batch.from_requests`` where a token count is traced by jax (the gradient of a price with
     respect to the counts: it refused them as 'must be numbers'): shapes, padding and threshold
@@ -308,11 +320,7 @@ def _traced_batch(scheduled, computed, prompt_len, *, pad_to, decode_threshold, 
                 refuse(f"must be a flat list, one value per request; got shape {v.shape}", file=source, field=name)
             return jnp.asarray(v, dtype=jnp.float64)
         arr = _counts(v, name, source)
-        bad = (~np.isfinite(arr) | (arr < 0) | (arr != np.round(arr)) | (arr >= INT_TOKEN_LIMIT)).reshape(-1)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            refuse(f"token counts must be non-negative integers below {INT_TOKEN_LIMIT}", file=source,
-                   field=f"{name}[{i}]", value=arr.reshape(-1)[i].item(), has_value=True)
+        _check_count_values(arr.reshape(-1), name, source)
         return jnp.asarray(arr)
     sched = counts(scheduled, "scheduled").reshape(-1)
     n = int(sched.shape[0])
@@ -325,15 +333,7 @@ def _traced_batch(scheduled, computed, prompt_len, *, pad_to, decode_threshold, 
         return a
     comp = per_request(computed, "computed")
     prompt = comp + sched if prompt_len is None else per_request(prompt_len, "prompt_len")
-    thr = float(_whole(decode_threshold, source=source, field="decode_threshold", what="a non-negative integer",
-                       below=INT_TOKEN_LIMIT, why=_TOKEN_WHY))
-    max_rows = _max_rows()
-    if n > max_rows:
-        refuse(f"holds {n} requests; a batch holds at most {max_rows} (2**20)", file=source, field="scheduled")
-    rows = n if pad_to is None else _whole(pad_to, source=source, field="pad_to", what="None or a whole number of rows",
-                                           maximum=max_rows, why=" (2**20, the most requests in one batch)")
-    if rows < n:
-        refuse(f"{n} requests do not fit in {rows} rows", file=source, field="pad_to", value=pad_to)
+    thr, rows = _threshold_and_rows(n, pad_to, decode_threshold, source)
     zeros = jnp.zeros(rows - n)
     mask = jax.device_put(np.concatenate([np.ones(n, bool), np.zeros(rows - n, bool)]))
     return _unchecked_batch(jnp.concatenate([sched, zeros]), jnp.concatenate([comp, zeros]),
