@@ -2,6 +2,7 @@
 
     jaxprice import-model testdata/hf/deepseek-ai--DeepSeek-V3 --out deepseek-v3.yaml
     jaxprice import-model config.json --quant-config hf_quant_config.json --out graph.yaml
+    jaxprice import-model internlm3/config.json --as LlamaForCausalLM --out internlm3.yaml
 
 CONFIG is a config.json or a folder holding one (an hf_quant_config.json beside it is read
 too, unless --quant-config names another), or the name or repository id of a bundled one
@@ -10,6 +11,14 @@ too, unless --quant-config names another), or the name or repository id of a bun
 inferred (defaults taken, modules left unquantized, what is not priced). Without --out the
 graph goes to stdout. A config.json path or folder is also accepted wherever a model graph
 is (a scenario's ``model:``), so writing the file is optional.
+
+--as ARCHITECTURE prices a config whose architecture the importer does not read (InternLM3,
+SmolLM3, OLMo 2, Seed-OSS: Llama-shaped decoders) as a known architecture's layers, its keys read as
+that architecture's are. It is never silent: the graph's notes (and the line import-model prints)
+say what it was priced as and list the config keys that family did not read; a config whose
+structure the family cannot price (routed experts under a dense family, linear-attention or
+state-space layers under an attention-only one, MLA under KV-head attention) is refused. An
+architecture the importer reads is read natively: --as naming another one is refused.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ def add_parser(sub):
                    help="where to write the graph (default, or -: stdout)")
     p.add_argument("--name", default=None, help="the graph's name (default: the bundled name or the repo's)")
     p.add_argument("--hf-repo", default=None, help="the Hugging Face repository (default: from the path)")
+    p.add_argument("--as", dest="as_architecture", metavar="ARCHITECTURE", default=None,
+                   help="price an architecture the importer does not read as this known one's layers "
+                        "(e.g. LlamaForCausalLM); the notes say so and list the keys it did not read")
     return p
 
 
@@ -66,6 +78,10 @@ def run(args) -> int:
         # written into the graph and into size's `vllm serve REPO` line, where 'a b/c' cannot be fetched
         refuse("not a Hugging Face repository id (owner/name, or name: letters, digits, '-', '_', '.')",
                field="--hf-repo", value=args.hf_repo)
+    as_arch = getattr(args, "as_architecture", None)
+    if as_arch is not None:
+        from .hf import check_as_architecture
+        check_as_architecture(as_arch, field="--as")
     if args.out == "-":                 # stdout, as `jaxprice sweep --out -` (not a file named "-")
         args.out = None
     if args.out is not None:
@@ -74,9 +90,12 @@ def run(args) -> int:
     from .hf import bundled_config
     bundled = None if Path(args.config).exists() else bundled_config(args.config)   # a bundled one by name
     config = bundled or args.config
-    res = import_result(config, args.quant_config, name=args.name, hf_repo=args.hf_repo)
+    res = import_result(config, args.quant_config, name=args.name, hf_repo=args.hf_repo, as_architecture=as_arch)
     graph = graph_from_doc(res.doc, res.config_path)          # validated as a graph file is
     text = graph_yaml(res)
+    if res.priced_as is not None:       # said on the terminal as well as in the graph's comments
+        for note in res.inferred[:2]:
+            print(f"note: {note}", file=sys.stderr)
     if args.out is None:
         sys.stdout.write(text)
         return 0
@@ -92,7 +111,8 @@ def run(args) -> int:
         refuse(f"cannot write the graph ({err.strerror})", file=str(out))
     layers = len(graph.expanded_stack())
     cache = f", {graph.kv_cache_dtype} KV cache (calibrated)" if graph.kv_cache_dtype else ""
-    print(f"{out}: {graph.name} ({res.architecture}, {layers} layers, {weights_summary(graph)}{cache}); "
+    arch = res.architecture if res.priced_as is None else f"{res.architecture} priced as {res.priced_as}"
+    print(f"{out}: {graph.name} ({arch}, {layers} layers, {weights_summary(graph)}{cache}); "
           f"{len(res.inferred)} inferred notes as comments", file=sys.stderr)
     return 0
 

@@ -414,6 +414,20 @@ MAPPINGS["phi3"] = dict(MAPPINGS["dense"])
 MAPPINGS["granite"] = dict(MAPPINGS["dense"])
 MAPPINGS["granite_moe"] = {**_CORE, "experts": _MOE["experts"], "top_k": _MOE["top_k"],
                            "moe_intermediate_size": _k("moe_intermediate_size", "intermediate_size")}
+# Phi-3.5-MoE (vLLM phimoe.py PhiMoEDecoderLayer): GQA attention (qkv and o_proj with biases), then a FusedMoE of
+# num_local_experts experts config.intermediate_size wide, top num_experts_per_tok (sparsemixer, top-2 only); no
+# shared expert, no dense layer. vLLM reads the experts' keys with no default of its own config's sizes (its
+# PhiMoEConfig's intermediate_size 14336 is not Phi-3.5-MoE's 6400), so each is required
+MAPPINGS["phimoe"] = {**_CORE, **_MOE, "sliding_window": _SWA["sliding_window"],
+                      "experts": _k("experts", "num_local_experts"), "top_k": _k("top_k", "num_experts_per_tok"),
+                      "moe_intermediate_size": _k("moe_intermediate_size", "intermediate_size")}
+# StarCoder2 (vLLM starcoder2.py Starcoder2DecoderLayer): GQA attention head_dim hidden_size //
+# num_attention_heads wide, a non-gated MLP (c_fc, the activation, c_proj) intermediate_size wide. transformers'
+# Starcoder2Config takes PretrainedConfig's tie_word_embeddings (true) where the config states none
+MAPPINGS["starcoder2"] = {**_CORE, **_DENSE_MLP, "sliding_window": _SWA["sliding_window"],
+                          "tie_word_embeddings": _k("tie_word_embeddings", type="bool", default=True,
+                                                    cite="transformers Starcoder2Config: PretrainedConfig's "
+                                                         "tie_word_embeddings=True (vLLM then ties the head)")}
 
 # architecture -> (family, MTP drafter method)
 ARCHITECTURES = {
@@ -461,6 +475,8 @@ ARCHITECTURES = {
     "Phi3ForCausalLM": ("phi3", None),
     "GraniteForCausalLM": ("granite", None),
     "GraniteMoeForCausalLM": ("granite_moe", None),
+    "PhiMoEForCausalLM": ("phimoe", None),
+    "Starcoder2ForCausalLM": ("starcoder2", None),
 }
 
 # architectures whose text decoder's keys are only read from ``text_config`` (none at the top level)
@@ -901,13 +917,13 @@ MODULES = {
     "mixer_out": ("{L}.linear_attn.out_proj", "{L}.mixer.out_proj"),
     # Nemotron-H (its modules sit under ``mixer``: one mixer per layer)
     "mixer_in_proj": ("{L}.mixer.in_proj",),
-    "mlp_up": ("{L}.mixer.up_proj",),
+    "mlp_up": ("{L}.mixer.up_proj", "{L}.mlp.c_fc"),       # StarCoder2's non-gated MLP: c_fc, c_proj
     "shared_expert_up": ("{L}.mixer.shared_experts.up_proj",),
     "shared_expert_down": ("{L}.mixer.shared_experts.down_proj", "{L}.mlp.shared_experts.down_proj"),
     "moe_latent_in": ("{L}.mixer.fc1_latent_proj",),
     "moe_latent_out": ("{L}.mixer.fc2_latent_proj",),
     "mlp_gate_up": ("{L}.mlp.gate_proj", "{L}.mlp.up_proj", "{L}.feed_forward.gate_proj", "{L}.feed_forward.up_proj"),
-    "mlp_down": ("{L}.mlp.down_proj", "{L}.feed_forward.down_proj", "{L}.mixer.down_proj"),
+    "mlp_down": ("{L}.mlp.down_proj", "{L}.feed_forward.down_proj", "{L}.mixer.down_proj", "{L}.mlp.c_proj"),
     "experts": ("{L}.mlp.experts.0.gate_proj", "{L}.block_sparse_moe.experts.0.w1", "{L}.mlp.experts",
                 "{L}.mlp.experts.0.w1", "{L}.feed_forward.experts", "{L}.mixer.experts.0.up_proj",
                 "{L}.ffn.experts"),     # DeepSeek-V4's own names (layers.<i>.ffn.experts)
@@ -1122,6 +1138,11 @@ def _fam_dense(r, arch, act):
         if win and r("use_sliding_window"):
             mw = r("max_window_layers")
             types = ["swa" if i >= mw else "gqa" for i in range(n)]
+    elif win and "use_sliding_window" in r.cfg and not r("use_sliding_window"):
+        # vLLM (ModelConfig's HF sliding window) takes a config's use_sliding_window false as no window,
+        # whatever its architecture: a Qwen2-shaped config read --as LlamaForCausalLM states both
+        r.values["sliding_window"] = win = None
+        r.inferred.append("use_sliding_window false: sliding_window not applied (full attention), as vLLM reads it")
     elif win:
         types = ["swa"] * n
     types = types or ["gqa"] * n
@@ -1145,8 +1166,8 @@ def _fam_dense(r, arch, act):
 def _fam_moe(r, arch, act):
     win = r("sliding_window")
     fam = ARCHITECTURES[arch][0]
-    if fam == "qwen_moe" and not r("use_sliding_window"):
-        win = None
+    if (fam == "qwen_moe" or "use_sliding_window" in r.cfg) and not r("use_sliding_window"):
+        win = None      # vLLM: use_sliding_window false is no window, whatever the architecture
     flags = _sparse_step_flags(r)
     kinds, seq = {}, []
     kind = "swa" if win else "gqa"
@@ -2144,6 +2165,68 @@ def _fam_granite_moe(r, arch, act):
     return {"attn_moe": _gqa_block(r) + moe}, ["attn_moe"] * r("num_layers")
 
 
+def _fam_phimoe(r, arch, act):
+    """Phi-3.5-MoE (vLLM phimoe.py PhiMoEDecoderLayer / PhiMoEAttention / PhiMoE, read at
+    vllm-project/vllm@01524004c3c9e11dc14e59ef0069183dd4fcb0ec): every layer is a LayerNorm, the fused qkv
+    projection (head_dim from the config, else hidden_size // num_attention_heads; with biases), the attention,
+    o_proj (with a bias); a LayerNorm and a FusedMoE of num_local_experts experts, each a gated SiLU MLP
+    config.intermediate_size wide, top num_experts_per_tok per token (sparsemixer routing, which vLLM asserts is
+    top-2), its output all-reduced over the tensor-parallel ranks (reduce_results=True) as Mixtral's. No shared
+    expert, no dense layer. vLLM builds the lm_head with quant_config=None (unquantized, whatever the checkpoint)
+    and never ties it to the embedding. The sliding window is vLLM's global one (cache_config.sliding_window,
+    which each Attention takes): Phi-3.5-MoE's 131072 of 131072 positions covers the whole context, priced as
+    full attention as Phi-3's is (``_fam_phi3``)."""
+    if r("top_k") != 2:
+        refuse("vLLM's PhiMoE routing (sparsemixer) is top-2 only", file=r.file,
+               field=r.where + r.table["top_k"].keys[0], value=r("top_k"))
+    win, longest = r("sliding_window"), r("max_position_embeddings")
+    if win is not None and longest is not None and win >= longest:
+        r.inferred.append(f"sliding_window {win} >= max_position_embeddings {longest}: a window over the whole "
+                          "context, priced as full attention")
+        win = None
+    elif win is not None:
+        r.inferred.append(f"sliding_window {win}: every layer is swa (vLLM's global window)")
+    if r("tie_word_embeddings"):
+        r.values["tie_word_embeddings"] = False
+        r.inferred.append("tie_word_embeddings true: vLLM's PhiMoE builds its own lm_head (never tied), priced untied")
+    r.values["_head_unquantized"] = True
+    r.inferred.append("PhiMoE biases (qkv, o_proj, lm_head), LayerNorms and the router (hidden -> experts, "
+                      "replicated): elementwise or not emitted, as in every family here; lm_head unquantized "
+                      "(vLLM builds it with quant_config=None)")
+    return {"attn_moe": _gqa_block(r, "swa" if win else "gqa", win) + _moe(r)}, ["attn_moe"] * r("num_layers")
+
+
+def _fam_starcoder2(r, arch, act):
+    """StarCoder2 (vLLM starcoder2.py Starcoder2DecoderLayer / Starcoder2Attention / Starcoder2MLP, read at
+    vllm-project/vllm@03f03ff691c10253219141fe592d630c03662153): a LayerNorm, the fused qkv projection
+    (head_dim hidden_size // num_attention_heads, whatever head_dim the config states; biases where use_bias),
+    the attention, o_proj; a LayerNorm and a non-gated MLP: c_fc (hidden -> intermediate_size), the activation
+    (gelu_pytorch_tanh), c_proj (intermediate_size -> hidden), its output all-reduced. The sliding window is
+    vLLM's global one (cache_config.sliding_window, which each Attention takes): StarCoder2-15B's 4096 of
+    16384 positions makes every layer sliding; a window at or past max_position_embeddings is full attention
+    (as ``_fam_phi3``). The head is the embedding where tie_word_embeddings (transformers' default for this
+    config class: true)."""
+    h, nq = r("hidden_size"), r("n_q")
+    d_h = _div(r, "hidden_size", "n_q")
+    if "head_dim" in r.cfg and r.cfg["head_dim"] != d_h:
+        r.inferred.append(f"head_dim {r.cfg['head_dim']}: not read by vLLM's Starcoder2Attention, which takes "
+                          f"hidden_size // num_attention_heads = {d_h}")
+    r.values["d_h"] = d_h
+    win, longest = r("sliding_window"), r("max_position_embeddings")
+    if win is not None and longest is not None and win >= longest:
+        r.inferred.append(f"sliding_window {win} >= max_position_embeddings {longest}: a window over the whole "
+                          "context, priced as full attention")
+        win = None
+    elif win is not None:
+        r.inferred.append(f"sliding_window {win}: every layer is swa (vLLM's global window)")
+    ffn = r("intermediate_size")
+    mlp = [_n("Elementwise", "post_attn_norm"), _gemm("mlp_up", ffn, h), _gemm("mlp_down", h, ffn), dict(AR_MLP)]
+    r.inferred.append("StarCoder2 MLP: non-gated (c_fc, activation, c_proj); biases (use_bias) and LayerNorms "
+                      "elementwise, not priced")
+    kid = "swa_dense" if win else "dense"
+    return {kid: _gqa_block(r, "swa" if win else "gqa", win) + mlp}, [kid] * r("num_layers")
+
+
 def _order(kinds, order):
     return {k: kinds[k] for k in order if k in kinds}
 
@@ -2156,7 +2239,8 @@ FAMILIES = {"dense": _fam_dense, "mistral": _fam_dense, "qwen_dense": _fam_dense
             "gemma4": _fam_gemma4, "mimo_v2": _fam_mimo_v2, "step3p5": _fam_step3p5,
             "nemotron_nas": _fam_nemotron_nas, "kimi_k3": _fam_kimi_k3, "glm4_moe": _fam_glm4_moe,
             "gemma2": _fam_gemma, "gemma3": _fam_gemma, "phi3": _fam_phi3, "glm4_moe_lite": _fam_deepseek,
-            "granite": _fam_granite, "granite_moe": _fam_granite_moe}
+            "granite": _fam_granite, "granite_moe": _fam_granite_moe, "phimoe": _fam_phimoe,
+            "starcoder2": _fam_starcoder2}
 
 
 # ----------------------------------------------------------------------------- formats per node
@@ -2218,7 +2302,8 @@ def _apply_quant(kinds, seq, head, quant: Quant, base: str, r):
                           "priced as their own dense GEMMs")
     for node in head:
         if node["op"] == "GEMM":
-            fmt = _node_format(quant, node["role"], None, base)
+            # a family whose engine builds the head unquantized (vLLM PhiMoE: quant_config=None) keeps it at base
+            fmt = base if r.get("_head_unquantized") else _node_format(quant, node["role"], None, base)
             fmts[("head", node["role"])] = fmt
             if fmt != glob:
                 node["weight_dtype"] = fmt
@@ -2245,6 +2330,7 @@ class Imported:
     quant_sha256: str | None
     architecture: str
     family: str
+    priced_as: str | None = None    # import-model --as: the known architecture whose layers priced it
 
 
 class _BadJson(ValueError):
@@ -2369,17 +2455,31 @@ def calibrated_kv_cache(raw: dict, qdoc) -> str | None:
     return None
 
 
-def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Imported:
-    """Read a config.json (or a folder holding one) and its quantization into a graph document."""
+def import_result(path, quant_config=None, *, name=None, hf_repo=None, as_architecture=None) -> Imported:
+    """Read a config.json (or a folder holding one) and its quantization into a graph document.
+    ``as_architecture`` (``import-model --as``): price an architecture the importer does not read as
+    that known architecture's layers, said in the notes with the config keys its family did not read."""
+    if as_architecture is not None:
+        check_as_architecture(as_architecture)
     cfg_path, raw, sha, qpath, qdoc, qsha = _read_config_files(path, quant_config)
     file, qfile = str(cfg_path), (str(qpath) if qpath else None)
-    arch, family, mtp_method = _architecture(raw, file)
-    if arch in NESTED_TEXT and raw.get("text_config") is None:
-        refuse(f"required key is missing ({arch} nests its text decoder's config there)", file=file,
+    arch, family, mtp_method = _architecture(raw, file, as_architecture)
+    priced_as = as_architecture if as_architecture is not None and as_architecture != arch else None
+    if priced_as is not None:
+        # record what the chosen family reads (the nested text_config's own lookups too)
+        raw = _Tracked(raw)
+        if isinstance(dict.get(raw, "text_config"), dict):
+            dict.__setitem__(raw, "text_config", _Tracked(dict.get(raw, "text_config")))
+    if (priced_as or arch) in NESTED_TEXT and raw.get("text_config") is None:
+        refuse(f"required key is missing ({priced_as or arch} nests its text decoder's config there)", file=file,
                field="text_config")
     r, multimodal = _text_reader(raw, family, file)
+    if priced_as is not None:
+        _check_as_structure(r, priced_as, family)
+    elif as_architecture is not None:
+        r.inferred.append(f"--as {as_architecture}: the config's own architecture, read natively (no change)")
     base = _base_dtype(r, raw)
-    kinds, seq = _layers(r, family, arch, base)
+    kinds, seq = _layers(r, family, priced_as or arch, base)
     quant = read_quantization(r.cfg, raw, file, qdoc, qfile)
     seq = _split_by_exclusion(r, kinds, seq, quant)
     head, glob = _weights(r, kinds, seq, base, quant)
@@ -2400,8 +2500,20 @@ def import_result(path, quant_config=None, *, name=None, hf_repo=None) -> Import
         del doc["hf_repo"]
         r.inferred.append("hf_repo: not known from the file (pass --hf-repo)")
     _add_speculator(doc, r, family, mtp_method)
+    if priced_as is not None:
+        unread, free = _unread_keys(r)
+        own = f"the config's {arch} is not an architecture the importer reads" if arch else \
+            "the config states no architectures"
+        r.inferred[:0] = [
+            f"priced as {priced_as}'s layers (--as {priced_as}, family {family}): {own}; its keys are read as "
+            f"{priced_as}'s are",
+            f"config keys {priced_as}'s layers did not read (priced as if absent): "
+            + (", ".join(f"{r.where}{k}" for k in unread) or "none")
+            + (f"; {free} more that change no price (token ids, norm epsilons, rope_theta, dropout, ...) not listed"
+               if free else "")]
     return Imported(doc=doc, inferred=list(dict.fromkeys(r.inferred)), config_path=file, quant_path=qfile,
-                    config_sha256=sha, quant_sha256=qsha, architecture=arch, family=family)
+                    config_sha256=sha, quant_sha256=qsha, architecture=arch or "(none stated)", family=family,
+                    priced_as=priced_as)
 
 
 def _read_config_files(path, quant_config) -> tuple:
@@ -2418,19 +2530,144 @@ def _read_config_files(path, quant_config) -> tuple:
     return cfg_path, raw, sha, qpath, qdoc, qsha
 
 
-def _architecture(raw: dict, file: str) -> tuple:
+def _architecture(raw: dict, file: str, as_architecture=None) -> tuple:
     """(architecture, family, MTP method) of the config's first ``architectures`` entry; a missing,
-    malformed or unsupported one is refused."""
+    malformed or unsupported one is refused. With ``as_architecture`` (``import-model --as``) an
+    architecture the importer does not read is priced as the named one's layers (the family of
+    ``as_architecture``; see ``_check_as_structure``); a missing ``architectures`` is then accepted."""
     arches = raw.get("architectures")
+    if as_architecture is not None and arches is None:
+        return None, *ARCHITECTURES[as_architecture]
     if not isinstance(arches, list) or not arches or not all(isinstance(a, str) for a in arches):
         refuse("required key is missing or not a list of names" if arches is None else "expected a list of names",
                file=file, field="architectures", value=arches)
     arch = arches[0]
+    if as_architecture is not None:
+        if arch in ARCHITECTURES and arch != as_architecture:
+            # the native reading reads every key its family knows: another family's reading can only
+            # lose some, so a different --as for a known architecture is a mistake, not an override
+            refuse(f"is read natively (family {ARCHITECTURES[arch][0]}); --as {as_architecture} is only for "
+                   "architectures the importer does not read: leave it out (or edit the config's "
+                   "architectures, which its sha256 then records)", file=file, field="architectures", value=arch)
+        return arch, *ARCHITECTURES[as_architecture]
     if arch not in ARCHITECTURES:
-        refuse(f"unsupported architecture (supported: {', '.join(ARCHITECTURES)})", file=file,
-               field="architectures", value=arch)
+        refuse(f"unsupported architecture (supported: {', '.join(ARCHITECTURES)}); if its layers are one of "
+               "these, price it as that one's: import-model --as ARCHITECTURE (Python: as_architecture=)",
+               file=file, field="architectures", value=arch)
     family, mtp_method = ARCHITECTURES[arch]
     return arch, family, mtp_method
+
+
+def check_as_architecture(name, field="as_architecture") -> str:
+    """``name`` if it is an architecture the importer reads (``ARCHITECTURES``), else refused with
+    the list (and the nearest spelling, where one is near)."""
+    import difflib
+    if not isinstance(name, str) or not name.strip():
+        refuse("must be an architecture name, e.g. LlamaForCausalLM", field=field,
+               value=name if isinstance(name, (str, int, float)) else type(name).__name__, has_value=True)
+    if name in ARCHITECTURES:
+        return name
+    folded = {a.lower(): a for a in ARCHITECTURES}
+    near = [folded[name.strip().lower()]] if name.strip().lower() in folded else \
+        difflib.get_close_matches(name, list(ARCHITECTURES), n=1, cutoff=0.75)
+    hint = f"did you mean {near[0]}? " if near else ""
+    refuse(f"not an architecture the importer reads ({hint}known: {', '.join(ARCHITECTURES)})", field=field,
+           value=name)
+
+
+class _Tracked(dict):
+    """A config mapping that records which keys were looked up (``[]``, ``get``, ``in``): what a
+    family read, for the --as note of the keys it did not."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.seen = set()
+
+    def __getitem__(self, key):
+        self.seen.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.seen.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self.seen.add(key)
+        return super().__contains__(key)
+
+
+# Families that price linear-attention / state-space layers (each checks its own layer pattern); the
+# others are attention-only
+_HYBRID_FAMILIES = ("qwen_hybrid", "nemotron_h", "kimi_k3")
+# keys that lay out a hybrid stack (Nemotron-H, RecurrentGemma, Jamba, LFM2, Kimi Linear, Qwen3-Next, Mamba)
+_HYBRID_KEYS = ("hybrid_override_pattern", "layers_block_type", "block_types", "attn_layer_period",
+                "attn_layer_offset", "full_attn_idxs", "linear_attn_config", "full_attention_interval",
+                "linear_num_value_heads", "linear_num_key_heads", "ssm_state_size", "mamba_d_state",
+                "mamba_num_heads", "state_size")
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+# keys no family prices (identity, token ids, initialisation, norm epsilons, RoPE base, dropout,
+# runtime flags): left out of the --as note of the keys the chosen family did not read
+_COST_FREE_KEYS = frozenset((
+    "architectures", "model_type", "transformers_version", "_name_or_path", "auto_map", "bos_token_id",
+    "eos_token_id", "pad_token_id", "sep_token_id", "unk_token_id", "decoder_start_token_id", "initializer_range",
+    "initializer_factor", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_eps", "rope_theta",
+    "attention_dropout", "hidden_dropout", "dropout", "embd_pdrop", "resid_pdrop", "attn_pdrop", "use_cache",
+    "output_attentions", "output_hidden_states", "return_dict", "torchscript", "pretraining_tp",
+    "tokenizer_class", "_attn_implementation", "attn_implementation", "use_return_dict", "quantization_config",
+    "torch_dtype", "dtype", "is_decoder", "chunk_size_feed_forward", "problem_type"))
+
+
+def _check_as_structure(r, as_arch: str, family: str):
+    """Refuses a config (read --as ``as_arch``) whose structure the chosen family cannot price, where the
+    price would be plainly wrong: routed experts under a dense family, a hybrid (linear-attention /
+    state-space) stack under an attention-only family, MLA attention under a family of KV heads."""
+    from .schema import shown
+    table, cfg = r.table, r.cfg
+    if "experts" not in table:
+        for key in _EXPERT_KEYS:
+            val = dict.get(cfg, key)
+            if isinstance(val, int) and not isinstance(val, bool) and val > 1:
+                refuse(f"routed experts, which {as_arch}'s layers (dense MLP, family {family}) cannot price; "
+                       "--as a MoE architecture whose keys the config spells (e.g. MixtralForCausalLM, "
+                       "Qwen3MoeForCausalLM)", file=r.file, field=r.where + key, value=val)
+    if family not in _HYBRID_FAMILIES:
+        lt = dict.get(cfg, "layer_types")
+        if isinstance(lt, list):
+            other = sorted({str(t) for t in lt if "attention" not in str(t) or "linear" in str(t)})
+            if other:
+                refuse(f"hybrid layer types ({', '.join(other)}), which {as_arch}'s attention-only layers "
+                       "cannot price", file=r.file, field=r.where + "layer_types", value=other[0])
+        for key in _HYBRID_KEYS:
+            if dict.get(cfg, key) is not None and key not in {k for spec in table.values() for k in spec.keys}:
+                refuse(f"lays out a hybrid (linear-attention / state-space) stack, which {as_arch}'s "
+                       "attention-only layers cannot price", file=r.file, field=r.where + key,
+                       value=shown(dict.get(cfg, key)))
+    if dict.get(cfg, "sliding_window") is not None and dict.get(cfg, "layer_types") is None:
+        for key in ("sliding_window_pattern", "_sliding_window_pattern", "interleaved_sliding_window"):
+            if dict.get(cfg, key) is not None and key not in {k for spec in table.values() for k in spec.keys}:
+                # Cohere2 / EXAONE 4 spell their sliding and global layers so: read as absent, every
+                # layer would be priced sliding (the family applies the window to all of them)
+                refuse(f"a sliding / global layer pattern that {as_arch}'s layers do not read (every layer "
+                       "would be priced sliding); state layer_types in the config instead, one "
+                       "'sliding_attention' or 'full_attention' per layer, which it reads",
+                       file=r.file, field=r.where + key, value=shown(dict.get(cfg, key)))
+    if "kv_lora_rank" not in table:
+        val = dict.get(cfg, "kv_lora_rank")
+        if isinstance(val, int) and not isinstance(val, bool) and val > 0:
+            refuse(f"MLA attention (a latent KV cache), which {as_arch}'s KV-head attention cannot price; --as "
+                   "an MLA architecture (e.g. DeepseekV3ForCausalLM)", file=r.file, field=r.where + "kv_lora_rank",
+                   value=val)
+
+
+def _unread_keys(r) -> tuple:
+    """(keys of the text config no lookup read that could change a price, how many cost-free ones
+    were also left unread): the --as note's list."""
+    cfg = r.cfg
+    seen = set(getattr(cfg, "seen", ()))
+    left = [k for k in dict.keys(cfg) if k not in seen and not k.endswith("_config")]
+    free = [k for k in left if k in _COST_FREE_KEYS
+            or (k == "hidden_act" and str(dict.get(cfg, k)).lower() in ("silu", "swiglu"))]
+    return [k for k in left if k not in free], len(free)
 
 
 def _text_reader(raw: dict, family: str, file: str) -> tuple:
@@ -2568,14 +2805,16 @@ def graph_from_doc(doc: dict, file: str):
                       kv_cache_dtype=doc.get("kv_cache_dtype"))
 
 
-def import_hf_config(path, quant_config=None, *, name=None, hf_repo=None):
+def import_hf_config(path, quant_config=None, *, name=None, hf_repo=None, as_architecture=None):
     """A Hugging Face config.json (or a folder holding config.json and, optionally,
-    hf_quant_config.json) as a ``ModelGraph``, ready for ``resolve``."""
+    hf_quant_config.json) as a ``ModelGraph``, ready for ``resolve``. ``as_architecture`` names a
+    known architecture (``LlamaForCausalLM``) whose layers price a config of one the importer does
+    not read (``jaxprice import-model --as``); the graph's notes say so (``import_result(...).inferred``)."""
     for field, v in (("name", name), ("hf_repo", hf_repo)):
         if v is not None and not (isinstance(v, str) and v.strip()):
             refuse("must be None or a non-empty string", field=field,
                    value=v if isinstance(v, (str, int, float)) else type(v).__name__, has_value=True)
-    res = import_result(path, quant_config, name=name, hf_repo=hf_repo)
+    res = import_result(path, quant_config, name=name, hf_repo=hf_repo, as_architecture=as_architecture)
     return graph_from_doc(res.doc, res.config_path)
 
 
@@ -2587,7 +2826,10 @@ def graph_yaml(res: Imported) -> str:
         return yaml.safe_dump(x, default_flow_style=True, sort_keys=False, width=10**9).strip()
     d = res.doc
     lines = [f"# Imported by `jaxprice import-model` from {res.config_path}",
-             f"# architecture: {res.architecture} (family {res.family}); config sha256 {res.config_sha256}"]
+             f"# architecture: {res.architecture} (family {res.family}); config sha256 {res.config_sha256}"
+             if res.priced_as is None else
+             f"# architecture: {res.architecture}, priced as {res.priced_as}'s layers (--as; family {res.family}); "
+             f"config sha256 {res.config_sha256}"]
     if res.quant_path:
         lines.append(f"# quantization config: {res.quant_path} (sha256 {res.quant_sha256})")
     lines += [f"# inferred: {x}" for x in res.inferred]
