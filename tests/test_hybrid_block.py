@@ -116,14 +116,14 @@ def test_the_vllm_line_leaves_a_hybrid_block_to_vllm():
 
 
 def test_a_multi_node_line_keeps_its_flags_before_its_notes():
-    """A hybrid model's line spanning nodes: the multi-node flags (--data-parallel-address, the Ray
-    backend) come before the first '#', not after the no --block-size note, where a shell reads them
-    as comment; every note still follows."""
+    """A hybrid model's line spanning nodes: the multi-node flags (--data-parallel-address, the
+    multiprocessing executor's --master-addr) come before the first '#', not after the no
+    --block-size note, where a shell reads them as comment; every note still follows."""
     import dataclasses
     q = jp.load_deployment(QWEN35)
     two = dataclasses.replace(q.scenario, nodes=2)
     for lay, flag in ((S.Layout(8, 2, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE"), "--data-parallel-address"),
-                      (S.Layout(16, 1, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE"), "--distributed-executor-backend")):
+                      (S.Layout(16, 1, False, "fp8", 256, 8192, "FULL_AND_PIECEWISE"), "--master-addr")):
         line = launch.launch_command(two, lay, q.graph, replicas=2, hybrid_block=launch.hybrid_block_of(q))
         command, _, notes = line.partition("#")
         assert flag in command and "--block-size" not in command

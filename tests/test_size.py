@@ -562,7 +562,8 @@ def test_runner_up_is_a_different_outcome_and_ties_are_listed():
 def test_layouts_wider_than_a_node_need_a_fabric_and_launch_per_node():
     """A 16-GPU engine on 8-GPU nodes is rejected naming --fabric without one; with ib-400g it
     resolves over 2 nodes, the written scenario names the fabric, and the vllm line says how the
-    nodes launch (DP ranks: --data-parallel-size-local and --headless ranks; TP 16: Ray)."""
+    nodes launch (DP ranks: --data-parallel-size-local and --headless ranks; TP 16: vLLM's
+    multiprocessing executor over the nodes, --nnodes/--node-rank/--master-addr, the others --headless)."""
     reg = jp.Registry()
     graph = reg.model(MODEL)
     base = S.Layout(tp=16, dp=1, ep=False, weights="bf16", max_num_seqs=256, max_num_batched_tokens=8192,
@@ -578,7 +579,8 @@ def test_layouts_wider_than_a_node_need_a_fabric_and_launch_per_node():
     assert tp16.deployment.plan.digest != S.build_candidates(MODEL, graph, "h200", 16, [base], fabric="roce-200g",
                                                               **kw)[0].deployment.plan.digest   # the network prices
     text = launch.vllm_command(scen, base, graph)
-    assert "--tensor-parallel-size 16" in text and "--distributed-executor-backend ray" in text and "ib-400g" in text
+    assert "--tensor-parallel-size 16" in text and "--nnodes 2 --node-rank 0 --master-addr HEAD_IP" in text
+    assert "--distributed-executor-backend" not in text and "ib-400g" in text
     text = launch.vllm_command(dp8.deployment.scenario, wide_dp, graph)
     assert ("--data-parallel-size 8 --" in text and "--data-parallel-size-local 4" in text
             and "node 1: the same with --headless --data-parallel-start-rank 4" in text)

@@ -528,8 +528,8 @@ def _memory_note(result) -> list:
     dep = result.best_candidate.deployment
     m, mml = dep.plan.memory, int(dep.scenario.engine["max_model_len"])
     held = _kv_tokens(dep, mml)
-    logs = ("SGLang's max_total_num_tokens, though its memory is budgeted here as vLLM's (--mem-fraction-static "
-            "read as the gmu)" if result.engine == "sglang" else "vLLM's 'GPU KV cache size' and 'Maximum concurrency'")
+    logs = ("SGLang's max_total_num_tokens, its --mem-fraction-static the weights' and this KV cache's share of "
+            "HBM" if result.engine == "sglang" else "vLLM's 'GPU KV cache size' and 'Maximum concurrency'")
     plain = not m.get("kv_window_bytes_per_token") and not m.get("recurrent_state_bytes_per_request")
     tokens = (f"KV cache {m['kv_capacity_tokens']:,.0f} tokens a rank, " if plain else   # hybrid / windowed: the
               "KV cache (sliding windows and recurrent states as held) for ")          # raw token law compares to nothing

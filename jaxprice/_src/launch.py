@@ -1,9 +1,26 @@
 """A sized layout as the engine would be launched: the ``vllm serve`` or ``python -m
 sglang.launch_server`` command line of one engine (flags only where the layout sets them, notes
 after every flag as comments) and the scenario document ``jaxprice serve`` and ``price`` accept.
-``size`` (size.py) chooses the layout; this module only writes it out."""
+``size`` (size.py) chooses the layout; this module only writes it out.
+
+Versions the lines target (flags checked against the engines' own sources, tests/test_launch_flags.py):
+vLLM with the v1 engine of 2026 (async scheduling on by default, CompilationConfig's
+``max_cudagraph_capture_size``, the multiprocessing executor's ``--nnodes``/``--node-rank``/
+``--master-addr``: vllm-project/vllm vllm/config/vllm.py@09f030e, vllm/config/parallel.py@840e797,
+vllm/engine/arg_utils.py@99d7eb5); SGLang's server_args.py of 2026 (``--cuda-graph-max-bs``,
+``SGLANG_ENABLE_SPEC_V2``). Given the ``deployment`` a line was priced from, a line pins what its
+plan priced where the engine's default differs: the largest captured batch (vLLM's default
+min(2 x max_num_seqs x (1 + k), 512) tokens, where the plan captures up to 1024 on parts with a
+four-bit peak; SGLang's --cuda-graph-max-bs default 256 or 512 by GPU and --tp) and SGLang's static
+memory share (``capture_tokens_of``, ``static_fraction_of``). Left to the engines' defaults, as the
+targeted versions run what was priced: vLLM's async scheduling (on unless the executor is Ray; an
+explicit --async-scheduling refuses to start a 2025 vLLM with speculative decoding, arg_utils.py
+@99d7eb5), chunked prefill and scheduler_reserve_full_isl (a 2026-03 flag older vLLM lacks); SGLang's
+overlap scheduler (on, but for EAGLE only with SGLANG_ENABLE_SPEC_V2, which a speculating line sets)."""
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
 
@@ -100,12 +117,14 @@ def _local_checkpoint(cfg: Path) -> str:
 
 
 def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
-                 hybrid_block: int = 0) -> str:
+                 hybrid_block: int = 0, deployment=None) -> str:
     """The ``vllm serve`` command line of one engine (run ``replicas`` of them, one per group of
     tp x dp GPUs, behind a load balancer). ``hybrid_block``: a model with recurrent layers, the
     attention block its plan was priced at (resolve.hybrid_block_size): ``--block-size`` is then
     left to vLLM, which raises the block to hold one layer's state itself (a stated 16 would be
-    overridden, and a stated raised value would outlive a vLLM whose rule differs)."""
+    overridden, and a stated raised value would outlive a vLLM whose rule differs). ``deployment``:
+    the one the line was priced from; its plan's capture ceiling goes into --compilation-config
+    (``capture_tokens_of``)."""
     repo = _model_repo(graph)
     e = scen.engine
     parts = ["vllm serve", repo or scen.model, f"--tensor-parallel-size {layout.tp}"]
@@ -117,8 +136,16 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
     parts += [f"--max-num-seqs {e['max_num_seqs']}", f"--max-num-batched-tokens {e['max_num_batched_tokens']}",
               f"--max-model-len {e['max_model_len']}"]
     parts += [] if hybrid_block else [f"--block-size {e['block_size']}"]
+    # CompilationConfig (vllm/config/compilation.py@ee525ce): cudagraph_mode parsed from its name;
+    # max_cudagraph_capture_size, the largest captured batch in tokens, pinned to the plan's ceiling
+    # (vLLM's default min(2 x max_num_seqs x (1 + k), 512), vllm/config/vllm.py@09f030e
+    # _set_cudagraph_sizes, is not the 1024 a four-bit part was priced at)
+    compilation = {"cudagraph_mode": e["cudagraph_mode"]}
+    capture = capture_tokens_of(deployment)
+    if capture:
+        compilation["max_cudagraph_capture_size"] = capture
     parts += [f"--gpu-memory-utilization {e['gpu_memory_utilization']}",
-              "--compilation-config '{\"cudagraph_mode\": \"%s\"}'" % e["cudagraph_mode"],
+              f"--compilation-config '{json.dumps(compilation)}'",
               "--no-enable-prefix-caching"] + _remote_code_flag(graph)
     if e.get("speculative"):      # the model's own MTP layers as the drafter (vLLM's speculative config)
         parts.append("--speculative-config '{\"method\": \"mtp\", \"num_speculative_tokens\": %d}'"
@@ -156,9 +183,11 @@ def _format_flags(e: dict, graph: ModelGraph | None, cache_names: dict | None = 
 
 
 SGLANG_KV_CACHE_DTYPE = {"fp8": "fp8_e4m3"}   # SGLang's --kv-cache-dtype choices: auto, fp8_e5m2, fp8_e4m3, ...
+SGLANG_MAX_PREFILL_TOKENS = 16384               # SGLang's --max-prefill-tokens default (ServerArgs.max_prefill_tokens)
 
 
-def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1) -> str:
+def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
+                   deployment=None) -> str:
     """The ``python -m sglang.launch_server`` command line of one SGLang engine (flags as
     sgl-project/sglang python/sglang/srt/server_args.py spells them; only those the layout
     sets). SGLang's --tp is every GPU of the engine: a layout of dp > 1 (an MoE model's
@@ -168,7 +197,11 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
     --chunked-prefill-size, each times dp (SGLang splits both over the DP-attention ranks; the
     layout's are a rank's); a dense model's dp ranks are SGLang's plain data-parallel replicas,
     ``--tp tp --dp dp``, each taking the limits as given; the radix (prefix) cache off, as the
-    benchmark's prompts never share a prefix. Run ``replicas`` of them behind a load balancer."""
+    benchmark's prompts never share a prefix. Run ``replicas`` of them behind a load balancer.
+    ``deployment`` (the one priced): --mem-fraction-static is its static share
+    (``static_fraction_of``: SGLang's fraction holds the weights and KV cache only, vLLM's
+    gpu_memory_utilization the activations and graphs too), --cuda-graph-max-bs its capture
+    ceiling in requests a rank; without one, gpu_memory_utilization as given and SGLang's graphs."""
     repo = _model_repo(graph)
     e = scen.engine
     width = layout.tp * layout.dp
@@ -187,14 +220,31 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
     # layout's are each rank's, as priced; plain --dp replicas each take the limits as given
     per = layout.dp if attn_dp else 1
     seqs, chunk = e["max_num_seqs"] * per, e["max_num_batched_tokens"] * per
+    static = static_fraction_of(deployment)
     parts += [f"--max-running-requests {seqs}", f"--chunked-prefill-size {chunk}",
-              f"--context-length {e['max_model_len']}", f"--mem-fraction-static {e['gpu_memory_utilization']}",
+              f"--context-length {e['max_model_len']}",
+              f"--mem-fraction-static {e['gpu_memory_utilization'] if static is None else static}",
               "--disable-radix-cache"] + _remote_code_flag(graph)
-    if e.get("speculative"):      # EAGLE over the model's own MTP layers: k draft steps, 1 + k verified a row
-        k = int(e["speculative"]["num_spec_tokens"])
+    if int(e["max_num_batched_tokens"]) > SGLANG_MAX_PREFILL_TOKENS:
+        # a prefill batch is also held to --max-prefill-tokens (default 16384, not divided over the
+        # DP-attention ranks): a larger budget priced needs it raised to the rank's
+        parts.append(f"--max-prefill-tokens {int(e['max_num_batched_tokens'])}")
+    k = int(e["speculative"]["num_spec_tokens"]) if e.get("speculative") else 0
+    capture = capture_tokens_of(deployment)
+    if capture:     # SGLang's graphs count requests a rank (its capture list stops at the rank's pool)
+        parts.append(f"--cuda-graph-max-bs {max(1, capture // (1 + k))}")
+    if k:           # EAGLE over the model's own MTP layers: k draft steps, 1 + k verified a row
         parts += ["--speculative-algorithm EAGLE", f"--speculative-num-steps {k}", "--speculative-eagle-topk 1",
                   f"--speculative-num-draft-tokens {k + 1}"]
+        # SGLang runs EAGLE without its overlap scheduler unless SGLANG_ENABLE_SPEC_V2 (server_args.py
+        # _handle_speculative_decoding; environ.py EnvBool, False until 2026 releases turned it on);
+        # the line was priced with the overlap (serve: async_scheduling on)
+        parts.insert(0, "SGLANG_ENABLE_SPEC_V2=True")
     notes = []          # comments, after every flag (a flag after a '#' would be commented out)
+    if static is not None:
+        notes.append(f"--mem-fraction-static {static}: the weights and KV cache SGLang's fraction holds, as priced "
+                     f"(gpu_memory_utilization {e['gpu_memory_utilization']} less the activation, CUDA-graph and "
+                     "communication buffers it counts beside them)")
     if attn_dp:
         notes.append(f"--max-running-requests and --chunked-prefill-size: SGLang divides both over the {layout.dp} "
                      f"DP-attention ranks: {e['max_num_seqs']} requests and {e['max_num_batched_tokens']} tokens a rank")
@@ -214,12 +264,36 @@ def sglang_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, 
 
 
 def launch_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, replicas: int = 1,
-                   hybrid_block: int = 0) -> str:
+                   hybrid_block: int = 0, deployment=None) -> str:
     """The engine's launch line: ``vllm serve ...`` or ``python -m sglang.launch_server ...``
-    (``hybrid_block``: vLLM's, ``vllm_command``)."""
+    (``hybrid_block``: vLLM's, ``vllm_command``; ``deployment``: the one it was priced from)."""
     if layout.engine == "sglang":
-        return sglang_command(scen, layout, graph, replicas=replicas)
-    return vllm_command(scen, layout, graph, replicas=replicas, hybrid_block=hybrid_block)
+        return sglang_command(scen, layout, graph, replicas=replicas, deployment=deployment)
+    return vllm_command(scen, layout, graph, replicas=replicas, hybrid_block=hybrid_block, deployment=deployment)
+
+
+def capture_tokens_of(dep) -> int:
+    """The largest batch, in tokens, a deployment's plan priced as captured in a CUDA graph
+    (resolve: the scenario's max_cudagraph_capture_size, else laws.capture_ceiling; 0: none
+    captured, or no deployment given)."""
+    if dep is None:
+        return 0
+    return int(dep.resolution.get("capture_tokens", 0) or 0)
+
+
+def static_fraction_of(dep) -> float | None:
+    """SGLang's --mem-fraction-static for what a deployment's plan priced: the share of HBM its
+    weights and KV cache take, (weights + KV) / HBM (server_args.py: "mem_fraction_static is
+    defined as (model weights + KV cache pool) / GPU memory capacity", the activations and CUDA
+    graph buffers outside it), i.e. gpu_memory_utilization less the activation, CUDA-graph and
+    communication buffers the plan holds beside them (resolve._memory), rounded down to 3 places
+    (SGLang's own rounding). None without a deployment."""
+    if dep is None:
+        return None
+    mem, hbm = dep.plan.memory, float(dep.chip.memory_gib) * 2 ** 30
+    beside = sum(float(mem.get(k, 0.0) or 0.0) for k in ("activation_bytes", "cudagraph_bytes", "comm_buffer_bytes"))
+    util = float(dep.scenario.engine.get("gpu_memory_utilization", 0.9))
+    return math.floor((util - beside / hbm) * 1000 + 1e-9) / 1000
 
 
 def hybrid_block_of(dep) -> int:
@@ -232,8 +306,9 @@ def hybrid_block_of(dep) -> int:
 def _multi_node_launch(scen: Scenario, layout: Layout) -> str:
     """The flags and the per-node lines of an engine spanning ``scen.nodes`` nodes, as vLLM
     launches one: data-parallel ranks spread over the nodes (the head serves the API, the others
-    run --headless from their first rank), or a tensor-parallel group wider than a node over a
-    Ray cluster (distributed executor backend ray)."""
+    run --headless from their first rank), or a tensor-parallel group wider than a node by vLLM's
+    multiprocessing executor over the nodes (--nnodes, --node-rank, --master-addr; the others
+    --headless), which keeps async scheduling on; a Ray cluster only for what neither covers."""
     nodes = scen.nodes
     if layout.tp <= scen.gpus_per_node and layout.dp % nodes == 0:
         local = layout.dp // nodes
@@ -242,5 +317,13 @@ def _multi_node_launch(scen: Scenario, layout: Layout) -> str:
         others = "; ".join(f"node {k}: the same with --headless --data-parallel-start-rank {k * local}"
                            for k in range(1, nodes))
         return f"{head}    # on the head node ({scen.fabric} between the {nodes} nodes); {others}"
+    if layout.dp == 1:
+        # vLLM's multiprocessing executor across nodes (ParallelConfig nnodes/node_rank/master_addr,
+        # vllm/config/parallel.py@840e797; docs/serving/parallelism_scaling.md "Running vLLM with
+        # MultiProcessing"): Ray's executor would turn async scheduling off (vllm/config/vllm.py@09f030e:
+        # only mp, uni and external_launcher keep it), which the line was priced with
+        others = "; ".join(f"node {k}: the same with --node-rank {k} --headless" for k in range(1, nodes))
+        return (f" --nnodes {nodes} --node-rank 0 --master-addr HEAD_IP    # on the head node ({scen.fabric} "
+                f"between the {nodes} nodes); {others}")
     return (f" --distributed-executor-backend ray    # on the head of a Ray cluster of {nodes} nodes "
             f"({scen.fabric} between them; ray start --head, then ray start --address HEAD_IP:6379 on the others)")

@@ -1112,7 +1112,7 @@ class SizeResult:
             refuse(f"the search sized {cand.layout.engine} engines: launch_command() gives their line",
                    field="engine", value=cand.layout.engine)
         return vllm_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas,
-                            hybrid_block=hybrid_block_of(cand.deployment))
+                            hybrid_block=hybrid_block_of(cand.deployment), deployment=cand.deployment)
 
     def launch_command(self) -> str:
         """The chosen engine's launch line (``vllm serve ...`` or ``python -m sglang.launch_server ...``)."""
@@ -1120,7 +1120,7 @@ class SizeResult:
             refuse("no layout meets the targets", field="targets")
         cand = self.best_candidate
         return launch_command(cand.deployment.scenario, cand.layout, self.graph, replicas=cand.replicas,
-                              hybrid_block=hybrid_block_of(cand.deployment))
+                              hybrid_block=hybrid_block_of(cand.deployment), deployment=cand.deployment)
 
     def as_dict(self) -> dict:
         out = {"model": self.model, "chip": self.chip, "gpus": self.gpus,
