@@ -1,8 +1,8 @@
 """Calibrate the registry against measured serving latencies, and check that the fit transfers.
 
     python experiments/calibrate.py [--csv ../shared/measured/inferencex_vllm_dev.csv]
-        [--rule interleaved] [--priors 0,0.001,...] [--seeds 0,1,2] [--steps 400]
-        [--out experiments/results] [--quick] [--quiet]
+        [--rule interleaved] [--priors 0,0.001,...] [--seeds 0,1,2] [--steps 60]
+        [--out experiments/results] [--quiet] [--from-checkpoint]
     python experiments/calibrate.py --rule simulate --targets tpot,ttft [--deployment NAME ...]
         (through the serving simulation: each point's schedule built once, the fits re-price its
         steps; TTFT columns in the tables; checkpoint experiments/out/calibration-study-simulate.pkl)
@@ -90,10 +90,13 @@ class Bar:
     def __call__(self, done, total, stage="cv", **info):
         if self.quiet or stage != "cv":
             return
+        # cross_validate counts its fits up front (total; the shared cache's earlier fits included):
+        # the guess below (6 x priors) stuck the bar at 6/6 through the study by deployment
+        expected = self.expected if total is None else total
         if self.bar is None:
-            self.bar = Progress(self.expected, self.label)
+            self.bar = Progress(expected, self.label)
         self.n = done
-        self.bar.update(min(done, self.expected), self.expected, **{k: v for k, v in info.items()})
+        self.bar.update(min(done, expected), expected, **{k: v for k, v in info.items()})
 
     def close(self):
         if self.bar is not None:
@@ -269,8 +272,12 @@ def run_study(args):
         print(f"cv by {by}: done ({time.perf_counter() - t:.0f} s)", flush=True)
     prior = out["lomo"].best_prior
     t = time.perf_counter()
+    cache.callback = bar = Bar(args.quiet, "cv by chip")     # was the closed deployment bar, reopened
+    bar.expected = None
     out["chip"] = jfit.cross_validate(obs, free, by="chip", priors=(chip_prior(prior, args.priors),), cache=cache,
                                       **fit_kw)
+    bar.close()
+    cache.callback = None
     timings["leave one chip out"] = time.perf_counter() - t
     t = time.perf_counter()
     final = cache.fit([o.name for o in obs], prior)

@@ -306,7 +306,7 @@ def test_fit_a_free_pattern_shadowed_by_an_earlier_one_is_refused(capsys, tmp_pa
     """--free 'hbm_*' --free hbm_derate: the first match wins, so the second's bound was ignored,
     refused as matching no coefficient at all (it matches hbm_derate)."""
     assert_refused(capsys, ["fit", str(measured(tmp_path)), "--free", "hbm_*", "--free", "hbm_derate", "--quiet"],
-                   "'free', value 'hbm_derate@hardware:2'", "taken by the earlier --free hbm_*@hardware:2")
+                   "'--free', value 'hbm_derate@hardware:2'", "taken by the earlier --free hbm_*@hardware:2")
 
 
 def test_fit_a_cv_seed_given_twice_is_refused(capsys, tmp_path):

@@ -2246,6 +2246,7 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
     info["split"] = {"train": train, "test": test,
                      "how": "jaxprice.fit.split_by_deployment(the priced deployments, 0.25, seed=0, stratify=model)"}
     notes = info.get("notes", []) + _ep_notes(groups, points) + _unloadable_notes(groups, points)
+    info["extra_coefficient_reach"] = _set_reach(extra_coefficient_files, groups)
     info.update(deployments=len({p.deployment for p in points}), sweeps=len({p.sweep for p in points}),
                 from_scenario_files=sorted({g.name for g in groups if g.source != "columns"}),
                 from_columns=sorted({g.name for g in groups if g.source == "columns"}),
@@ -2254,6 +2255,19 @@ def evaluate_accuracy(csv_path, *, registry=None, scenario_dirs=None, extra_coef
                 resident_below_concurrency=sum(int(R < points[i].concurrency)
                                                for g in groups for i, R in zip(g.index, g.resident)))
     return score(points, groups, refused, predictions, csv_path=csv_path, info=info)
+
+
+def _set_reach(files, groups) -> dict:
+    """{extra coefficient file: the deployments one of its entries reaches and the kernel reads};
+    the report's head says how many, so a set scoped elsewhere (every deployment on the
+    registry's values) is not mistaken for one that was applied."""
+    from .fit import set_applies
+    out = {}
+    for f in files:
+        out[str(f)] = {"reached": sorted({g.name for g in groups if set(set_applies(f, g.deployment)["applied"])
+                                          & set(g.deployment.coefficients.names)}),
+                       "of": len({g.name for g in groups})}
+    return out
 
 
 def _predict_counting(groups, info, *, temperature, callback, per_deployment):
@@ -2515,7 +2529,11 @@ def _report_head(info, report):
             f"({len(info.get('from_scenario_files', []))} from scenario files, "
             f"{len(info.get('from_columns', []))} from columns); {len(report.refused)} refused")
     if info.get("extra_coefficient_files"):
-        head += "; extra coefficients: " + ", ".join(info["extra_coefficient_files"])
+        reach = info.get("extra_coefficient_reach") or {}
+        head += "; extra coefficients: " + ", ".join(
+            f + (f" (reaches {len(reach[f]['reached'])} of {reach[f]['of']} priced deployments"
+                 + ("; the rest keep the registry's values)" if len(reach[f]["reached"]) < reach[f]["of"] else ")")
+                 if f in reach else "") for f in info["extra_coefficient_files"])
     if info.get("kernel_compiles") is not None:
         head += (f"; {info['kernel_compiles']} kernel compile(s) ("
                  + ("one per deployment)" if info.get("per_deployment") else "one per plan structure)"))

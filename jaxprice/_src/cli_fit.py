@@ -27,12 +27,15 @@ cross-validation; the default with a cross-validating --holdout, else 0). Coeffi
 cannot separate (near-null directions of the Fisher matrix) are frozen and listed. The written
 set (``--out``) is scoped to the chips and models it was fitted on (``--scope-to hardware``
 widens it to every model of those chips): another deployment loading it keeps the registry's
-values. A progress bar goes to stderr.
+values, and ``price``, ``serve``, ``sweep``, ``optimize``, ``size`` and ``accuracy`` given it with
+``--coefficients`` say what of it reaches their deployments. ``--json FILE`` (``-``: standard
+output) writes what the tables print. A progress bar goes to stderr (cross-validation: its fits).
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import sys
 
@@ -101,6 +104,11 @@ def add_parser(subparsers):
                    help="where to look for <deployment>.yaml scenarios (default: the bundled ones)")
     p.add_argument("--out", default=None, help="write the fitted coefficient set here (YAML)")
     p.add_argument("--name", default=None, help="the set's name (default: the file's stem)")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="write what the tables print as JSON: the cross-validation per held-out group (registry "
+                        "and fit, TPOT and TTFT), the prior chosen and every prior's criterion, the fitted values "
+                        "(frozen, at a bound), and the written set's scope ('-': standard output, the tables then "
+                        "on stderr); an infinite prior is the string 'inf'")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -268,6 +276,14 @@ def _check_files(args) -> None:
     if args.scope_to is not None and args.out is None:      # else ignored silently: it scopes the written set
         refuse("scopes the entries of the set --out writes; give --out FILE.yaml", field="--scope-to",
                value=args.scope_to)
+    if args.json is not None and args.json != "-":
+        check_output_file(args.json, flag="--json", what="JSON report", writes="JSON")
+        from pathlib import Path
+        if args.out is not None and Path(args.json).expanduser().resolve() == Path(args.out).expanduser().resolve():
+            refuse("names the file --out writes the set to", field="--json", value=args.json)
+        if Path(args.json).expanduser().resolve() == Path(args.csv).expanduser().resolve():
+            refuse("names the measurement CSV, an input: the report would overwrite it", field="--json",
+                   value=args.json)
     if args.out is not None:
         check_output_file(args.out, flag="--out", what="coefficient set", writes="YAML")
         from pathlib import Path
@@ -378,7 +394,7 @@ class _Bars:
             return
         if stage not in self.bars:
             self.close()
-            self.bars[stage] = Progress(total, "compile" if stage == "compile" else "fit")
+            self.bars[stage] = Progress(total, {"compile": "compile", "cv": "cv fits"}.get(stage, "fit"))
         self.bars[stage].update(done, total, **info)
 
     def close(self):
@@ -419,14 +435,22 @@ def print_cv(cv, what="TPOT", fixed_prior=None):
                   f"{_pct(tr['registry']['ttft_mape']) + ' -> ' + _pct(tr['fitted']['ttft_mape']):<22}"
                   f"{_pct(tr['registry']['ttft_shape_mean']) + ' -> ' + _pct(tr['fitted']['ttft_shape_mean']):<22}")
     print("(keys: fitted coefficients that reach the held-out deployments; the rest keep the registry's values)")
+    if rows and all(r["applied"] == 0 for r in rows):
+        # every fold's fit scored 1.000 against the registry, and 'inf' was "chosen" as if the fits had lost
+        print(f"note: no fitted coefficient reaches a held-out {cv.by} in any fold (every --free key is scoped to "
+              f"something the held-out deployments do not share: by {cv.by}, free a key @global"
+              + (" or @model" if cv.by == "chip" else " or @hardware" if cv.by == "model" else "")
+              + "), so the cross-validation compares the registry with itself and cannot choose a prior")
+    metrics = f"{what} MAPE and shape" + (", TTFT MAPE and shape" if rows and "ttft_mape" in rows[0]["test"]["registry"]
+                                          else "")
     scores = ", ".join(f"{p:g}: {c:.3f} (worst group x{cv.worst[p]:.3f})" for p, c in cv.criterion.items())
     if fixed_prior is not None:
         worse = cv.worst.get(fixed_prior, 0.0) > 1 + 1e-3      # fit._choose's "no group worse" tolerance
-        print(f"prior strength -> mean over folds of fit/registry error (TPOT MAPE and shape): {scores}; the final "
+        print(f"prior strength -> mean over folds of fit/registry error ({metrics}): {scores}; the final "
               f"fit at {fixed_prior:g}, as --prior fixed it" + (" (it makes a held-out group worse than the registry: "
                                                                  "--prior cv would choose among strengths)" if worse else ""))
         return
-    print(f"prior strength -> mean over folds of fit/registry error (TPOT MAPE and shape): {scores}; chosen (lowest "
+    print(f"prior strength -> mean over folds of fit/registry error ({metrics}): {scores}; chosen (lowest "
           f"mean among the priors that make no held-out group worse) for the final fit: {cv.best_prior:g}")
 
 
@@ -437,8 +461,18 @@ def print_fit(res, obs, target, args, seed):
             "TPOT" if target == "tpot" else "step time")
     by_name = {o.name: o for o in obs}
     temperature = res.settings["temperature"]
-    print(f"{args.csv}: {sum(o.points for o in obs)} points in {len(obs)} deployment(s); "
-          f"train {len(res.train)}, held out {len(res.held_out)} (by deployment, seed {seed})")
+    # under simulate a point (one measured run) is up to two residuals, mean TPOT and mean TTFT: the count
+    # said 20 points where the cross-validation table above it, the accuracy report and the CSV's runs said 10
+    points = (f"{sum(o.n_points for o in obs)} points ({sum(o.points for o in obs)} residuals: "
+              f"{' and '.join('mean ' + t.upper() for t in target.split(':')[1].split(','))})" if sim else
+              f"{sum(o.points for o in obs)} points")
+    if res.held_out:
+        split = f"train {len(res.train)}, held out {len(res.held_out)} (by deployment, seed {seed})"
+    else:       # was '(by deployment, seed 0)' after a leave-one-model-out run, which split nothing
+        split = f"train {len(res.train)}, held out 0" + (
+            " (the final fit, on every deployment: the cross-validation above held out its groups)"
+            if args.holdout in ("model", "chip", "deployment") else "")
+    print(f"{args.csv}: {points} in {len(obs)} deployment(s); {split}")
     print(f"fit: {res.settings['loss']} loss on log {what} ({args.estimate}, "
           f"{'exact mode' if temperature is None else f'temperature {temperature:g}'}), "
           f"{len(res.keys)} free value(s), prior {res.prior:g}; {res.stopped}; kept step {res.best_step}"
@@ -448,8 +482,12 @@ def print_fit(res, obs, target, args, seed):
         print("the registry is kept (prior strength inf" + (": no finite prior's fit beat it on the held-out groups"
               if args.prior in (None, "cv") and args.holdout in ("model", "chip", "deployment") else "")
               + "): no coefficient moves, and a written set holds the registry's values")
-    print(f"{'split':<10}{'deployments':>12}{'points':>8}{'loss before':>13}{'loss after':>12}"
-          f"{'MAPE before':>13}{'MAPE after':>12}")
+    pw = 10 if sim else 8
+    print(f"{'split':<10}{'deployments':>12}{'residuals' if sim else 'points':>{pw}}{'loss before':>13}"
+          f"{'loss after':>12}{'MAPE before':>13}{'MAPE after':>12}" + ("  (MAPE over every residual, TPOT and TTFT "
+                                                                      "together; each apart below)" if sim and
+                                                                     "," in target else ""))
+    stats = {}
     for split, names, key in (("train", res.train, "train"), ("held out", res.held_out, "held_out")):
         if not names:
             continue
@@ -460,12 +498,15 @@ def print_fit(res, obs, target, args, seed):
         after = np.concatenate([pred_after[o.name] for o in sel])
         # no descent (prior inf, the registry kept) has no losses: '-', not 'nan'
         loss = [f"{v:.5f}" if np.isfinite(v) else "-" for v in (res.initial[key], res.final[key])]
-        print(f"{split:<10}{len(names):>12}{len(meas):>8}{loss[0]:>13}{loss[1]:>12}"
+        print(f"{split:<10}{len(names):>12}{len(meas):>{pw}}{loss[0]:>13}{loss[1]:>12}"
               f"{_mape(before, meas):>13.1%}{_mape(after, meas):>12.1%}")
+        stats[key] = {"deployments": len(names), "residuals" if sim else "points": int(len(meas)),
+                      "mape_before": _mape(before, meas), "mape_after": _mape(after, meas)}
         if sim:
             from . import fit as F
             reg = F.score_simulated(sel, F.predict_simulated_many(sel, temperature=temperature))
             fit = F.score_simulated(sel, F.predict_simulated_many(sel, res.layout, res.theta, temperature=temperature))
+            stats[key].update(registry=reg, fitted=fit)
             print(f"  {split}: TPOT MAPE {_pct(reg['tpot_mape'])} -> {_pct(fit['tpot_mape'])}, shape "
                   f"{_pct(reg['shape_mean'])} -> {_pct(fit['shape_mean'])}; TTFT MAPE {_pct(reg['ttft_mape'])} -> "
                   f"{_pct(fit['ttft_mape'])}, shape {_pct(reg['ttft_shape_mean'])} -> {_pct(fit['ttft_shape_mean'])}"
@@ -484,13 +525,121 @@ def print_fit(res, obs, target, args, seed):
         print(f"frozen {lab}: {why}")
     for h in res.bound_hits():
         print(f"at a bound: {h['key']} ({h['side']}: {h['why']}): {h['meaning']}")
+    return stats
+
+
+def scope_hint(cv, res, scope_to) -> str:
+    """The line after 'wrote SET' where the cross-validation judged the fit on models it never saw
+    (--holdout model) and chose a finite prior, but the set is scoped to the models fitted on: the
+    very transfer the table measured is then never applied (--scope-to hardware would apply it)."""
+    from .fit import REGISTRY_KEPT
+    if cv is None or cv.by != "model" or "model" not in scope_to or res.stopped == REGISTRY_KEPT:
+        return ""
+    return ("(--holdout model judged this fit on models it was not fitted on, but the set reaches only "
+            f"{', '.join(res.settings['train_models'])}: --scope-to hardware writes it for every model of its chips)")
+
+
+def _num(x):
+    """A float for JSON: inf as the string 'inf' (JSON has none), NaN as null."""
+    if x is None:
+        return None
+    x = float(x)
+    return "inf" if x == math.inf else None if not math.isfinite(x) else x
+
+
+def _scores(s: dict) -> dict:
+    return {k: (_num(v) if isinstance(v, (float, np.floating)) else int(v) if isinstance(v, (int, np.integer)) else v)
+            for k, v in s.items()}
+
+
+def json_report(cv, res, obs, target, args, written=None, scope=None, stats=None) -> dict:
+    """The --json document: what print_cv and print_fit print, as numbers (fractions, not
+    percents; coefficient values in the registry's units, as the written set holds them)."""
+    from .resolve import si_factor
+    doc = {"csv": str(args.csv), "target": target, "batch_rule": args.batch_rule, "estimate": args.estimate,
+           "deployments": sorted(o.name for o in obs), "cross_validation": None}
+    if cv is not None:
+        rows = cv.rows()
+        doc["cross_validation"] = {
+            "by": cv.by, "folds": [{"held_out": r["fold"], "test_deployments": r["test_deployments"],
+                                    "prior": _num(r["prior"]), "keys_reaching_held_out": int(r["applied"]),
+                                    "held_out_scores": {k: _scores(v) for k, v in r["test"].items()},
+                                    "in_sample_scores": {k: _scores(v) for k, v in r["train"].items()}}
+                                   for r in rows],
+            "criterion": {f"{p:g}": _num(c) for p, c in cv.criterion.items()},
+            "worst_group": {f"{p:g}": _num(c) for p, c in cv.worst.items()},
+            "chosen_prior": _num(cv.best_prior),
+            "no_key_reaches_held_out": bool(rows) and all(r["applied"] == 0 for r in rows)}
+    entries = []
+    for e in sorted(res.entries(), key=lambda e: (e["name"], sorted((k, str(v)) for k, v in e["scope"].items()))):
+        f = si_factor(e["name"], e["units"])
+        entries.append({"name": e["name"], "scope": {k: (str(v) if k in ("hardware", "model") else v)
+                                                     for k, v in e["scope"].items()}, "key": e["key"],
+                        "start": e["start"] / f, "value": e["value"] / f, "units": e["units"],
+                        "multiplier": e["multiplier"], "frozen": bool(e["frozen"])})
+    doc["fit"] = {"prior": _num(res.prior), "stopped": res.stopped, "registry_kept": res.stopped == _registry_kept(),
+                  "train": list(res.train), "held_out": list(res.held_out), "compiled": int(res.compiled),
+                  "loss": {k: {kk: _num(vv) for kk, vv in v.items()} for k, v in
+                           (("start", res.initial), ("fitted", res.final))},
+                  "scores": {k: _scores({kk: (_scores(vv) if isinstance(vv, dict) else vv) for kk, vv in v.items()})
+                             for k, v in (stats or {}).items()},
+                  "entries": entries, "frozen": dict(res.frozen), "at_bound": res.bound_hits()}
+    doc["written"] = None
+    if written is not None:     # the entries as the file holds them (scoped to chips, models and engines)
+        from .formats import read_yaml
+        held = [{k: e[k] for k in ("name", "value", "units", "scope") if k in e}
+                for e in (read_yaml(written).get("entries") or [])]
+        doc["written"] = {"path": str(written), **(scope or {}), "entries": held}
+    return doc
+
+
+def _plain(x):
+    """numpy scalars (a tp in a scope, a float64 value) as Python numbers for json.dumps."""
+    return x.item() if hasattr(x, "item") else str(x)
+
+
+def _registry_kept():
+    from .fit import REGISTRY_KEPT
+    return REGISTRY_KEPT
+
+
+# the library's field names, as the flags that set them: 'field 'holdout'' named no flag of jaxprice fit
+_API_FLAGS = {"free": "--free", "holdout": "--holdout", "priors": "--priors", "prior": "--prior", "seeds": "--cv-seeds"}
 
 
 def run(args) -> int:
+    from .errors import JaxpriceError
+    try:
+        return _run_and_report(args)
+    except JaxpriceError as err:
+        if err.file is None and err.field in _API_FLAGS:
+            raise JaxpriceError(err.reason, field=_API_FLAGS[err.field], value=err.value,
+                                has_value=err.value is not None) from None
+        raise
+
+
+def _run_and_report(args) -> int:
+    if args.json == "-":        # standard output carries the JSON alone; the tables go to stderr
+        import contextlib
+        with contextlib.redirect_stdout(sys.stderr):
+            doc = _run(args)
+        print(json.dumps(doc, indent=1, default=_plain))
+        return 0
+    doc = _run(args)
+    if args.json is not None:
+        from pathlib import Path
+        Path(args.json).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).expanduser().write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _run(args) -> dict:
     from . import fit as F
     o = _options(args)
     target, obs, engines = _observations(args)
     bars = _Bars(args.quiet)
+    cv = None
     try:
         prior = o["prior"]
         if o["cv"]:
@@ -505,7 +654,8 @@ def run(args) -> int:
                                  **o["fit"])
     finally:
         bars.close()
-    print_fit(res, obs, target, args, o["seed"])
+    stats = print_fit(res, obs, target, args, o["seed"])
+    path = scope = None
     if args.out:
         data = (f"{args.csv} (mean TPOT, batch rule '{args.batch_rule}')" if target == "tpot" else
                 f"{args.csv} (simulated mean {target.split(':')[1].upper().replace(',', ' and ')}, batch rule "
@@ -518,4 +668,9 @@ def run(args) -> int:
               + f" on engine {', '.join(res.settings.get('train_engines') or F.scheduler_names(engines))} (a "
                 "deployment's engine.scheduler, vllm where unstated)"
               + ": any other deployment loading it keeps the registry's values")
-    return 0
+        hint = scope_hint(cv, res, scope_to)
+        if hint:
+            print(hint)
+        scope = {"chips": list(res.settings["train_chips"]), "models": list(models),
+                 "engines": list(res.settings.get("train_engines") or F.scheduler_names(engines))}
+    return json_report(cv, res, obs, target, args, path, scope, stats) if args.json is not None else {}

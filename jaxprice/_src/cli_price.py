@@ -242,7 +242,20 @@ def resolve_with_engine(scenario, registry, overrides: dict, extra_sets=()):
 
 def load_scenario_deployment(name, pool=None, args=None):
     """The deployment a command prices: the scenario's only pool, or pool number `pool` (--pool);
-    with --chip (``args``), one built from the model SCENARIO names (``model_deployment``)."""
+    with --chip (``args``), one built from the model SCENARIO names (``model_deployment``). With
+    --coefficients, one line per set on stderr says what of it reaches the deployment
+    (``fit.set_notes``): that a fitted set applied, or that the deployment is outside its scope
+    and priced with the registry's values, was nowhere in the output."""
+    dep = _load_scenario_deployment(name, pool, args)
+    files = coefficient_files(args)
+    if files:
+        from .fit import set_notes
+        for line in set_notes(files, dep):
+            print(f"note: {line}", file=sys.stderr)
+    return dep
+
+
+def _load_scenario_deployment(name, pool=None, args=None):
     from .resolve import load_deployment
     if not str(name).strip():           # "" would be read as the current folder
         refuse("an empty name; give a bundled scenario name or a scenario file (with --chip, a model)",

@@ -437,6 +437,17 @@ def api_flag(err, args) -> str | None:
     return API_FLAGS.get(err.field)
 
 
+def set_notes_for(cands, files) -> list:
+    """--coefficients: what of each set reaches the candidates (``fit.set_notes`` on the first
+    that resolved; every candidate has the same chip, model and engine), so that a fitted set
+    scoped elsewhere is said to leave the search on the registry's values."""
+    dep = next((c.deployment for c in cands if c.deployment is not None), None)
+    if not files or dep is None:
+        return []
+    from .fit import set_notes
+    return [line.replace("this deployment", "these candidates") for line in set_notes(files, dep)]
+
+
 def run(args) -> int:
     from .size import size
     opts = options(args)
@@ -455,6 +466,8 @@ def run(args) -> int:
 
     def announce(cands, ctx):
         print(describe_space(cands, ctx, args.show_rejected), file=report, flush=True)
+        for line in set_notes_for(cands, args.coefficients):
+            print(f"note: {line}", file=report, flush=True)
 
     loaded = compile_cache.loaded()
     try:

@@ -59,6 +59,7 @@ import fnmatch
 import functools
 import itertools
 import math
+import os
 from pathlib import Path
 
 import jax
@@ -1492,12 +1493,9 @@ def _split_for_early_stopping(train, held_out, holdout, seed):
     return train, held_out
 
 
-def _build_layout(train, held_out, free, settings, weighting, workers, callback, kinds=("grad", "value"),
-                  per_deployment=False):
-    """The layout (keys, physical ranges), the compiled training and held-out terms."""
-    layout = Layout(free)
-    train_terms = _terms(train, layout, settings, weighting, record=True, kind=kinds[0],
-                         per_deployment=per_deployment)
+def _check_matched(layout, train) -> None:
+    """Every --free pattern matches a coefficient the training deployments read (and is not
+    shadowed by an earlier one); a misspelt name is refused with the nearest name."""
     unmatched = [f.label() for f, n in layout.matched.items() if n == 0]
     for f, n in layout.matched.items():      # matched, but every match taken by an earlier pattern (first wins)
         names = sorted({c for o in train for c in o.deployment.coefficients.names if fnmatch.fnmatchcase(c, f.pattern)})
@@ -1506,9 +1504,21 @@ def _build_layout(train, held_out, free, settings, weighting, workers, callback,
             refuse(f"every coefficient it matches (e.g. {names[0]}) is taken by the earlier --free {winner.label()}: "
                    "the first matching pattern wins; give the narrower pattern first", field="free", value=f.label())
     if unmatched:
+        import difflib
+        read = sorted({c for o in train for c in o.deployment.coefficients.names})
+        near = difflib.get_close_matches(unmatched[0].split("@")[0], read, n=1)    # a misspelt name: said which
         refuse("no coefficient of the training deployments matches this free pattern (patterns match the "
-               "names the deployments' kernels read, e.g. hbm_derate, gemm_eps_max_fp8)", field="free",
-               value=unmatched[0])
+               "names the deployments' kernels read, e.g. hbm_derate, gemm_eps_max_fp8)"
+               + (f"; did you mean '{near[0]}'?" if near else ""), field="free", value=unmatched[0])
+
+
+def _build_layout(train, held_out, free, settings, weighting, workers, callback, kinds=("grad", "value"),
+                  per_deployment=False):
+    """The layout (keys, physical ranges), the compiled training and held-out terms."""
+    layout = Layout(free)
+    train_terms = _terms(train, layout, settings, weighting, record=True, kind=kinds[0],
+                         per_deployment=per_deployment)
+    _check_matched(layout, train)
     held_terms = _terms(held_out, layout, settings, weighting, record=False, kind=kinds[1],
                         per_deployment=per_deployment)
     compiled = _compile_terms(train_terms + held_terms, workers, callback)
@@ -1610,6 +1620,7 @@ def _registry_result(train, held_out, free, settings, weighting, meta_kw) -> Fit
     (their registry values, log-multipliers 0), nothing compiled, no descent, no identifiability check."""
     layout = Layout(free)
     _terms(train, layout, settings, weighting, record=True, kind="value")   # records the keys; compiles nothing
+    _check_matched(layout, train)      # --prior inf with a misspelt --free wrote an empty set without a word
     return FitResult(layout=layout, theta=np.zeros(len(layout.keys)), history=[], best_step=0, stopped=REGISTRY_KEPT,
                      train=sorted(o.name for o in train), held_out=sorted(o.name for o in held_out),
                      settings=_fit_meta(train, held_out, layout, **meta_kw), identifiability=None, compiled=0)
@@ -1781,13 +1792,14 @@ class _FitCache:
         self.free, self.fit_kw, self.callback = free, fit_kw, callback
         self.fits: dict = {}
         self.registry: dict = {}
+        self.total = None          # the fits a cross-validation will make (cross_validate sets it)
 
     def fit(self, train, prior):
         key = (tuple(sorted(train)), float(prior))
         if key not in self.fits:
             self.fits[key] = fit_coefficients([self.obs[n] for n in key[0]], self.free, prior=prior, **self.fit_kw)
             if self.callback:
-                self.callback(len(self.fits), None, stage="cv", prior=prior)
+                self.callback(len(self.fits), self.total, stage="cv", prior=prior)
         return self.fits[key]
 
     def registry_preds(self, names):
@@ -1826,13 +1838,23 @@ def cross_validate(observations, free, *, by="model", priors=(0.0,), seeds=(0,),
     fold's prior is chosen by an inner cross-validation of the same kind on its training
     deployments alone (the strongest prior where they are too few to split). ``cache``: a
     ``_FitCache`` shared between calls (fits by training set and prior).
-    callback(done, None, stage='cv', prior=...) after each new fit."""
+    callback(done, total, stage='cv', prior=...) after each new fit (total: the fits the run makes)."""
     obs = list(observations)
     priors = tuple(float(p) for p in priors)
     if not priors:
         refuse("no prior strengths to try", field="priors")
     folds = cv_folds(obs, by, seeds=seeds, test_fraction=test_fraction)
     fc = cache if isinstance(cache, _FitCache) else _FitCache(obs, free, fit_kw, callback)
+    # every fit this run makes, counted up front: the callback had no total, so `jaxprice fit --holdout
+    # model` (minutes to hours, one fit per fold, prior and inner fold) showed no progress at all
+    planned = {(tuple(sorted(f.train)), p) for f in folds for p in priors}
+    if nested and len(priors) > 1:
+        for f in folds:
+            try:
+                planned |= {(tuple(sorted(i.train)), p) for i in _inner_folds(f, fc.obs, by) for p in priors}
+            except JaxpriceError:
+                pass
+    fc.total = len(planned | set(fc.fits))
     scores, fits = {}, {}
     for f in folds:
         for p in priors:
@@ -2138,6 +2160,89 @@ def set_applies(path, deployment: Deployment) -> dict:
         else:
             applied.append(e.name)
     return {"applied": sorted(set(applied)), "outside": outside}
+
+
+def set_notes(files, deployment: Deployment) -> list:
+    """One line per coefficient set file (``--coefficients``, ``extra_coefficient_files``, in the
+    order they were applied) saying what of it reaches ``deployment``: the coefficients it sets
+    there, or that none does and the deployment is priced with the registry's values, and why
+    (the scope it names). Also named: an entry under a name no set the deployment lists defines
+    (a misspelt name, which the resolver never reads; with the nearest known name), a scope
+    naming a chip the registry does not know, and a value it sets past what physics allows on
+    the chip (``physical_range``, the fit's bounds). ``price``, ``serve``, ``sweep``,
+    ``optimize`` and ``size`` print these (``accuracy`` counts the deployments a set reaches):
+    a fitted set applied silently, or silently not, was indistinguishable in their output."""
+    import difflib
+    from .formats import coefficient_set_files, load_coefficient_set
+    if not isinstance(deployment, Deployment):
+        refuse("expected a Deployment (load_deployment(...))", field="deployment", value=shown(deployment),
+               has_value=True)
+    if files is not None and not isinstance(files, (str, os.PathLike, list, tuple)):
+        refuse("expected a coefficient set path or a list of them", field="files", value=shown(files), has_value=True)
+    files = list(coefficient_set_files(files, field="files"))       # each read: a bad one refused, naming it
+    if not files:
+        return []
+    dims = deployment_dims(deployment)
+    here = f"{dims['hardware']}, {dims['model']}, engine {dims['engine']}"
+    read = set(deployment.coefficients.names)
+    known = set()
+    reg = Registry()
+    given = {str(Path(f).expanduser().resolve()) for f in files}
+    for n in deployment.scenario.coefficient_sets:
+        if str(Path(str(n)).expanduser().resolve()) in given:     # the sets in question (size lists them)
+            continue
+        try:
+            known |= {e.name for e in reg.coefficient_set(n, file=deployment.scenario.path).entries}
+        except JaxpriceError:
+            pass
+    sets = [load_coefficient_set(f) for f in files]
+    last = {}                                   # name -> index of the last set that sets it here
+    reach = []
+    for i, f in enumerate(files):
+        got = set_applies(f, deployment)
+        reach.append(got)
+        for n in got["applied"]:
+            if n in read:
+                last[n] = i
+    out = []
+    for i, (f, cset, got) in enumerate(zip(files, sets, reach)):
+        label = f"{Path(f).name} (--coefficients)"
+        applied = sorted(n for n in got["applied"] if last.get(n) == i)
+        over = sorted(n for n in got["applied"] if n in read and last.get(n) != i)
+        if applied:
+            line = (f"{label}: sets {', '.join(applied)} for this deployment ({here}); every other coefficient "
+                    "keeps the registry's value")
+        elif over:
+            line = f"{label}: its entries for this deployment ({here}) are overridden by a later set"
+        else:
+            scopes = {d: sorted({str(a) for e in cset.entries for a in e.scope.get(d, ())})
+                      for d in ("hardware", "model", "engine")}
+            said = "; ".join(f"{d} {', '.join(v)}" for d, v in scopes.items() if v)
+            line = (f"{label}: " + (f"none of its {len(cset.entries)} entries reaches" if cset.entries else
+                                     "it has no entries for")
+                    + f" this deployment ({here}): it is priced with the registry's values"
+                    + (f" (the set is scoped to {said})" if said else ""))
+        if applied and over:
+            line += f"; {', '.join(over)} overridden by a later set"
+        for n in applied:       # a hand-edited value past what physics allows (the fit's bounds) loaded silently
+            lo, hi, why = physical_range(n, deployment.chip)
+            coefs = deployment.coefficients
+            v = float(coefs[n])
+            if (hi is not None and v > hi * (1 + 1e-9)) or (lo is not None and v < lo * (1 - 1e-9)):
+                units = coefs.units[coefs.names.index(n)]
+                line += (f"; its {n}, {v / si_factor(n, units):.6g} {units}, is outside what physics allows "
+                         f"({why}): this deployment is priced past its chip")
+        for n in sorted({e.name for e in cset.entries} - known if known else ()):
+            near = difflib.get_close_matches(n, sorted(known), n=1)
+            line += (f"; entry '{n}' is no coefficient the registry knows, so nothing reads it"
+                     + (f" (did you mean '{near[0]}'?)" if near else ""))
+        for v in sorted({str(a) for e in cset.entries for a in e.scope.get("hardware", ())}):
+            try:
+                reg.chip(v.lower())         # scopes match chips case-blind (resolve._Scope._admits)
+            except JaxpriceError:
+                line += f"; its scope names hardware '{v}', no chip the registry knows (a misspelt chip?)"
+        out.append(line)
+    return out
 
 
 # ----------------------------------------------------------------------------- through the serving simulation
