@@ -609,6 +609,7 @@ class Schedule:
         if not isinstance(coefficients, Coefficients):
             refuse("needs a Coefficients (deployment.coefficients)", field="coefficients",
                    value=type(coefficients).__name__)
+        check_coefficient_set(coefficients, self.plan)
         return price_steps(self, coefficients, estimate=estimate, temperature=temperature)
 
 
@@ -1195,6 +1196,8 @@ def build_schedule(deployment, workload, client, *, engine=None, acceptance=None
     returned as the fixed schedule it produced."""
     _check_run(deployment, estimate, temperature, coefficients)
     check_clients_send(client)
+    if isinstance(client, (OpenLoop, Trace)):     # its steps are priced while it is scheduled
+        _refuse_traced("build_schedule of an open-loop client", coefficients, temperature)
     return build_schedules(deployment, [(workload, client)], engine=engine, acceptance=acceptance,
                            coefficients=coefficients, estimate=estimate, temperature=temperature)[0]
 
@@ -1326,6 +1329,8 @@ def _check_step_times(sched, step_times, coefficients):
     if coefficients is not None and not isinstance(coefficients, Coefficients):
         refuse("must be None (the deployment's) or a Coefficients", field="coefficients",
                value=type(coefficients).__name__)
+    if coefficients is not None:
+        check_coefficient_set(coefficients, sched.plan)
     if step_times is None or isinstance(step_times, (str, bytes)) or _booleans(step_times):   # NaN, 1 s
         refuse("must be numbers, one time (s) per step", field="step_times", value=shown(step_times),
                has_value=True)
@@ -1481,6 +1486,8 @@ def schedule_metrics(sched: Schedule, step_times, coefficients=None, *, slo=None
     NumPy in, NumPy out."""
     _check_step_times(sched, step_times, coefficients)
     slo = check_slo(slo)
+    if isinstance(step_times, (list, tuple)):      # checked as numbers above; indexed as an array below
+        step_times = np.asarray(step_times, dtype=float)
     xp = _xp(step_times)
     req = sched.requests
     end = step_end_times(sched, step_times)
@@ -1620,6 +1627,42 @@ def _check_run(deployment, estimate, temperature, coefficients=None):
     if estimate not in ESTIMATES:
         refuse(f"unknown estimate (known: {', '.join(ESTIMATES)})", field="estimate", value=estimate)
     temperature_arg(temperature)          # None, or a finite number >= 0
+    if coefficients is not None:
+        check_coefficient_set(coefficients, deployment.plan)
+
+
+# simulate and simulate_sweep run the scheduler in NumPy and return NumPy results: under jax.grad,
+# jit or vmap they died in a TracerArrayConversionError from deep inside
+UNTRACEABLE = ("returns NumPy results from a scheduler run outside JAX, so it cannot run under jax.grad, jit or "
+               "vmap; differentiate a fixed schedule instead: sched = build_schedule(...), then "
+               "schedule_metrics(sched, sched.step_times(c), c) (jax.vmap over stacked sets' values for several)")
+
+
+def _refuse_traced(what, coefficients, temperature):
+    for field, x in (("coefficients", getattr(coefficients, "values", None)), ("temperature", temperature)):
+        if isinstance(x, jax.core.Tracer):
+            refuse(f"is traced: {what} {UNTRACEABLE}", field=field)
+
+
+def check_coefficient_set(coefficients, plan, *, field="coefficients"):
+    """ONE coefficient set (values [names]) for a run, a schedule's steps or its latencies, each
+    value the plan reads a finite number >= 0 (``step.check_coefficient_values``, once per set and
+    plan): stacked sets [sets, names] died in a broadcasting error from inside the pricing, and a
+    NaN priced every step NaN. A traced set's shape is checked, its values pass."""
+    from .step import check_coefficient_values
+    shape = tuple(getattr(coefficients.values, "shape", np.shape(coefficients.values)))
+    if len(shape) != 1:
+        refuse(f"stacks {shape[0] if shape else 0} sets: a run prices ONE coefficient set (values [names]); for "
+               "several, jax.vmap over the stacked values, e.g. jax.vmap(lambda v: sched.step_times(Coefficients(v, "
+               "names)))(sets.values)", field=f"{field}.values", value=shape, has_value=True)
+    check_coefficient_values(coefficients, plan)
+    if isinstance(coefficients.values, jax.core.Tracer):
+        return
+    for name in HOST_LATENCIES + tuple(n for n, _ in HOST_TERMS):     # read here, not by the plan
+        if name in coefficients:
+            v = float(np.asarray(coefficients.values)[coefficients.index(name)])
+            if not (math.isfinite(v) and v >= 0):
+                refuse("must be a finite number >= 0 (SI units)", field=f"coefs[{name}]", value=v, has_value=True)
 
 
 def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap", coefficients=None,
@@ -1630,6 +1673,7 @@ def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap"
     subset; vLLM's ``--goodput`` in seconds): the summary then carries ``goodput`` (requests
     meeting every target per second of the run) and ``slo_attainment`` (their share), and
     ``requests["good"]`` which ones (``check_slo`` has vLLM's definition and its source)."""
+    _refuse_traced("simulate", coefficients, temperature)
     _check_run(deployment, estimate, temperature, coefficients)
     slo = check_slo(slo)
     coefs = deployment.coefficients if coefficients is None else coefficients
@@ -1649,6 +1693,7 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
     be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran).
     Each level once: one given twice is refused, as the CLI's --concurrency refuses it. ``slo``:
     as ``simulate``'s (every level's goodput and SLO attainment against the same targets)."""
+    _refuse_traced("simulate_sweep", coefficients, temperature)
     _check_run(deployment, estimate, temperature, coefficients)
     slo = check_slo(slo)
     check_callback(callback)

@@ -24,8 +24,11 @@ structures with a JaxpriceError naming what differs.
 compiled once per structure, padding and mode (never per deployment): values, and gradients
 through ``jax.grad`` over the coefficients. Exact mode equals ``price_many`` of each
 deployment alone bit for bit, values and per-deployment coefficient gradients
-(tests/test_deployment_axis.py checks all 88 bundled scenarios, and a deployment axis split
-over four devices): the deployments are priced one after another in a ``lax.map`` by
+(tests/test_deployment_axis.py checks all 88 bundled scenarios on one device). A deployment axis
+split over several devices is priced by XLA's partitioned program, which may round a few sums
+differently: equal to an ulp (four virtual CPU devices: eight Llama-3.1-70B deployments bit for
+bit, four DeepSeek-V3 and eight gpt-oss ones 1 ulp apart in a few HBM times, as price_sharded's
+batch axis). The deployments are priced one after another in a ``lax.map`` by
 price_many's own kernel over [B] batches. A vmap over deployments would not be: XLA's CPU
 backend contracts other product-sums into fused multiply-adds in a [D, B] loop than in a [B]
 one (a few prices one unit in the last place apart). Measured (experiments/bench.py, 64
@@ -79,7 +82,8 @@ def kernel_compiles() -> int:
     """How many times this process has compiled a kernel whose plan values are traced
     (``price_deployments``, ``price_plans``, and one deployment's ``price``, ``price_many``,
     ``sweep.price_coefficient_sets`` and ``sweep.price_sharded``): one per structure, padding,
-    batch layout and mode, never per deployment."""
+    batch layout and mode (and ``price_deployments``' deployment bucket), never per deployment.
+    It counts traces of those kernels (a caller's jax.jit around them traces them too)."""
     return _COMPILES["count"]
 
 
@@ -471,19 +475,24 @@ class PlanStack:
 
 
 class _Static:
-    """Per-deployment names riding in a PlanStack's tree structure without being part of its
-    identity (as Coefficients' units): a stack of other deployments of one structure and
-    size does not recompile."""
-    __slots__ = ("slot_names", "names")
+    """Per-deployment names riding in a PlanStack's tree structure: the deployments' names are
+    labels, not part of its identity (as Coefficients' units), so a stack of other deployments
+    of one structure, size and coefficient names does not recompile. The coefficient name each
+    role reads (``slot_names``) is identity: a caller's ``jax.jit`` over a PlanStack bakes the
+    role index in, and two stacks equal by length alone shared one trace, the second priced
+    with the first's coefficient names (a B200 stack read the H200's rows: 8.16 ms for 8.48)."""
+    __slots__ = ("slot_names", "names", "_hash")
 
     def __init__(self, slot_names, names):
         self.slot_names, self.names = slot_names, names
+        self._hash = hash((len(names), slot_names))
 
     def __eq__(self, other):
-        return isinstance(other, _Static) and len(other.names) == len(self.names)
+        return isinstance(other, _Static) and len(other.names) == len(self.names) and \
+            (other.slot_names is self.slot_names or other.slot_names == self.slot_names)
 
     def __hash__(self):
-        return len(self.names)
+        return self._hash
 
 
 def stack_plans(plans) -> PlanStack:
@@ -628,11 +637,14 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
     """Price B batches on D deployments in one call: a StepResult with fields [D, B, ...].
 
     stack: ``stack_plans(plans)`` (one Structure; compiled once per structure, padding, batch
-    layout and mode, whatever the deployments). coefs: one Coefficients shared by every
-    deployment (values [names]; gradients sum over deployments) or one per deployment
-    (values [D, names]: ``stack_coefficients``). batches: [B, rows] (``Batch.stack``), priced
-    on every deployment, or [D, B, rows], each deployment its own. temperature: None for exact
-    mode (equal to ``price_many`` of each deployment alone, bit for bit: see the module
+    layout and mode, whatever the deployments, and per ``deployment_bucket(D)``: the deployment
+    axis is padded to the next power of two with copies of the last, cut off the result).
+    coefs: one Coefficients shared by every deployment (values [names]; gradients sum over
+    deployments) or one per deployment (values [D, names]: ``stack_coefficients`` here, public
+    as ``jaxprice.stack_deployment_coefficients``; ``jaxprice.stack_coefficients`` needs one
+    list of names). batches: [B, rows] (``Batch.stack``), priced on every deployment, or
+    [D, B, rows], each deployment its own. temperature: None for exact mode (equal to
+    ``price_many`` of each deployment alone, bit for bit on one device: see the module
     docstring), a float >= 0 for smooth mode. Differentiable in the coefficients (``jax.grad`` of a function of the
     result) and in float64 token counts; the stack's values are a traced leaf too.
     fast_compile: compile with XLA's cheapest settings (FAST_COMPILE), for a few batches where
@@ -654,6 +666,11 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
                value=type(coefs).__name__)
     values = _put(coefs.values)
     D = len(stack)
+    if tuple(np.shape(stack.values)) != (D, stack.structure.size):
+        # a stack sliced by jax.tree_util.tree_map keeps its names: its rows and names disagree
+        refuse(f"holds values of shape {tuple(np.shape(stack.values))} for {D} deployments of "
+               f"{stack.structure.size} values each (a PlanStack sliced by jax.tree_util.tree_map keeps its "
+               "names: stack_plans of the plans wanted instead)", field="stack.values")
     if values.ndim == 2:
         if values.shape[0] != D:
             refuse(f"has {values.shape[0]} coefficient sets for {D} deployments", field="coefs.values",
@@ -672,20 +689,52 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
     if not isinstance(coefs.values, jax.core.Tracer):
         _check_stack_values(stack, coefs, index, per_dep_coefs)
     smooth, tau = temperature_arg(temperature)
+    # a NumPy stack (stack_plans') is priced with its deployment axis padded to deployment_bucket(D)
+    # by copies of its last deployment, cut off the result: a fleet tool adding deployments one at
+    # a time compiled once per count (2-4 s each on two cores); now once per bucket. A stack whose
+    # values are already on devices (sharded, or traced by a caller's jit) keeps its D.
+    n = deployment_bucket(D) if isinstance(stack.values, np.ndarray) else D
     dev = stack.__dict__.get("_device")
     if dev is None or not isinstance(stack.values, np.ndarray):
         with jax.ensure_compile_time_eval():     # cached: concrete even under a caller's jax.jit
-            dev = _put(stack.values)
+            dev = _put(_pad_rows(stack.values, n))
         if isinstance(stack.values, np.ndarray):
             stack.__dict__["_device"] = dev
     didx = stack.__dict__.setdefault("_device_index", {})
     if coefs.names not in didx:
         with jax.ensure_compile_time_eval():
-            didx[coefs.names] = _put(index)
+            didx[coefs.names] = _put(_pad_rows(index, n))
+    if n != D:
+        if per_dep_coefs:
+            values = _pad_rows(coefs.values if isinstance(coefs.values, jax.core.Tracer) else
+                               np.asarray(coefs.values), n)
+        if per_dep_batches:
+            batches = _unchecked_batch(*(_pad_rows(x if isinstance(x, jax.core.Tracer) else np.asarray(x), n)
+                                         for x in jax.tree_util.tree_leaves(batches)), checked=True)
     values = _pad_names(values)
     fn = _price_stack_fast if fast_compile else _price_stack_jit
-    return fn(stack.structure, dev, didx[coefs.names], values, batches, tau, smooth, breakdown,
-              per_dep_coefs, per_dep_batches, _shards(dev, D))
+    out = fn(stack.structure, dev, didx[coefs.names], _put(values), batches, tau, smooth, breakdown,
+             per_dep_coefs, per_dep_batches, _shards(dev, n))
+    return out if n == D else jax.tree_util.tree_map(lambda x: x[:D], out)
+
+
+def deployment_bucket(d: int) -> int:
+    """The deployment count a NumPy stack of ``d`` is priced at: the next power of two up to 64,
+    then the next multiple of 64 (one compile per bucket; the padding costs at most 2x the map)."""
+    if d <= 1:
+        return d
+    return 1 << (d - 1).bit_length() if d <= 64 else -(-d // 64) * 64
+
+
+def _pad_rows(x, n):
+    """``x`` [D, ...] with copies of its last row up to n rows (NumPy stays NumPy, traced jnp)."""
+    d = x.shape[0]
+    if n == d:
+        return x
+    if isinstance(x, jax.core.Tracer):
+        return jnp.concatenate([x, jnp.repeat(x[-1:], n - d, axis=0)])
+    x = np.asarray(x)
+    return np.concatenate([x, np.repeat(x[-1:], n - d, axis=0)])
 
 
 def _check_stack_values(stack, coefs, index, per_dep_coefs):

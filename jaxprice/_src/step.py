@@ -42,7 +42,16 @@ class StepResult(NamedTuple):
     layers: dict | None = None       # per layer kind (x count): sm, hbm, nvlink, nic, experts, stage
 
     def as_dict(self) -> dict:
+        """Seconds by resource, overlap, no_overlap and the bottleneck's name: floats and a str for
+        one batch (``price``); NumPy arrays of the leading shape for many (``price_many`` [B],
+        ``price_deployments`` [D, B]; bottleneck an array of names), where float() of an array
+        raised a TypeError."""
         res = np.asarray(self.resources)
+        if res.ndim > 1:
+            out = {r: res[..., i] for i, r in enumerate(RESOURCES)}
+            out.update(overlap=np.asarray(self.overlap), no_overlap=np.asarray(self.no_overlap),
+                       bottleneck=np.asarray(RESOURCES)[np.asarray(self.bottleneck)])
+            return out
         out = {r: float(res[..., i]) for i, r in enumerate(RESOURCES)}
         out.update(overlap=float(self.overlap), no_overlap=float(self.no_overlap),
                    bottleneck=RESOURCES[int(self.bottleneck)])
@@ -660,14 +669,15 @@ def check_flags(**flags):
             refuse("must be True or False", field=name, value=v, has_value=True)
 
 
-def check_pricing_args(plan, coefs, batch, *, rank, field="batch"):
+def check_pricing_args(plan, coefs, batch, *, rank, field="batch", sets=False):
     """Refuse, in one line and before jit, what the pricing entry points cannot price: a plan
     that is not a Plan (a Deployment: its ``.plan``), coefficients that are not Coefficients,
     a batch that is not a Batch of ``rank`` (1: one batch [rows]; 2: stacked [batches, rows])
     with fields of matching shapes and dtypes. Shapes and dtypes are static, so tracers are
     checked too; batch values where Batch() or a builder did not check them (one rebuilt by
     jax.tree_util.tree_map: ``check_batch_shape``, once, on concrete values), coefficient values
-    once per vector and plan (a few isinstance, shape and dtype reads: a microsecond or so)."""
+    once per vector and plan (a few isinstance, shape and dtype reads: a microsecond or so).
+    ``sets``: the coefficients may be stacked sets [sets, names] (price_coefficient_sets)."""
     if not isinstance(plan, Plan):
         hint = "; give deployment.plan" if isinstance(getattr(plan, "plan", None), Plan) else ""
         refuse(f"needs a Plan (load_deployment(...).plan){hint}", field="plan", value=type(plan).__name__)
@@ -676,6 +686,12 @@ def check_pricing_args(plan, coefs, batch, *, rank, field="batch"):
             else ""
         refuse(f"needs a Coefficients (load_deployment(...).coefficients){hint}", field="coefs",
                value=type(coefs).__name__)
+    shape = getattr(coefs.values, "shape", None)
+    if not sets and shape is not None and len(shape) > 1:
+        # stacked sets [sets, names] (stack_coefficients) died in a broadcasting error inside the kernel
+        refuse(f"stacks {shape[0]} coefficient sets: this prices ONE set (values [names]); for several, "
+               "price_coefficient_sets, or jax.vmap over the stacked Coefficients", field="coefs.values",
+               value=tuple(shape), has_value=True)
     check_coefficient_values(coefs, plan)
     check_batch_shape(batch, rank=rank, field=field)
 
@@ -870,7 +886,10 @@ def _price_many_jit(plan, coefs, batches, tau, smooth):
 def price_many(plan: Plan, coefs: Coefficients, batches: Batch, *, temperature=None, fold=False) -> StepResult:
     """Price a stack of batches of one padding (leading axis) in one vmapped call, compiled
     once per plan structure (as ``price``; ``fold``: once per plan, its values constants).
-    ``stack.price_deployments`` prices many deployments in one call, each as here (bit for bit)."""
+    ``stack.price_deployments`` prices many deployments in one call, each as here (bit for bit).
+    Each batch's price equals ``jax.vmap(price)``'s bit for bit, and a Python loop of ``price()``
+    to an ulp (the vmapped kernel may contract a sum differently: 2 of 200 random DeepSeek-V3
+    batches 1 ulp apart)."""
     check_pricing_args(plan, coefs, batches, rank=2, field="batches")
     check_flags(fold=fold)
     smooth, tau = temperature_arg(temperature)

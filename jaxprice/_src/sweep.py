@@ -61,7 +61,9 @@ def stack_coefficients(sets) -> Coefficients:
     first = sets[0]
     for i, c in enumerate(sets):
         if c.names != first.names:
-            refuse("coefficient sets must share one list of names", field=f"sets[{i}]")
+            refuse("coefficient sets must share one list of names (sets of deployments on other chips or "
+                   "engines carry other names: stack_deployment_coefficients stacks the union of their names "
+                   "for price_deployments)", field=f"sets[{i}]")
     return Coefficients(jnp.stack([jnp.asarray(c.values) for c in sets]), first.names, first.units, first.cites)
 
 
@@ -71,7 +73,7 @@ def price_coefficient_sets(plan: Plan, coef_sets: Coefficients, batch: Batch, *,
     coef_sets: Coefficients with values [sets, names] (see ``stack_coefficients``).
     Returns a StepResult whose fields have a leading [sets] axis.
     """
-    check_pricing_args(plan, coef_sets, batch, rank=1)
+    check_pricing_args(plan, coef_sets, batch, rank=1, sets=True)
     values = jnp.asarray(coef_sets.values)
     if values.ndim != 2 or values.shape[1] != len(coef_sets.names):
         refuse(f"needs values of shape [sets, {len(coef_sets.names)}], got {tuple(values.shape)}",
@@ -143,7 +145,9 @@ def price_sharded(plan: Plan, coefs: Coefficients, batches: Batch, mesh: Mesh | 
     mesh: a 1-D ``jax.sharding.Mesh`` (default ``batch_mesh()``: all devices). The batch
     count is padded with empty batches to a multiple of the device count, each device
     prices its slice, and the padding is trimmed off. Coefficients are replicated.
-    Equal to ``price_many`` on one device; see the module docstring for multi-host use.
+    Equal to ``price_many`` on one device (over several, to an ulp: the partitioned program may
+    round differently); differentiable in the coefficients and the temperature, as price_many.
+    See the module docstring for multi-host use.
     """
     check_pricing_args(plan, coefs, batches, rank=2, field="batches")
     mesh = batch_mesh() if mesh is None else mesh
@@ -156,8 +160,11 @@ def price_sharded(plan: Plan, coefs: Coefficients, batches: Batch, mesh: Mesh | 
     replicated = NamedSharding(mesh, PartitionSpec())
     structure, plan_values, index = _traced_args(plan, coefs)
     plan_values, index = (_global(np.asarray(x), replicated) for x in (plan_values, index))
-    coef_values = _global(np.asarray(coefs.values), replicated)
-    tau = None if tau is None else _global(np.asarray(tau), replicated)
+    # traced coefficients or temperature (jax.grad, a caller's jit) pass as they are: jit lays them
+    # out; np.asarray of one died in a TracerArrayConversionError, though price_many differentiates
+    coef_values = coefs.values if isinstance(coefs.values, jax.core.Tracer) else \
+        _global(np.asarray(coefs.values), replicated)
+    tau = tau if tau is None or isinstance(tau, jax.core.Tracer) else _global(np.asarray(tau), replicated)
     out = _sharded_pricer(mesh)(structure, plan_values, index, coef_values, sharded, tau, smooth)
     if out.overlap.shape[0] == n:
         return out
