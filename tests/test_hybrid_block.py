@@ -49,8 +49,9 @@ def test_plans_carry_the_block():
     # over 1 KV head x 256 x 2 x 1 B = 512 B a token -> 16 ceil(524,288 / 8,192) = 1,024
     q = jp.load_deployment(QWEN35)
     assert q.scenario.engine["block_size"] == 16 and q.plan.memory["block_size"] == 1024
-    # a model without recurrent layers keeps its block and has no minimum
-    d = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
+    # a model without recurrent layers keeps its block and has no minimum (a dense attention: an MLA
+    # one runs its backend's block, tests/test_engine_overrides.py)
+    d = jp.load_deployment("llama-3.1-70b-instruct-h200-fp8-vllm-tp8")
     assert (d.plan.memory["block_size"], d.plan.memory["hybrid_block_minimum"]) == (16, 0)
 
 
@@ -63,7 +64,7 @@ def test_the_simulation_allocates_in_it_and_refuses_less():
     assert serve.engine_settings(q, {"block_size": 2048}, max_len=2048)[0]["block_size"] == 2048
     with pytest.raises(jp.JaxpriceError, match="below the 1024 tokens vLLM runs"):
         serve.engine_settings(q, {"block_size": 16}, max_len=2048)
-    d = jp.load_deployment("deepseek-v3-h200-fp8-sglang-tp8")
+    d = jp.load_deployment("llama-3.1-70b-instruct-h200-fp8-vllm-tp8")
     out, src = serve.engine_settings(d, max_len=2048)
     assert out["block_size"] == 16 and src["block_size"][1].endswith("engine.block_size")
 

@@ -949,7 +949,8 @@ VLLM_CUDAGRAPH_SOURCE = ("vLLM's default cudagraph_mode on v1 with piecewise com
                          "alike); not set by the recipe")
 DSA_BLOCK_SIZE = 64          # sparse MLA (DSA) runs on 64-token blocks (the bundled glm-5 scenarios say so)
 BLOCK_SIZE_SOURCE = {
-    VLLM_DEFAULT_BLOCK_SIZE: "vLLM's CUDA default (not set by the recipe; serving-reference §1.6, §7.3 open)",
+    VLLM_DEFAULT_BLOCK_SIZE: "vLLM's CUDA default (not set by the recipe; serving-reference §1.6, §7.3 open; a "
+                             "latent (MLA) attention runs its backend's own block: resolve.vllm_mla_block)",
     DSA_BLOCK_SIZE: "64: sparse MLA (DSA) needs 64-token blocks (not set by the recipe; the bundled glm-5 "
                     "scenarios' own comment)"}
 RANGE_RATIO = 0.8
@@ -1594,6 +1595,8 @@ def recipe_deployment(dep: Deployment, a: dict, *, registry=None, extra_coeffici
     eng = dict(dep.scenario.engine)
     eng.update(cache_dtype=a["cache_dtype"][0], gpu_memory_utilization=a["gpu_memory_utilization"][0],
                block_size=a["block_size"][0])
+    if a["block_size"][1] in BLOCK_SIZE_SOURCE.values():   # none stated: the engine's own (resolve.vllm_mla_block)
+        del eng["block_size"]
     if "cudagraph_mode" in a:
         eng["cudagraph_mode"] = a["cudagraph_mode"][0]
     if a["scheduler"][0] != "vllm":                # as scenario_from_columns: the engine scope of fitted sets
@@ -1773,9 +1776,11 @@ def _point_assumptions(p: Point, run: SimulatedRun) -> dict:
     if ran is not None and ran[0] != run.kv:        # sliding-window layers: serve.windowed_kv_capacity
         a["kv_capacity_tokens"] = (ran[0], a["kv_capacity_tokens"][1] + f"; {ran[1]}")
     if run.engine["block_size"] != a["block_size"][0]:
-        a["block_size"] = (run.engine["block_size"], f"raised from {a['block_size'][0]} ({a['block_size'][1]}): vLLM's "
-                           "attention block for a model with recurrent layers holds one layer's state "
-                           "(resolve.hybrid_block_size)")
+        from .resolve import block_note
+        why = ("vLLM's attention block for a model with recurrent layers holds one layer's state "
+               "(resolve.hybrid_block_size)" if run.dep.plan.memory.get("hybrid_block_minimum", 0) else
+               f"{block_note(run.dep)} (resolve.vllm_mla_block)")
+        a["block_size"] = (run.engine["block_size"], f"raised from {a['block_size'][0]} ({a['block_size'][1]}): {why}")
     if run.engine["max_num_seqs"] != a["max_num_seqs"][0]:
         a["max_num_seqs"] = (a["max_num_seqs"][0], a["max_num_seqs"][1] + f" (run with "
                              f"{run.engine['max_num_seqs']}, the sweep's largest C: the same run, as the "

@@ -437,6 +437,14 @@ def _setting_text(key, results) -> str:
     return f"{key} {'/'.join(map(str, vals))} (by load)"
 
 
+def _block_why(results) -> str:
+    """' (why)' where vLLM runs another block than the one stated (its MLA backend's own,
+    resolve.vllm_mla_block, or a hybrid model's attention block) or would run an engine= block
+    on another backend than the one priced; '' otherwise."""
+    src = str(results[0].assumptions["block_size"][1])
+    return f" ({src})" if "vLLM" in src else ""
+
+
 def _lowered_note(dep, opts, results) -> str:
     """Where a hybrid model's runs lowered max_num_seqs below its setting (serve._kv_blocks: the
     KV pool keeps the recurrent state of only the requests that fit at the run's lengths), the
@@ -454,7 +462,8 @@ def _lowered_note(dep, opts, results) -> str:
 def _text_report(dep, args, opts, label, loads, results) -> str:
     """The deployment, the engine settings the runs used, the workload and the table."""
     a = results[0].assumptions
-    engine = ", ".join(_setting_text(k, results) + (_lowered_note(dep, opts, results) if k == "max_num_seqs" else "")
+    engine = ", ".join(_setting_text(k, results) + (_lowered_note(dep, opts, results) if k == "max_num_seqs" else
+                                                     _block_why(results) if k == "block_size" else "")
                        for k in ("scheduler", "max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks",
                                  "max_model_len", "reserve_full_isl", "async_scheduling") if k in a)
     if label == "trace":

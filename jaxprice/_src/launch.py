@@ -135,7 +135,10 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
     parts += _format_flags(e, graph)
     parts += [f"--max-num-seqs {e['max_num_seqs']}", f"--max-num-batched-tokens {e['max_num_batched_tokens']}",
               f"--max-model-len {e['max_model_len']}"]
-    parts += [] if hybrid_block else [f"--block-size {e['block_size']}"]
+    # a block vLLM's MLA backend picks itself (resolve.vllm_mla_block): a stated one its kernels
+    # cannot page would move vLLM to a fallback backend, not the one priced
+    mla_block = mla_block_of(deployment)
+    parts += [] if hybrid_block or mla_block else [f"--block-size {e['block_size']}"]
     # CompilationConfig (vllm/config/compilation.py@ee525ce): cudagraph_mode parsed from its name;
     # max_cudagraph_capture_size, the largest captured batch in tokens, pinned to the plan's ceiling
     # (vLLM's default min(2 x max_num_seqs x (1 + k), 512), vllm/config/vllm.py@09f030e
@@ -158,6 +161,9 @@ def vllm_command(scen: Scenario, layout: Layout, graph: ModelGraph | None, *, re
     if hybrid_block:
         notes.append(f"no --block-size: vLLM raises a hybrid model's attention block to hold one recurrent state "
                      f"({hybrid_block} tokens here, as priced)")
+    elif mla_block:
+        notes.append(f"no --block-size: vLLM's {deployment.plan.memory['vllm_block_rule'][0]} backend picks its "
+                     f"own block ({mla_block} tokens, as priced)")
     if scen.nodes > 1:
         flags, _, where = _multi_node_launch(scen, layout).partition(COMMENT)
         parts.append(flags.strip())
@@ -301,6 +307,15 @@ def hybrid_block_of(dep) -> int:
     block, resolve.hybrid_block_size), 0 where none was raised or needed."""
     mem = dep.plan.memory
     return int(mem["block_size"]) if mem.get("hybrid_block_minimum", 0) else 0
+
+
+def mla_block_of(dep) -> int:
+    """The block vLLM's MLA backend picks itself for a deployment's plan where it is not the
+    scenario's (none stated, or one its kernels cannot page: resolve.vllm_mla_block), else 0."""
+    if dep is None or not dep.plan.memory.get("vllm_block_rule"):
+        return 0
+    block, stated = int(dep.plan.memory["block_size"]), (dep.scenario.engine or {}).get("block_size")
+    return block if stated is None or int(stated) != block else 0
 
 
 def _multi_node_launch(scen: Scenario, layout: Layout) -> str:

@@ -380,6 +380,10 @@ class KvLayout(NamedTuple):
     dsa: bool              # sparse MLA over a 576-wide latent (DeepSeek sparse attention)
     block: int             # tokens per cache block
     layout: str            # the cache dtype, or the DS-MLA cell layout sparse MLA stores it in
+    # vLLM's MLA block rule (vllm_mla_block): (backend, kernel block sizes, its own block) and why
+    # the block is not the scenario's; () and "" where no rule applies (another engine, no MLA, DSA)
+    block_rule: tuple = ()
+    block_note: str = ""
 
 
 class GemmRow(NamedTuple):
@@ -792,7 +796,13 @@ def _kv_layout(scenario: Scenario, docs: Documents, stack: LayerStack, cache: st
     if cache.startswith("nvfp4") and not cache.endswith("_ds_mla") and latent_model:
         refuse("vLLM would not start: a plain nvfp4 cache does not serve latent (MLA) attention",
                file=file, field=scenario.pool_field + ".engine.cache_dtype", value=cache)
-    block = int(eng.get("block_size", 64 if dsa else 16))
+    stated = eng.get("block_size")
+    block = int(stated if stated is not None else (64 if dsa else 16))
+    rule, note = (), ""
+    dense_mla = [n for n in nodes if n.get("role", "") == "" and n["kind"] == "mla"]
+    if dense_mla and not dsa and serving_engine(scenario) == "vllm":
+        block, rule, note = vllm_mla_block(None if stated is None else int(stated), vllm_compute_major(chip), cache,
+                                           dense_mla[0].get("qk_nope_head_dim"))
     layout = cache
     if dsa:
         if block % 64:
@@ -805,7 +815,95 @@ def _kv_layout(scenario: Scenario, docs: Documents, stack: LayerStack, cache: st
             layout = "fp8_ds_mla"
         elif cache.startswith("nvfp4"):
             layout = "nvfp4_ds_mla"
-    return KvLayout(latent_model, dsa, block, layout)
+    return KvLayout(latent_model, dsa, block, layout, rule, note)
+
+
+# vLLM's KV block for latent (MLA) attention. vLLM >= 0.17 (PR #35122, "[Attention] Refactor
+# check_and_update_config": the block is chosen by the attention backend) picks the MLA backend
+# first, by priority and validity (kernel's compute capability, KV cache dtype, qk_nope_head_dim),
+# without a --block-size; then its block: 16 where the backend's kernels run it, else the
+# smallest size they page in (AttentionBackend.get_preferred_block_size). A stated --block-size
+# selects instead the first backend whose kernels page a divisor of it (a warning suggests dropping
+# the flag): Kimi-K2.5 on B200 at --block-size 16 moves off FLASHINFER_MLA to TRITON_MLA. Sources
+# (vllm-project/vllm): vllm/platforms/cuda.py _get_backend_priorities and get_attn_backend_cls as
+# of v0.27.1 (L82-L163, L396-L492, quoted in the stored text id 66265259439); vllm/v1/attention/
+# backend.py get_preferred_block_size / supports_block_size (L194-L203, stored text id 66135940664);
+# the kernels' block sizes: mla/flashinfer_mla.py@002d68ef00d4b4ac34ec2394d430f3727c516a7d [32, 64],
+# qk_nope_head_dim in (64, 128, 192), major 10; mla/flashmla.py@e75aca0ca6dbf9a62a53954c0beb09bf2b670468
+# [64], majors 9 and 10; mla/cutlass_mla.py@008c4fe44e295f28335b5f3efd4147cc973392ff [128];
+# mla/flashattn_mla.py@00b9b7ad3a37ff624e5816d1b7ae713ecb0a705f MultipleOf(16), major 9, no FP8 cache;
+# mla/triton_mla.py (stored text id 54663462215) MultipleOf(16). Measured: InferenceX's Kimi-K2.5
+# runs on B200/B300 under vLLM 0.22 (no --block-size) logged KV capacities that are all multiples of
+# 32 and not of 64 (testdata/measured/inferencex_engine_logs.csv): FLASHINFER_MLA's 32.
+# KNOWN DIVERGENCE [mla-block-version]: vLLM 0.16 and earlier forced the block in
+# CudaPlatformBase.check_and_update_config whatever --block-size said (vllm/platforms/cuda.py@
+# 002db4951e0c4b326a559eb44b05698afd3e534a: FlashMLA 64 off Blackwell, FlashInfer MLA 64 (32 kept)
+# and CUTLASS MLA 128 on Blackwell, sparse MLA exactly 64; logged at info level, no warning; before
+# FlashInfer MLA was Blackwell's default, @1c0d9ecf5bad600df3e001bf642dd48c5ed25cc6, CUTLASS MLA
+# 128); jaxprice prices the engine of the scenarios' version (0.29.0). A stated block the default
+# backend cannot page is priced at the default backend's own block (the kernel rates priced are
+# the default backend's, not the fallback's), said in the plan's provenance, and the launch line
+# leaves --block-size to vLLM. Sparse MLA (DSA) keeps its own rule (_kv_layout: 64, multiples of it).
+VLLM_MLA_BACKENDS = {   # name: (kernel block sizes (a block is a multiple of one), compute majors or (), KV dtypes,
+    #                        qk_nope_head_dims or ())
+    "FLASHINFER_MLA": ((32, 64), (10,), ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3"), (64, 128, 192)),
+    "CUTLASS_MLA": ((128,), (10,), ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3"), ()),
+    "FLASH_ATTN_MLA": ((16,), (9,), ("auto", "float16", "bfloat16"), ()),
+    "FLASHMLA": ((64,), (9, 10), ("auto", "bfloat16", "fp8", "fp8_e4m3"), ()),
+    "TRITON_MLA": ((16,), (), ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3"), ())}
+# cuda.py's dense-MLA priorities by compute major (TOKENSPEED_MLA, after FLASHINFER_MLA on Blackwell,
+# takes only R1's dims with an FP8 cache, where FLASHINFER_MLA is valid first; left out)
+VLLM_MLA_PRIORITY = {10: ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASHMLA", "TRITON_MLA"),
+                     9: ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
+                     0: ("TRITON_MLA",)}
+
+
+def vllm_compute_major(chip) -> int:
+    """The CUDA compute capability major a part reads as in vLLM's backend tables: 10 for the
+    data-center Blackwells (native FP4: B200, B300, GB200, GB300), 0 before Hopper, else 9."""
+    if (chip.nvfp4_tflops or 0) > 0:
+        return 10
+    return 0 if any(p in chip.name for p in PRE_HOPPER) else 9
+
+
+def _vllm_mla_backends(major: int, cache: str, qk_nope) -> list:
+    order = VLLM_MLA_PRIORITY.get(major, VLLM_MLA_PRIORITY[0])
+    out = []
+    for name in order:
+        sizes, majors, dtypes, nopes = VLLM_MLA_BACKENDS[name]
+        if (not majors or major in majors) and cache in dtypes and (not nopes or qk_nope in nopes):
+            out.append(name)
+    return out
+
+
+def vllm_mla_block(stated: int | None, major: int, cache: str, qk_nope=None) -> tuple[int, tuple, str]:
+    """(block size, rule, note) vLLM runs a latent (MLA) attention at: the default backend's
+    own block (16 where its kernels page 16, else the smallest they page) where none is stated
+    or where the stated one is not a multiple of a size they page; the stated one otherwise.
+    ``rule``: (backend, its kernel block sizes, its own block), () where no backend in the table
+    takes the cache dtype (the stated block, or 16, kept); ``note``: why the block is not the
+    stated one ("" where it is, or where none was stated and it is 16)."""
+    valid = _vllm_mla_backends(major, cache, qk_nope)
+    if not valid:
+        return (16 if stated is None else stated), (), ""
+    name = valid[0]
+    sizes = VLLM_MLA_BACKENDS[name][0]
+    own = 16 if any(16 % s == 0 for s in sizes) else min(sizes)
+    rule = (name, sizes, own)
+    pages = " or ".join(map(str, sizes)) + " tokens" if len(sizes) > 1 or sizes[0] != 16 else "multiples of 16 tokens"
+    if stated is None:
+        return own, rule, ("" if own == 16 else f"vLLM's {name} backend pages {pages}; none stated")
+    if any(stated % s == 0 for s in sizes):
+        return stated, rule, ""
+    fallback = next((b for b in valid[1:] if any(stated % s == 0 for s in VLLM_MLA_BACKENDS[b][0])), "none")
+    return own, rule, (f"vLLM's {name} backend pages {pages}; scenario said {stated} (vLLM would move to "
+                       f"{fallback} for it, which is not priced; 0.16 and earlier forced its own block)")
+
+
+def block_note(dep) -> str:
+    """Why a deployment's plan runs another block size than its scenario's (vLLM's MLA backend,
+    vllm_mla_block; a hybrid model's attention block, hybrid_block_size), "" where it does not."""
+    return next((n for k, n in dep.plan.provenance if k == "block_size"), "")
 
 
 # ----------------------------------------------------------------------------- stages: the graph walk
@@ -1483,6 +1581,9 @@ def resolve(scenario: Scenario, registry: Registry | None = None, *, extra_sets=
     memory["recurrent_state_bytes_per_request"] = sum(count * b for count, b in layers)   # 0: none
     memory["block_size"], memory["hybrid_block_minimum"], block_notes = _hybrid_block(
         kv, walk, layers if serving_engine(scenario) == "vllm" else [])
+    # vLLM's MLA block rule (vllm_mla_block): the serving layer applies it to an engine= block too
+    memory["vllm_block_rule"] = kv.block_rule
+    block_notes = block_notes or ((("block_size", kv.block_note),) if kv.block_note else ())
     prefill = _prefill_attention(scope)
     # the BF16 class (prefill attention, scans) must exist before the class tables are taken
     bf16_class = classes.for_format("bf16")

@@ -280,13 +280,18 @@ def _take_limits(s: _Settings, dep, max_len):
 def _take_block_size(s: _Settings, dep):
     """block_size: an engine= override, else the plan's (the scenario's or vLLM's default, and
     for a model with recurrent layers at least vLLM's hybrid attention block,
-    resolve.hybrid_block_size, which an override may not go below: vLLM would raise it)."""
+    resolve.hybrid_block_size, which an override may not go below: vLLM would raise it). Under
+    vLLM a latent (MLA) attention runs its backend's block (resolve.vllm_mla_block); an override
+    its kernels cannot page runs as given (a what-if), its source saying so."""
+    from .resolve import block_note
     plan_block = int(dep.plan.memory.get("block_size", 16))
     minimum = int(dep.plan.memory.get("hybrid_block_minimum", 0) or 0)
     stated = s.scenario.get("block_size")
     if minimum and plan_block == minimum and (stated is None or stated < minimum):
         src = ("vLLM's attention block for this model's recurrent state (resolve.hybrid_block_size"
                + (f"; raised from the {stated} stated)" if stated is not None else ")"))
+    elif dep.plan.memory.get("vllm_block_rule") and block_note(dep):   # vLLM's MLA backend's own block
+        src = block_note(dep)
     elif stated is not None:
         src = f"{s.path}: engine.block_size"
     else:
@@ -294,6 +299,15 @@ def _take_block_size(s: _Settings, dep):
     # the plan's value holds the scenario's (raised where needed): no scenario key is read here
     s.take("block_size", plan_block, src, scen_key="<plan.memory block_size>")
     s.integer("block_size", 1)
+    rule = dep.plan.memory.get("vllm_block_rule") or ()
+    if rule and s.out["scheduler"] == "vllm" and s.src["block_size"] == "engine= override":
+        # an engine= block the MLA backend cannot page runs as given (vLLM >= 0.17 keeps a stated
+        # --block-size), but on a fallback backend the plan does not price: said
+        backend, sizes, own = rule
+        if not any(s.out["block_size"] % b == 0 for b in sizes):
+            s.src["block_size"] = (f"engine= override; vLLM's {backend} backend, the one priced, pages "
+                                   f"{' or '.join(map(str, sizes))} tokens (its own block {own}): vLLM would run this "
+                                   "block on a fallback backend")
     if minimum and s.out["block_size"] < minimum:
         s.refuse(f"below the {minimum} tokens vLLM runs {dep.graph.name}'s attention blocks at (it raises a smaller "
                  "block_size so that one block holds one recurrent layer's state)", "block_size")
