@@ -78,3 +78,22 @@ def test_the_block_is_said_where_the_engine_settings_are_printed(kimi, tight):
     flags = line.partition(launch.COMMENT)[0]
     assert "--block-size" not in flags
     assert "no --block-size: vLLM's FLASHINFER_MLA backend picks its own block (32 tokens, as priced)" in line
+
+
+def test_a_hybrid_mla_models_block_is_a_block_its_backend_pages():
+    """Kimi-K3 (MLA beside recurrent KDA layers) on B200: vLLM aligns the raised attention block to
+    the backend's own (vllm/platforms/interface.py _align_hybrid_block_size: the grain is the larger
+    of the backend's smallest kernel block and the block, FLASHINFER_MLA's 32), so the 0.75 MiB
+    state over its MLA page a token (672 < state/page <= 688) takes 32 x 22 = 704 tokens; the
+    16-token grain gave 688, a block FLASHINFER_MLA cannot page. On H200 (FLASH_ATTN_MLA, 16) 688."""
+    import argparse
+    from jaxprice._src import cli_price
+    base = dict(tp="8", dp=None, ep=None, weights=None, gpus_per_node=None, fabric=None,
+                gpu_memory_utilization=None, kv_cache_dtype=None, cudagraph_mode=None)
+    got = {}
+    for chip in ("b200", "h200"):
+        d = cli_price.load_scenario_deployment("testdata/hf/moonshotai--Kimi-K3", None,
+                                               argparse.Namespace(chip=chip, **base))
+        m = d.plan.memory
+        got[chip] = (m["block_size"], m["hybrid_block_minimum"], m["vllm_block_rule"][0])
+    assert got == {"b200": (704, 704, "FLASHINFER_MLA"), "h200": (688, 688, "FLASH_ATTN_MLA")}

@@ -1370,7 +1370,8 @@ def _recurrent_layer_bytes(graph: ModelGraph, stack: LayerStack, mamba_cache: st
 HYBRID_BLOCK_ALIGN = 16     # vLLM's attention block alignment for hybrid models (see hybrid_block_size)
 
 
-def hybrid_block_size(block: int, state_page: float, attention_token_page: float) -> int:
+def hybrid_block_size(block: int, state_page: float, attention_token_page: float, *,
+                      align: int = HYBRID_BLOCK_ALIGN) -> int:
     """The attention block size vLLM runs a model with recurrent layers at  [tokens].
 
     vLLM pages a recurrent layer's state and an attention layer's KV blocks out of one pool, so
@@ -1378,10 +1379,11 @@ def hybrid_block_size(block: int, state_page: float, attention_token_page: float
     need = 16 ceil(state_page / (16 attention_token_page)), and a block_size below it (or none
     stated) is raised to it (vllm/model_executor/models/config.py,
     HybridAttentionMambaModelConfig.verify_and_update_config); a request's attention KV then
-    takes whole blocks of that many tokens. ``block`` where there is no recurrent state."""
+    takes whole blocks of that many tokens. ``block`` where there is no recurrent state.
+    ``align``: the grain in place of 16 (_hybrid_block: an MLA backend's own block)."""
     if state_page <= 0.0 or attention_token_page <= 0.0:
         return int(block)
-    need = HYBRID_BLOCK_ALIGN * math.ceil(state_page / (HYBRID_BLOCK_ALIGN * attention_token_page))
+    need = align * math.ceil(state_page / (align * attention_token_page))
     return max(int(block), int(need))
 
 
@@ -1394,7 +1396,12 @@ def _hybrid_block(kv: KvLayout, walk: Walk, layers: list) -> tuple[int, int, tup
     deployment of another engine (``serving_engine``) passes no layers and keeps its block."""
     pages = [r.bytes_per_token for r in walk.attentions if not r.secondary and not walk.kinds[r.kind].drafter]
     state = max((b for _c, b in layers), default=0.0)
-    minimum = hybrid_block_size(1, state, pages[0] if pages else 0.0) if state > 0 else 0
+    # under vLLM's MLA block rule (kv.block_rule) the grain is the backend's block: vLLM >= 0.17 aligns
+    # to max(the backend's smallest kernel block, the block) (vllm/platforms/interface.py
+    # _align_hybrid_block_size; before, 64 or 128 for MLA), so a raised block stays one its kernels
+    # page (Kimi-K3 on B200: 704, not 688, which FLASHINFER_MLA's 32 and 64 do not divide)
+    grain = max(HYBRID_BLOCK_ALIGN, kv.block) if kv.block_rule else HYBRID_BLOCK_ALIGN
+    minimum = hybrid_block_size(1, state, pages[0] if pages else 0.0, align=grain) if state > 0 else 0
     block = max(kv.block, minimum)
     if block == kv.block:
         return block, minimum, ()

@@ -638,7 +638,8 @@ def price_deployments(stack: PlanStack, coefs: Coefficients, batches, *, tempera
 
     stack: ``stack_plans(plans)`` (one Structure; compiled once per structure, padding, batch
     layout and mode, whatever the deployments, and per ``deployment_bucket(D)``: the deployment
-    axis is padded to the next power of two with copies of the last, cut off the result).
+    axis is padded to the next power of two, past 64 the next multiple of 64, with copies of the
+    last, cut off the result).
     coefs: one Coefficients shared by every deployment (values [names]; gradients sum over
     deployments) or one per deployment (values [D, names]: ``stack_coefficients`` here, public
     as ``jaxprice.stack_deployment_coefficients``; ``jaxprice.stack_coefficients`` needs one
