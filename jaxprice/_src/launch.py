@@ -298,7 +298,8 @@ def static_fraction_of(dep) -> float | None:
         return None
     mem, hbm = dep.plan.memory, float(dep.chip.memory_gib) * 2 ** 30
     beside = sum(float(mem.get(k, 0.0) or 0.0) for k in ("activation_bytes", "cudagraph_bytes", "comm_buffer_bytes"))
-    util = float(dep.scenario.engine.get("gpu_memory_utilization", 0.9))
+    from .resolve import DEFAULT_GPU_MEMORY_UTILIZATION
+    util = float(dep.scenario.engine.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
     return math.floor((util - beside / hbm) * 1000 + 1e-9) / 1000
 
 
