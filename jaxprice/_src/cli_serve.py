@@ -365,18 +365,15 @@ def _simulate_loads(dep, args, opts, label, loads) -> list:
     from .client import OpenLoop
     from .serve import simulate, simulate_sweep
     common = dict(engine=opts["engine"], estimate=args.estimate, acceptance=opts["acceptance"], slo=opts.get("slo"))
-    if label == "trace":
-        with Progress(1, "serve", enabled=not args.json) as bar:
-            results = [simulate(dep, None, loads[0], **common)]
-            bar.update(1)
-        return results
+    if label == "trace":      # progress in requests finished, after each scheduler call of a long run
+        with Progress(len(loads[0].arrival_s), "serve", enabled=not args.json) as bar:
+            return [simulate(dep, None, loads[0], callback=lambda d, t, **i: bar.update(d, t, **i), **common)]
     if label == "rate":
-        results = []
-        with Progress(len(loads), "serve", enabled=not args.json) as bar:
+        results, n = [], opts["num_prompts"] or 200
+        with Progress(n * len(loads), "serve", enabled=not args.json) as bar:
             for i, r in enumerate(loads):
-                results.append(simulate(dep, opts["workload"], OpenLoop(r, opts["num_prompts"] or 200, opts["seed"]),
-                                        **common))
-                bar.update(i + 1, rate=r)
+                results.append(simulate(dep, opts["workload"], OpenLoop(r, n, opts["seed"]), **common,
+                                        callback=lambda d, t, i=i, r=r, **info: bar.update(i * n + d, rate=r, **info)))
         return results
     with Progress(2, "serve", enabled=not args.json) as bar:
         return simulate_sweep(dep, opts["workload"], loads, num_prompts=opts["num_prompts"],

@@ -221,8 +221,10 @@ def init_big(st: Static, lanes_n: int):
             "rec_floor": jnp.zeros((lanes_n, I)), "req": jnp.zeros((lanes_n, len(REQ_ROWS), N), jnp.int64)}
 
 
-def lane_done(st, small, lane):
-    return (small["finished"] >= lane["n"]) | small["stuck"] | (small["it"] + 2 > st.records)
+def lane_done(st, small, lane, base=0):
+    """The lane finished, stalled, or filled its records (``base``: the iteration count its record
+    buffer starts at, when a run resumes in chunks: ``run_open``)."""
+    return (small["finished"] >= lane["n"]) | small["stuck"] | (small["it"] - base + 2 > st.records)
 
 
 def _arrived(small, lane, T):
@@ -584,11 +586,13 @@ def lanes_iteration(st: Static, small, lanes, T, active, T_seen=None):
     return new, jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b], axis=1), out1, out2)
 
 
-def _apply(st, big, out, active):
-    """Write each active lane's two records and request updates into the big arrays."""
+def _apply(st, big, out, active, base=0):
+    """Write each active lane's two records and request updates into the big arrays (record
+    ``it - base``: ``base`` [lanes] the iteration count the buffer starts at)."""
     lanes_n = active.shape[0]
     lane_ix = jnp.arange(lanes_n)[:, None]
-    it = jnp.where(active[:, None], out["it"][:, None] + jnp.arange(2)[None, :], st.records)   # dropped if inactive
+    it = jnp.where(active[:, None], (out["it"] - base)[:, None] + jnp.arange(2)[None, :],
+                   st.records)                                                          # dropped if inactive
     big = dict(big)
     for key, name in (("rec", "row"), ("rec_reads", "reads"), ("rec_pairs", "pairs"), ("rec_slope", "slope"),
                       ("rec_floor", "floor")):
@@ -600,19 +604,33 @@ def _apply(st, big, out, active):
     return big
 
 
-def _loop(st, lanes, T_fn=None, price_fn=None):
-    lanes_n = lanes["n"].shape[0]
+def init_carry(st: Static, lanes_n: int):
+    """The open loop's state before its first step (``run_open``'s ``carry``): per lane its small
+    state and request rows, the clock, the previous step's start, each lane busy."""
     small = jax.vmap(lambda _: init_small(st))(jnp.arange(lanes_n))
-    big = init_big(st, lanes_n)
+    return (small, jnp.zeros((lanes_n, len(REQ_ROWS), st.requests), jnp.int64), jnp.zeros(()), jnp.zeros(()),
+            jnp.zeros(lanes_n, bool))
+
+
+def _loop(st, lanes, T_fn=None, price_fn=None, carry=None):
+    lanes_n = lanes["n"].shape[0]
+    if carry is None:
+        small = jax.vmap(lambda _: init_small(st))(jnp.arange(lanes_n))
+        big = init_big(st, lanes_n)
+        T0_, T_prev0, busy0 = jnp.zeros(()), jnp.zeros(()), jnp.zeros(lanes_n, bool)
+    else:       # resume where an earlier call stopped (its records full), into a fresh record buffer
+        small, req, T0_, T_prev0, busy0 = carry
+        big = dict(init_big(st, lanes_n), req=req)
+    base = small["it"]          # [lanes] the iteration count this call's records start at
 
     def cond(carry):
         small, big, T, _T_prev, _busy = carry
-        return ~jnp.all(jax.vmap(lambda x, l: lane_done(st, x, l))(small, lanes))
+        return ~jnp.all(jax.vmap(lambda x, l, b: lane_done(st, x, l, b))(small, lanes, base))
 
     def body(carry):
         # T_prev: the previous step's start; busy [lanes]: the lane's previous step scheduled work
         small, big, T, T_prev, busy = carry
-        active = ~jax.vmap(lambda x, l: lane_done(st, x, l))(small, lanes)
+        active = ~jax.vmap(lambda x, l, b: lane_done(st, x, l, b))(small, lanes, base)
         T_seen = None
         if price_fn is not None:
             idle = jax.vmap(lambda x, l: (x["R"] + x["P"] == 0) & (x["nf"] >= _arrived(x, l, T)))(small, lanes)
@@ -632,7 +650,7 @@ def _loop(st, lanes, T_fn=None, price_fn=None):
             # at 0 in serve.step_end_times, whose gradient then took half of every earlier step's time
             out["floor"] = jnp.where(T > T0, out["floor"], -jnp.inf)
         out["it"] = small["it"]
-        big = _apply(st, big, out, active)
+        big = _apply(st, big, out, active, base)
         small = jax.tree_util.tree_map(
             lambda a, b: jnp.where(active.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, small)
         if price_fn is not None:
@@ -643,9 +661,11 @@ def _loop(st, lanes, T_fn=None, price_fn=None):
             T_prev, T = T, T + dt
         return small, big, T, T_prev, busy
 
-    small, big, T, _T_prev, _busy = jax.lax.while_loop(
-        cond, body, (small, big, jnp.zeros(()), jnp.zeros(()), jnp.zeros(lanes_n, bool)))
+    small, big, T, T_prev, busy = jax.lax.while_loop(cond, body, (small, big, T0_, T_prev0, busy0))
     res = dict(big)
+    if carry is not None:
+        res["base"] = base
+        res["carry"] = (small, big["req"], T, T_prev, busy)
     res.update({k: small[k] for k in ("it", "finished", "stuck", "s")})
     req = big["req"]
     res["first"] = req[:, 0] - 1
@@ -664,12 +684,15 @@ def run_closed(st: Static, lanes):
     return _loop(st, dict(lanes, arrival=jnp.zeros((lanes["n"].shape[0], 0))))
 
 
-def run_open(st: Static, lanes, price_fn):
+def run_open(st: Static, lanes, price_fn, carry=None):
     """Open loop: arrivals depend on times, so the kernel prices each step inside the loop.
     The lanes (data-parallel ranks) step together; a step takes its slowest rank's time. When
     every rank is idle and a request is still to come, time jumps to its arrival. Under async
-    scheduling a busy rank's step sees the arrivals up to the previous step's start (``_loop``)."""
-    return _loop(st, lanes, price_fn=price_fn)
+    scheduling a busy rank's step sees the arrivals up to the previous step's start (``_loop``).
+    With ``carry`` (``init_carry``, or an earlier call's ``res["carry"]``) the run goes on from
+    there until it ends or its ``st.records`` records fill (records ``res["base"]`` on, per lane),
+    so a long run goes in chunks of bounded memory, with progress between them."""
+    return _loop(st, lanes, price_fn=price_fn, carry=carry)
 
 
 # ----------------------------------------------------------------------------- expansion

@@ -4,7 +4,7 @@
 (schedule.py), prices every step with the kernel, and returns per-request latencies (TTFT,
 TPOT, E2E, ITL) and the run's summary (``ServingResult``). ``simulate_sweep`` does a whole
 closed-loop concurrency sweep in shared vmapped scheduler calls (``build_schedules_batched``:
-lanes grouped by shape) and one vmapped pricing call.
+lanes grouped by shape) and one compiled pricing kernel (fixed-size vmapped chunks, a level at a time).
 
 The engine (vLLM v1, serving-reference.md §1-3), per data-parallel rank:
 
@@ -704,13 +704,15 @@ def price_flat(plan, coefs, laws, flat, *, estimate="no_overlap", temperature=No
         return jnp.zeros((2, 0) if estimate == "both" else 0)
     chunk = SMALL_CHUNK if n <= 4 * SMALL_CHUNK else LARGE_CHUNK
     total = -(-n // chunk) * chunk
-    padded = {k: np.concatenate([v, np.zeros((total - n,) + v.shape[1:])]) for k, v in flat.items()}
     smooth, tau = temperature_arg(temperature)
     has_rec = bool(len(plan.arrays["rec_kind"]))
     inverse = jax.device_put(np.asarray(laws.inverse)) if laws.inverse is not None else None
     outs = []
     for o in range(0, total, chunk):
-        part = {k: jax.device_put(v[o:o + chunk]) for k, v in padded.items()}
+        # each chunk cut from the steps as it is priced, the last one padded with zeros (the whole run
+        # padded first was one more copy of every column: gigabytes at 10^7 steps)
+        part = {k: jax.device_put(np.concatenate([v[o:o + chunk], np.zeros((max(o + chunk - n, 0),) + v.shape[1:])]))
+                for k, v in flat.items()}
         outs.append(price_rows(plan, coefs, part, inverse, tau, smooth, has_rec))
     return _joined(outs, n, None if estimate == "both" else ESTIMATES.index(estimate))
 
@@ -880,33 +882,67 @@ def _rerun_alone(lane, st, partial, tries=3):
     return JaxpriceError("the schedule did not finish (too many steps)", field="schedule", value=int(st.records))
 
 
-def _run_open(dep, laws, lanes, settings_list, coefficients, estimate="no_overlap", temperature=None):
+OPEN_CHUNK_RECORDS = 1 << 18    # records per open-loop scheduler call (2 a step): a long run goes on in calls of
+#                                 this many, its records copied out between them, so its memory grows with its
+#                                 steps and a progress report comes per call (one call sized by a guess ran out on
+#                                 a 60,000-request day trace, 4.2 M steps, and ran again from the start 8 x larger:
+#                                 7.7 min, 3.5 GB)
+
+
+def _run_open(dep, laws, lanes, settings_list, coefficients, estimate="no_overlap", temperature=None, callback=None):
     """An open-loop run's lanes (its dp ranks, coupled: they step together, priced inside the
-    loop), retried with more records on overflow; NumPy states. Closed loops go through
-    ``build_schedules_batched``."""
+    loop), in scheduler calls of at most ``OPEN_CHUNK_RECORDS`` records, each going on where the
+    last stopped (``S.run_open``'s carry); NumPy states. ``callback(done, total, steps=)`` after
+    each call: requests finished of the run's. Closed loops go through ``build_schedules_batched``."""
     N = max(max(l["n"] for l in lanes), 1)
     slots = max(s["max_num_seqs"] for s in settings_list)
     est = max(_record_estimate(l, s, len(laws.a)) for l, s in zip(lanes, settings_list))
-    records = 2 * est
-    stacked = _stack_lanes(lanes, _static(slots, N, records, False, len(laws.a)).requests)
-    for _ in range(3):
-        st = _static(slots, N, records, False, len(laws.a))
-        states = _checked(_run_open_jit(st, dep.plan, coefficients, stacked, estimate, *temperature_arg(temperature),
-                                        None if laws.inverse is None else jnp.asarray(laws.inverse)),
-                          st, lanes)
-        if states is not None:
+    st = _static(slots, N, 2 * est, False, len(laws.a))
+    limit = _static(slots, N, 2 * est * 64, False, len(laws.a)).records     # the most records a run may take
+    st = st._replace(records=min(st.records, OPEN_CHUNK_RECORDS))
+    stacked = _stack_lanes(lanes, st.requests)
+    n = np.array([l["n"] for l in lanes])
+    inverse = None if laws.inverse is None else jnp.asarray(laws.inverse)
+    carry = _init_carry(st, len(lanes))
+    pieces = {k: [[] for _ in lanes] for k in REC_KEYS}
+    while True:
+        out = _run_open_jit(st, dep.plan, coefficients, stacked, estimate, *temperature_arg(temperature), inverse,
+                            carry)
+        carry = out.pop("carry")
+        states = jax.tree_util.tree_map(np.asarray, out)
+        used = states["it"] - states.pop("base")
+        for k in REC_KEYS:      # every other record: the decode runs' slots, empty without fast-forward
+            for i in range(len(lanes)):
+                pieces[k][i].append(states[k][i, :used[i]:2].copy())
+        del out
+        over = (states["finished"] < n) & ~states["stuck"]
+        if callback:
+            callback(int(np.sum(np.minimum(states["finished"], n))), int(np.sum(n)),
+                     steps=int(np.max(states["it"])) // 2)
+        if not over.any():
             break
-        records *= 8
-    else:
-        refuse("the schedule did not finish (too many steps)", field="schedule", value=int(records))
+        if int(np.max(states["it"])) + 2 > limit:
+            refuse("the schedule did not finish (too many steps)", field="schedule", value=int(limit))
+    states["records"] = states["it"] // 2
+    longest = int(np.max(states["records"]))
+    for k in REC_KEYS:
+        joined = [np.concatenate(p) if p else np.zeros((0,)) for p in pieces[k]]
+        full = np.zeros((len(lanes), longest) + joined[0].shape[1:])
+        for i, x in enumerate(joined):
+            full[i, :x.shape[0]] = x
+        states[k] = full
+        del pieces[k], joined
     if states["stuck"].any():
         refuse("the scheduler stalled: a request cannot be admitted (KV cache or budget too small)",
                field="engine", value=None)
     return states
 
 
+_init_carry = jax.jit(S.init_carry, static_argnums=(0, 1))
+
+
 @functools.partial(jax.jit, static_argnames=("st", "plan", "estimate", "smooth"))
-def _run_open_jit(st, plan, coefs, lanes, estimate, smooth, tau, inverse):
+def _run_open_jit(st, plan, coefs, lanes, estimate, smooth, tau, inverse, carry):
     has_rec = bool(len(plan.arrays["rec_kind"]))
 
     def price(row, reads, pairs):
@@ -925,7 +961,7 @@ def _run_open_jit(st, plan, coefs, lanes, estimate, smooth, tau, inverse):
                 amount = (emit > 0).astype(float) if col == "emit" else cols[col]
                 t = t + coefs[name] * amount
         return t
-    return S.run_open(st, lanes, price)
+    return S.run_open(st, lanes, price, carry)
 
 
 def _padded(arrays, steps):
@@ -936,6 +972,13 @@ def _padded(arrays, steps):
     return out
 
 
+def _records(st) -> int:
+    """The records a lane's states hold: its iteration count, 2 records an iteration (a step and the
+    decode run that repeats it), or ``records`` where the open loop kept only the steps (it runs no
+    decode runs: ``_run_open``)."""
+    return int(st["records"]) if "records" in st else int(st["it"])
+
+
 def _assemble(dep, laws, states, lane_ids, prepared_item):
     settings, assumptions, lanes, index, ins, outs, arrival, conc = prepared_item
     dp = len(lanes)
@@ -943,8 +986,8 @@ def _assemble(dep, laws, states, lane_ids, prepared_item):
     for r, li in enumerate(lane_ids):
         st = {k: v[li] for k, v in states.items()}
         cols, reads, pairs, idx, s0 = S.expand(st["rec"], st["rec_reads"], st["rec_pairs"], st["rec_slope"],
-                                              int(st["it"]), lanes[r]["acc"])
-        floor = np.asarray(st["rec_floor"])[: int(st["it"])][idx] if idx.size else np.zeros(0)
+                                              _records(st), lanes[r]["acc"])
+        floor = np.asarray(st["rec_floor"])[: _records(st)][idx] if idx.size else np.zeros(0)
         per.append((st, cols, reads, pairs, floor))
     steps = max(p[1]["tokens"].size for p in per)
     L = len(laws.a)
@@ -981,7 +1024,7 @@ def _assemble(dep, laws, states, lane_ids, prepared_item):
 
 
 def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=None, estimate="no_overlap",
-                    temperature=None):
+                    temperature=None, callback=None):
     """Schedules of several (workload, client) pairs; the closed-loop ones in shared vmapped
     scheduler calls (every concurrency level and dp rank a lane, grouped by shape:
     ``build_schedules_batched``), each open-loop one in its own loop."""
@@ -998,7 +1041,8 @@ def build_schedules(dep, items, *, engine=None, acceptance=None, coefficients=No
     for i, p in enumerate(prepared):
         if p[7] is None:
             coefs = dep.coefficients if coefficients is None else coefficients
-            states = _run_open(dep, laws, p[2], [p[0]] * len(p[2]), coefs, estimate=estimate, temperature=temperature)
+            states = _run_open(dep, laws, p[2], [p[0]] * len(p[2]), coefs, estimate=estimate, temperature=temperature,
+                               callback=callback)
             out[i] = _assemble(dep, laws, states, list(range(len(p[2]))), p)
     return out
 
@@ -1204,16 +1248,19 @@ def build_schedules_batched(jobs, *, callback=None) -> list:
 
 
 def build_schedule(deployment, workload, client, *, engine=None, acceptance=None, coefficients=None,
-                   estimate="no_overlap", temperature=None) -> Schedule:
+                   estimate="no_overlap", temperature=None, callback=None) -> Schedule:
     """The schedule of one run, without step times (closed loop). An open-loop client's schedule
     depends on times: it is simulated with ``coefficients`` (default the deployment's) and
-    returned as the fixed schedule it produced."""
+    returned as the fixed schedule it produced (``callback(done, total, steps=)``: its progress,
+    requests finished, after each scheduler call)."""
     _check_run(deployment, estimate, temperature, coefficients)
     check_clients_send(client)
     if isinstance(client, (OpenLoop, Trace)):     # its steps are priced while it is scheduled
         _refuse_traced("build_schedule of an open-loop client", coefficients, temperature)
+    check_callback(callback)
     return build_schedules(deployment, [(workload, client)], engine=engine, acceptance=acceptance,
-                           coefficients=coefficients, estimate=estimate, temperature=temperature)[0]
+                           coefficients=coefficients, estimate=estimate, temperature=temperature,
+                           callback=callback)[0]
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -1618,9 +1665,10 @@ def _result(sched: Schedule, step_times, estimate, coefficients=None, slo=None):
     for k in ("input_len", "output_len", "preemptions", "rank", "first_step", "finish_step", "emits"):
         req[k] = sched.requests[k]
     s = sched.sums
-    steps = {"time": dt, "end": np.asarray(step_end_times(sched, dt)), "tokens": s["tokens"].sum(axis=0),
-             "resident": s["resident"].sum(axis=0), "prefill_tokens": s["prefill_tokens"].sum(axis=0),
-             "kv_blocks": s["kv_blocks"].sum(axis=0), "preempted": s["preempted"].sum(axis=0)}
+    # over the ranks; one rank's row as it is (a view: a copy of five columns was 1.5 GB at 38 M steps)
+    over = {k: s[k][0] if s[k].shape[0] == 1 else s[k].sum(axis=0)
+            for k in ("tokens", "resident", "prefill_tokens", "kv_blocks", "preempted")}
+    steps = {"time": dt, "end": np.asarray(step_end_times(sched, dt)), **over}
     summary = {k: (float(v) if not isinstance(v, int) else v) for k, v in met["summary"].items()}
     assumptions = dict(sched.assumptions)
     if slo is not None:
@@ -1680,19 +1728,22 @@ def check_coefficient_set(coefficients, plan, *, field="coefficients"):
 
 
 def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap", coefficients=None,
-             acceptance=None, temperature=None, slo=None) -> ServingResult:
+             acceptance=None, temperature=None, slo=None, callback=None) -> ServingResult:
     """Simulate one benchmark run: the client's requests through vLLM v1's scheduler, every
     step priced by the kernel (see the module docstring for the model and its assumptions).
     ``slo``: service-level objectives, e.g. {"ttft": 0.5, "tpot": 0.05, "e2el": 10} (seconds, any
     subset; vLLM's ``--goodput`` in seconds): the summary then carries ``goodput`` (requests
     meeting every target per second of the run) and ``slo_attainment`` (their share), and
-    ``requests["good"]`` which ones (``check_slo`` has vLLM's definition and its source)."""
+    ``requests["good"]`` which ones (``check_slo`` has vLLM's definition and its source).
+    ``callback(done, total, steps=)``: an open loop's progress (requests finished), after each of its
+    scheduler calls (a long run goes in several)."""
     _refuse_traced("simulate", coefficients, temperature)
     _check_run(deployment, estimate, temperature, coefficients)
     slo = check_slo(slo)
+    check_callback(callback)
     coefs = deployment.coefficients if coefficients is None else coefficients
     sched = build_schedule(deployment, workload, client, engine=engine, acceptance=acceptance, coefficients=coefs,
-                           estimate=estimate, temperature=temperature)
+                           estimate=estimate, temperature=temperature, callback=callback)
     dt = price_steps(sched, coefs, estimate=estimate, temperature=temperature)
     res = _result(sched, dt, estimate, coefs, slo)
     res.assumptions["estimate"] = (estimate, "argument")
@@ -1702,8 +1753,8 @@ def simulate(deployment, workload, client, *, engine=None, estimate="no_overlap"
 def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate="no_overlap", coefficients=None,
                    num_prompts=None, acceptance=None, temperature=None, callback=None, slo=None) -> list:
     """A closed-loop sweep: one ServingResult per concurrency level, the levels' schedules in
-    shared vmapped scheduler calls (``build_schedules``) and all their steps in ONE vmapped
-    pricing call. ``engine`` may
+    shared vmapped scheduler calls (``build_schedules``) and their steps priced by one compiled
+    kernel (``price_flat``'s chunks, a level at a time). ``engine`` may
     be a dict (all levels) or a callable C -> dict (e.g. max_num_seqs = C, as InferenceX ran).
     Each level once: one given twice is refused, as the CLI's --concurrency refuses it. ``slo``:
     as ``simulate``'s (every level's goodput and SLO attainment against the same targets)."""
@@ -1764,16 +1815,14 @@ def simulate_sweep(deployment, workload, concurrencies, *, engine=None, estimate
         scheds = build_schedules(deployment, items, engine=engine, acceptance=acceptance)
     if callback:
         callback(1, 2, stage="scheduled")
-    # price every level's steps in one call
-    flats = [_flat_columns(sc) for sc in scheds]
-    flat = {k: np.concatenate([f[k] for f in flats]) for k in flats[0]}
-    laws = scheds[0].laws
-    times = np.asarray(price_flat(deployment.plan, coefs, laws, flat, estimate=estimate, temperature=temperature))
-    out, o = [], 0
+    # every level's steps priced in the same compiled chunks, a level at a time (all levels' steps
+    # joined first were one more copy of them all: 15 GB for 12 levels of 20,480 requests)
+    out = []
     for sc in scheds:
-        n = sc.dp * sc.steps
-        dt = times[o:o + n].reshape(sc.dp, sc.steps).max(axis=0) if sc.steps else np.zeros(0)
-        o += n
+        times = np.asarray(price_flat(deployment.plan, coefs, sc.laws, _flat_columns(sc), estimate=estimate,
+                                      temperature=temperature))
+        dt = times.reshape(sc.dp, sc.steps).max(axis=0) if sc.steps else np.zeros(0)
+        del times
         res = _result(sc, dt, estimate, coefs, slo)
         res.assumptions["estimate"] = (estimate, "argument")
         out.append(res)
