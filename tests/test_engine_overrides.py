@@ -97,3 +97,24 @@ def test_a_hybrid_mla_models_block_is_a_block_its_backend_pages():
         m = d.plan.memory
         got[chip] = (m["block_size"], m["hybrid_block_minimum"], m["vllm_block_rule"][0])
     assert got == {"b200": (704, 704, "FLASHINFER_MLA"), "h200": (688, 688, "FLASH_ATTN_MLA")}
+
+
+def test_an_sglang_run_of_a_vllm_plan_pages_as_its_scenario_says(kimi):
+    """engine={'scheduler': 'sglang'} on the Kimi-K2.5 B200 plan (resolved as vLLM: FLASHINFER_MLA's
+    32): SGLang's run keeps the scenario's 16, from the scenario, not vLLM's backend block and its
+    wording (the re-read's finding); the vLLM run of the same plan keeps 32."""
+    out, src = engine_settings(kimi, {"scheduler": "sglang"})
+    assert out["block_size"] == 16 and "vLLM" not in src["block_size"][1]
+    assert src["block_size"][1].endswith(": engine.block_size")
+    out, src = engine_settings(kimi, {})
+    assert out["block_size"] == 32 and src["block_size"][1].startswith("vLLM's FLASHINFER_MLA")
+
+
+def test_the_engine_line_gives_a_reason_only_for_a_reason():
+    """_block_why prints serve's block reasons, not a scenario path that happens to hold 'vLLM'."""
+    class R:
+        def __init__(self, src):
+            self.assumptions = {"block_size": (16, src)}
+    assert _block_why([R("/home/me/vLLM-runs/kimi.yaml: engine.block_size")]) == ""
+    assert _block_why([R("vLLM's FLASHMLA backend pages 64 tokens; none stated")]) == \
+        " (vLLM's FLASHMLA backend pages 64 tokens; none stated)"

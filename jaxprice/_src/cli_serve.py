@@ -439,7 +439,8 @@ def _block_why(results) -> str:
     resolve.vllm_mla_block, or a hybrid model's attention block) or would run an engine= block
     on another backend than the one priced; '' otherwise."""
     src = str(results[0].assumptions["block_size"][1])
-    return f" ({src})" if "vLLM" in src else ""
+    # serve._take_block_size's reasons start so; a scenario path holding "vLLM" is no reason
+    return f" ({src})" if src.startswith(("vLLM's", "engine= override; ")) else ""
 
 
 def _lowered_note(dep, opts, results) -> str:

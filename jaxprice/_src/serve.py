@@ -290,6 +290,10 @@ def _take_block_size(s: _Settings, dep):
     if minimum and plan_block == minimum and (stated is None or stated < minimum):
         src = ("vLLM's attention block for this model's recurrent state (resolve.hybrid_block_size"
                + (f"; raised from the {stated} stated)" if stated is not None else ")"))
+    elif dep.plan.memory.get("vllm_block_rule") and block_note(dep) and s.out["scheduler"] != "vllm":
+        # the plan ran vLLM's MLA backend's block; an SGLang / TensorRT-LLM run pages as its scenario says
+        plan_block = int(stated) if stated is not None else 16
+        src = f"{s.path}: engine.block_size" if stated is not None else "plan.memory block_size"
     elif dep.plan.memory.get("vllm_block_rule") and block_note(dep):   # vLLM's MLA backend's own block
         src = block_note(dep)
     elif stated is not None:
