@@ -2165,6 +2165,20 @@ def _fam_granite_moe(r, arch, act):
     return {"attn_moe": _gqa_block(r) + moe}, ["attn_moe"] * r("num_layers")
 
 
+def _global_window(r):
+    """vLLM's global sliding window (cache_config.sliding_window, which every Attention takes) as a
+    family prices it: None where the config states none or one at or past max_position_embeddings
+    (a window over the whole context: full attention, as ``_fam_phi3``), noted either way."""
+    win, longest = r("sliding_window"), r("max_position_embeddings")
+    if win is not None and longest is not None and win >= longest:
+        r.inferred.append(f"sliding_window {win} >= max_position_embeddings {longest}: a window over the whole "
+                          "context, priced as full attention")
+        return None
+    if win is not None:
+        r.inferred.append(f"sliding_window {win}: every layer is swa (vLLM's global window)")
+    return win
+
+
 def _fam_phimoe(r, arch, act):
     """Phi-3.5-MoE (vLLM phimoe.py PhiMoEDecoderLayer / PhiMoEAttention / PhiMoE, read at
     vllm-project/vllm@01524004c3c9e11dc14e59ef0069183dd4fcb0ec): every layer is a LayerNorm, the fused qkv
@@ -2179,13 +2193,7 @@ def _fam_phimoe(r, arch, act):
     if r("top_k") != 2:
         refuse("vLLM's PhiMoE routing (sparsemixer) is top-2 only", file=r.file,
                field=r.where + r.table["top_k"].keys[0], value=r("top_k"))
-    win, longest = r("sliding_window"), r("max_position_embeddings")
-    if win is not None and longest is not None and win >= longest:
-        r.inferred.append(f"sliding_window {win} >= max_position_embeddings {longest}: a window over the whole "
-                          "context, priced as full attention")
-        win = None
-    elif win is not None:
-        r.inferred.append(f"sliding_window {win}: every layer is swa (vLLM's global window)")
+    win = _global_window(r)
     if r("tie_word_embeddings"):
         r.values["tie_word_embeddings"] = False
         r.inferred.append("tie_word_embeddings true: vLLM's PhiMoE builds its own lm_head (never tied), priced untied")
@@ -2206,19 +2214,13 @@ def _fam_starcoder2(r, arch, act):
     16384 positions makes every layer sliding; a window at or past max_position_embeddings is full attention
     (as ``_fam_phi3``). The head is the embedding where tie_word_embeddings (transformers' default for this
     config class: true)."""
-    h, nq = r("hidden_size"), r("n_q")
+    h = r("hidden_size")
     d_h = _div(r, "hidden_size", "n_q")
     if "head_dim" in r.cfg and r.cfg["head_dim"] != d_h:
         r.inferred.append(f"head_dim {r.cfg['head_dim']}: not read by vLLM's Starcoder2Attention, which takes "
                           f"hidden_size // num_attention_heads = {d_h}")
     r.values["d_h"] = d_h
-    win, longest = r("sliding_window"), r("max_position_embeddings")
-    if win is not None and longest is not None and win >= longest:
-        r.inferred.append(f"sliding_window {win} >= max_position_embeddings {longest}: a window over the whole "
-                          "context, priced as full attention")
-        win = None
-    elif win is not None:
-        r.inferred.append(f"sliding_window {win}: every layer is swa (vLLM's global window)")
+    win = _global_window(r)
     ffn = r("intermediate_size")
     mlp = [_n("Elementwise", "post_attn_norm"), _gemm("mlp_up", ffn, h), _gemm("mlp_down", h, ffn), dict(AR_MLP)]
     r.inferred.append("StarCoder2 MLP: non-gated (c_fc, activation, c_proj); biases (use_bias) and LayerNorms "
