@@ -136,3 +136,7 @@ def test_one_rank_result_steps_are_the_schedule_rows(whole):
     s = whole.schedule.sums
     for k in ("tokens", "resident", "prefill_tokens", "kv_blocks", "preempted"):
         assert np.shares_memory(whole.steps[k], s[k]) and np.array_equal(whole.steps[k], s[k].sum(axis=0))
+        # read-only, so an edit of the result cannot reach the schedule a later price_steps prices
+        with pytest.raises(ValueError):
+            whole.steps[k][0] = -1
+

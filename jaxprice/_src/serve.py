@@ -903,7 +903,7 @@ def _run_open(dep, laws, lanes, settings_list, coefficients, estimate="no_overla
     est = max(_record_estimate(l, s, len(laws.a)) for l, s in zip(lanes, settings_list))
     st = _static(slots, N, 2 * est, False, len(laws.a))
     limit = _static(slots, N, 2 * est * 64, False, len(laws.a)).records     # the most records a run may take
-    st = st._replace(records=min(st.records, OPEN_CHUNK_RECORDS))
+    st = st._replace(records=min(st.records, max(OPEN_CHUNK_RECORDS, 2)))     # a step writes 2 records
     stacked = _stack_lanes(lanes, st.requests)
     n = np.array([l["n"] for l in lanes])
     inverse = None if laws.inverse is None else jnp.asarray(laws.inverse)
@@ -1658,6 +1658,14 @@ class ServingResult:
         return {k: (v * 1e3 if k.split("_")[0] in ("ttft", "tpot", "itl", "e2e") else v) for k, v in self.summary.items()}
 
 
+def _read_only(view):
+    """A view of a schedule's own rows handed out in a result: read-only, so that editing the
+    result cannot change the schedule a later ``price_steps`` prices."""
+    view = view.view()
+    view.flags.writeable = False
+    return view
+
+
 def _result(sched: Schedule, step_times, estimate, coefficients=None, slo=None):
     dt = np.asarray(step_times)
     met = schedule_metrics(sched, dt, coefficients, slo=slo)
@@ -1670,7 +1678,7 @@ def _result(sched: Schedule, step_times, estimate, coefficients=None, slo=None):
         req[k] = sched.requests[k]
     s = sched.sums
     # over the ranks; one rank's row as it is (a view: a copy of five columns was 1.5 GB at 38 M steps)
-    over = {k: s[k][0] if s[k].shape[0] == 1 else s[k].sum(axis=0)
+    over = {k: _read_only(s[k][0]) if s[k].shape[0] == 1 else s[k].sum(axis=0)
             for k in ("tokens", "resident", "prefill_tokens", "kv_blocks", "preempted")}
     steps = {"time": dt, "end": np.asarray(step_end_times(sched, dt)), **over}
     summary = {k: (float(v) if not isinstance(v, int) else v) for k, v in met["summary"].items()}
