@@ -3,8 +3,10 @@ import_hf_config): a config of an architecture the importer does not read, price
 architecture's layers, never silently (jaxprice/_src/hf.py: _architecture, _check_as_structure,
 _unread_keys).
 
-The hand-worked case is InternLM3-8B-Instruct, which vLLM registers as LlamaForCausalLM
-(vllm/model_executor/models/registry.py: "InternLM3ForCausalLM": ("llama", "LlamaForCausalLM")). Its
+The hand-worked case is InternLM3-8B-Instruct's config under an architecture name the importer does
+not read (SeedOssForCausalLM: Seed-OSS, Llama layers with biases in vLLM's seed_oss.py); InternLM3's own
+InternLM3ForCausalLM vLLM registers as LlamaForCausalLM (vllm/model_executor/models/registry.py:
+"InternLM3ForCausalLM": ("llama", "LlamaForCausalLM")), and so does the importer (the last test). Its
 sizes are the checkpoint's config.json as quoted in the public GitHub index (a Swift test's
 ``realConfigJSON``, mlx-swift port of InternLM3: hidden 4096, 48 layers, 32 heads / 2 KV heads of 128,
 MLP 10240, vocab 128512, untied, dynamic RoPE factor 6); the token ids and the other bookkeeping keys
@@ -25,7 +27,7 @@ from jaxprice._src.hf import ARCHITECTURES, import_result
 from hfgraph import HF, node as _node, params as _params, seq as _seq, write as _write  # noqa: E402
 
 INTERNLM3 = {
-    "architectures": ["InternLM3ForCausalLM"], "auto_map": {"AutoConfig": "configuration_internlm3.InternLM3Config"},
+    "architectures": ["SeedOssForCausalLM"], "auto_map": {"AutoConfig": "configuration_internlm3.InternLM3Config"},
     "bias": False, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
     "initializer_range": 0.02, "intermediate_size": 10240, "max_position_embeddings": 32768,
     "model_type": "internlm3", "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 2,
@@ -45,7 +47,7 @@ def test_internlm3_as_llama_counts_parameters_and_kv_bytes_by_hand(tmp_path, cap
     path = _write(tmp_path, "internlm--internlm3-8b-instruct", INTERNLM3)
     d = import_result(path, as_architecture="LlamaForCausalLM")
     doc = d.doc
-    assert (d.architecture, d.priced_as, d.family) == ("InternLM3ForCausalLM", "LlamaForCausalLM", "dense")
+    assert (d.architecture, d.priced_as, d.family) == ("SeedOssForCausalLM", "LlamaForCausalLM", "dense")
     assert _seq(doc) == ["dense"] * 48
     nodes = doc["layer_kinds"]["dense"]
     assert _node(nodes, "Attention") == {"op": "Attention", "kind": "gqa", "n_q": 32, "n_kv": 2, "d_h": 128}
@@ -62,7 +64,7 @@ def test_internlm3_as_llama_counts_parameters_and_kv_bytes_by_hand(tmp_path, cap
     # never silent: the first two notes say what it was priced as and what it did not read (bias and
     # qkv_bias; the token ids, eps, rope_theta, auto_map, hidden_act silu ... change no price: counted only)
     assert d.inferred[0].startswith("priced as LlamaForCausalLM's layers (--as LlamaForCausalLM, family dense): "
-                                    "the config's InternLM3ForCausalLM is not an architecture the importer reads")
+                                    "the config's SeedOssForCausalLM is not an architecture the importer reads")
     assert d.inferred[1] == ("config keys LlamaForCausalLM's layers did not read (priced as if absent): bias, "
                              "qkv_bias; 11 more that change no price (token ids, norm epsilons, rope_theta, "
                              "dropout, ...) not listed")
@@ -71,9 +73,9 @@ def test_internlm3_as_llama_counts_parameters_and_kv_bytes_by_hand(tmp_path, cap
     assert main(["import-model", str(path), "--as", "LlamaForCausalLM", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "note: priced as LlamaForCausalLM's layers" in err and "did not read (priced as if absent): bias" in err
-    assert "(InternLM3ForCausalLM priced as LlamaForCausalLM, 48 layers, weights bf16)" in err
+    assert "(SeedOssForCausalLM priced as LlamaForCausalLM, 48 layers, weights bf16)" in err
     text = out.read_text()
-    assert "# architecture: InternLM3ForCausalLM, priced as LlamaForCausalLM's layers (--as; family dense)" in text
+    assert "# architecture: SeedOssForCausalLM, priced as LlamaForCausalLM's layers (--as; family dense)" in text
     assert ("# inferred: config keys LlamaForCausalLM's layers did not read (priced as if absent): bias, "
             "qkv_bias") in text
     # KV cache by hand: 48 layers x 2 (K, V) x 2 KV heads x 128 x 2 B (bf16) = 49,152 B per token on one GPU;
@@ -88,7 +90,7 @@ def test_internlm3_as_llama_counts_parameters_and_kv_bytes_by_hand(tmp_path, cap
 
 def test_an_unknown_architecture_is_refused_naming_the_option(tmp_path):
     path = _write(tmp_path, "internlm3", INTERNLM3)
-    msg = refused(lambda: import_result(path), str(path), "field 'architectures'", "value 'InternLM3ForCausalLM'",
+    msg = refused(lambda: import_result(path), str(path), "field 'architectures'", "value 'SeedOssForCausalLM'",
                   "unsupported architecture (supported: LlamaForCausalLM", "--as ARCHITECTURE", "as_architecture=")
     assert msg.startswith(str(path))
 
@@ -181,3 +183,17 @@ def test_a_nested_text_config_lists_its_unread_keys_with_their_prefix(tmp_path):
     d = import_result(_write(tmp_path, "vl", cfg), as_architecture="LlamaForCausalLM")
     assert d.doc["modality"] == "text_decoder_of_multimodal" and _seq(d.doc) == ["dense"] * 48
     assert "text_config.bias, text_config.qkv_bias, text_config.no_rope_layers;" in d.inferred[1]
+
+
+def test_vllms_llama_aliases_are_read_natively_as_llama(tmp_path):
+    """InternLM3ForCausalLM (and InternLM, Aquila, Xverse) vLLM runs as LlamaForCausalLM
+    (vllm/model_executor/models/registry.py): read natively, no --as, the same graph as the --as
+    reading of the same sizes, with no 'priced as' note."""
+    native = _write(tmp_path, "internlm--internlm3-8b-instruct", dict(INTERNLM3, architectures=["InternLM3ForCausalLM"]))
+    d = import_result(native)
+    assert (d.architecture, d.priced_as, d.family) == ("InternLM3ForCausalLM", None, "dense")
+    assert not any("priced as" in n for n in d.inferred)
+    as_llama = import_result(_write(tmp_path / "as", "x", INTERNLM3), as_architecture="LlamaForCausalLM")
+    assert d.doc["layer_kinds"] == as_llama.doc["layer_kinds"] and _params(d.doc) == _params(as_llama.doc)
+    for arch in ("InternLMForCausalLM", "AquilaForCausalLM", "XverseForCausalLM"):
+        assert ARCHITECTURES[arch] == ARCHITECTURES["LlamaForCausalLM"]

@@ -2,7 +2,7 @@
 
     jaxprice import-model testdata/hf/deepseek-ai--DeepSeek-V3 --out deepseek-v3.yaml
     jaxprice import-model config.json --quant-config hf_quant_config.json --out graph.yaml
-    jaxprice import-model internlm3/config.json --as LlamaForCausalLM --out internlm3.yaml
+    jaxprice import-model seed-oss/config.json --as LlamaForCausalLM --out seed-oss.yaml
 
 CONFIG is a config.json or a folder holding one (an hf_quant_config.json beside it is read
 too, unless --quant-config names another), or the name or repository id of a bundled one
@@ -12,8 +12,8 @@ inferred (defaults taken, modules left unquantized, what is not priced). Without
 graph goes to stdout. A config.json path or folder is also accepted wherever a model graph
 is (a scenario's ``model:``), so writing the file is optional.
 
---as ARCHITECTURE prices a config whose architecture the importer does not read (InternLM3,
-SmolLM3, OLMo 2, Seed-OSS: Llama-shaped decoders) as a known architecture's layers, its keys read as
+--as ARCHITECTURE prices a config whose architecture the importer does not read (SmolLM3,
+OLMo 2, Seed-OSS: Llama-shaped decoders) as a known architecture's layers, its keys read as
 that architecture's are. It is never silent: the graph's notes (and the line import-model prints)
 say what it was priced as and list the config keys that family did not read; a config whose
 structure the family cannot price (routed experts under a dense family, linear-attention or

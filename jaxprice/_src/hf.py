@@ -477,6 +477,11 @@ ARCHITECTURES = {
     "GraniteMoeForCausalLM": ("granite_moe", None),
     "PhiMoEForCausalLM": ("phimoe", None),
     "Starcoder2ForCausalLM": ("starcoder2", None),
+    # vLLM runs these as LlamaForCausalLM (vllm/model_executor/models/registry.py: ("llama", "LlamaForCausalLM"))
+    "InternLMForCausalLM": ("dense", None),
+    "InternLM3ForCausalLM": ("dense", None),
+    "AquilaForCausalLM": ("dense", None),
+    "XverseForCausalLM": ("dense", None),
 }
 
 # architectures whose text decoder's keys are only read from ``text_config`` (none at the top level)
