@@ -555,6 +555,7 @@ def _scores(s: dict) -> dict:
 def json_report(cv, res, obs, target, args, written=None, scope=None, stats=None) -> dict:
     """The --json document: what print_cv and print_fit print, as numbers (fractions, not
     percents; coefficient values in the registry's units, as the written set holds them)."""
+    from .fit import REGISTRY_KEPT
     from .resolve import si_factor
     doc = {"csv": str(args.csv), "target": target, "batch_rule": args.batch_rule, "estimate": args.estimate,
            "deployments": sorted(o.name for o in obs), "cross_validation": None}
@@ -577,7 +578,7 @@ def json_report(cv, res, obs, target, args, written=None, scope=None, stats=None
                                                      for k, v in e["scope"].items()}, "key": e["key"],
                         "start": e["start"] / f, "value": e["value"] / f, "units": e["units"],
                         "multiplier": e["multiplier"], "frozen": bool(e["frozen"])})
-    doc["fit"] = {"prior": _num(res.prior), "stopped": res.stopped, "registry_kept": res.stopped == _registry_kept(),
+    doc["fit"] = {"prior": _num(res.prior), "stopped": res.stopped, "registry_kept": res.stopped == REGISTRY_KEPT,
                   "train": list(res.train), "held_out": list(res.held_out), "compiled": int(res.compiled),
                   "loss": {k: {kk: _num(vv) for kk, vv in v.items()} for k, v in
                            (("start", res.initial), ("fitted", res.final))},
@@ -596,11 +597,6 @@ def json_report(cv, res, obs, target, args, written=None, scope=None, stats=None
 def _plain(x):
     """numpy scalars (a tp in a scope, a float64 value) as Python numbers for json.dumps."""
     return x.item() if hasattr(x, "item") else str(x)
-
-
-def _registry_kept():
-    from .fit import REGISTRY_KEPT
-    return REGISTRY_KEPT
 
 
 # the library's field names, as the flags that set them: 'field 'holdout'' named no flag of jaxprice fit
